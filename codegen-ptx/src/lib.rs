@@ -1,0 +1,1 @@
+//! IR to PTX (in progress).

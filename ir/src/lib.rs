@@ -1,0 +1,21 @@
+//! `ruda-ir`: the language in which RUDA kernels are written.
+//!
+//! - [`types`]: scalars, vectors and pointers with address spaces;
+//! - [`kernel`]: the IR (SSA values, instructions and structured regions in arenas);
+//! - [`builder`]: the Rust-embedded DSL kernels are written in;
+//! - [`verify`]: the verifier;
+//! - [`print`]: the text form;
+//! - [`interp`]: the interpreter, the semantic reference every backend must agree with.
+
+pub mod builder;
+pub mod interp;
+pub mod kernel;
+pub mod print;
+pub mod types;
+pub mod verify;
+
+pub use builder::KernelBuilder;
+pub use kernel::*;
+pub use print::{print_kernel, print_kernel_with_locs};
+pub use types::{AddrSpace, ScalarType, Type};
+pub use verify::{verify, VerifyError};

@@ -1,0 +1,1 @@
+//! Ops (in progress).

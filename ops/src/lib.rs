@@ -1,1 +1,8 @@
-//! Ops (in progress).
+//! `ruda-ops`: RUDA's kernel library, written once in the IR.
+//!
+//! - [`kernels`]: the kernel builders, one function per op family, configured by a struct;
+//! - [`registry`]: every registered configuration (`rudac list`);
+//! - the `rudac` binary (src/bin/rudac.rs): list, emit and check the registered kernels.
+
+pub mod kernels;
+pub mod registry;

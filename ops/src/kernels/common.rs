@@ -1,0 +1,125 @@
+//! Building blocks shared by the kernels: dtype-generic loads and stores through `f32`, and
+//! block-wide reductions.
+
+use ruda_ir::{CmpOp, KernelBuilder, ScalarType, Value};
+
+/// The element types the op library's float kernels accept.
+pub const FLOAT_DTYPES: [ScalarType; 3] = [ScalarType::F32, ScalarType::F16, ScalarType::BF16];
+
+/// Short dtype names used in kernel ids (`rms_norm.bf16.h4096`).
+pub fn dtype_name(t: ScalarType) -> &'static str {
+    t.name()
+}
+
+/// Load `ptr[index]` and widen it to `f32` (exact for f16/bf16).
+#[track_caller]
+pub fn load_f32(b: &mut KernelBuilder, ptr: Value, index: Value) -> Value {
+    let p = b.ptr_add(ptr, index);
+    let v = b.load(p);
+    to_f32(b, v)
+}
+
+/// Widen a loaded element to `f32`.
+#[track_caller]
+pub fn to_f32(b: &mut KernelBuilder, v: Value) -> Value {
+    if b.ty(v).elem() == ScalarType::F32 {
+        v
+    } else {
+        b.cvt(v, ScalarType::F32)
+    }
+}
+
+/// Round an `f32` to the pointee type of `ptr` (nearest even) and store it at `ptr[index]`.
+#[track_caller]
+pub fn store_from_f32(b: &mut KernelBuilder, ptr: Value, index: Value, v: Value) {
+    let elem = b.ty(ptr).elem();
+    let v = if elem == ScalarType::F32 { v } else { b.cvt(v, elem) };
+    let p = b.ptr_add(ptr, index);
+    b.store(p, v);
+}
+
+/// How a reduction combines two partial results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    Sum,
+    /// Maximum that propagates NaN (PTX `max` would drop it): any NaN makes the result NaN.
+    MaxNan,
+}
+
+/// Combine two `f32` partials.
+#[track_caller]
+pub fn combine(b: &mut KernelBuilder, how: Combine, x: Value, y: Value) -> Value {
+    match how {
+        Combine::Sum => b.add(x, y),
+        Combine::MaxNan => {
+            let m = b.max(x, y);
+            let any_nan = b.cmp(CmpOp::Nan, x, y);
+            let nan = b.const_f32(f32::NAN);
+            b.select(any_nan, nan, m)
+        }
+    }
+}
+
+/// The identity of a combine.
+#[track_caller]
+pub fn identity(b: &mut KernelBuilder, how: Combine) -> Value {
+    match how {
+        Combine::Sum => b.const_f32(0.0),
+        Combine::MaxNan => b.const_f32(f32::NEG_INFINITY),
+    }
+}
+
+/// Reduce a value across the 32 lanes of each warp; every lane gets the result.
+#[track_caller]
+pub fn warp_reduce(b: &mut KernelBuilder, how: Combine, mut v: Value) -> Value {
+    for mask in [16, 8, 4, 2, 1] {
+        let other = b.shfl_xor(v, mask);
+        v = combine(b, how, v, other);
+    }
+    v
+}
+
+/// Reduce a value across a whole block of `threads` threads (a multiple of 32, at most 1024);
+/// every thread gets the result. Uses a shared array of one slot per warp, named `scratch`
+/// (each call site must pass its own array so that reductions do not race).
+#[track_caller]
+pub fn block_reduce(
+    b: &mut KernelBuilder,
+    how: Combine,
+    v: Value,
+    threads: u32,
+    scratch: ruda_ir::SharedId,
+) -> Value {
+    let warps = threads / 32;
+    let v = warp_reduce(b, how, v);
+    if warps == 1 {
+        return v;
+    }
+    let tid = b.thread_id_x();
+    let c32 = b.const_u32(32);
+    let warp = b.div(tid, c32);
+    let lane = b.lane_id();
+    let smem = b.shared_ptr(scratch);
+    let zero = b.const_u32(0);
+    let lane0 = b.eq(lane, zero);
+    b.if_then(lane0, |b| {
+        let p = b.ptr_add(smem, warp);
+        b.store(p, v);
+    });
+    b.barrier();
+    // Every warp reads all partials and reduces them the same way, so all threads agree.
+    let nwarps = b.const_u32(warps);
+    let in_range = b.lt(lane, nwarps);
+    let partial = b.if_else(
+        in_range,
+        |b| {
+            let p = b.ptr_add(smem, lane);
+            vec![b.load(p)]
+        },
+        |b| vec![identity(b, how)],
+    )[0];
+    let total = warp_reduce(b, how, partial);
+    // The scratch slots may be reused only after every warp has read them.
+    b.barrier();
+    total
+}

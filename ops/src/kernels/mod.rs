@@ -1,0 +1,12 @@
+//! The kernels, each a Rust function from a configuration to an IR [`Kernel`](ruda_ir::Kernel).
+
+pub mod common;
+pub mod elementwise;
+pub mod gemm;
+pub mod norm;
+pub mod rows;
+
+pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
+pub use gemm::{gemm_simt, BLayout, GemmConfig};
+pub use norm::{layer_norm, rms_norm, NormConfig};
+pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};

@@ -1,0 +1,89 @@
+//! Every registered kernel configuration: what `rudac list` prints, what snapshots cover and
+//! what `rudac check` assembles with `ptxas`.
+
+use ruda_codegen_ptx::Arch;
+use ruda_ir::{Kernel, ScalarType, VerifyError};
+
+use crate::kernels::*;
+
+/// Targets every SIMT kernel is checked for.
+pub const SIMT_TARGETS: [Arch; 4] = [Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
+
+/// Hidden sizes of the registered norm configurations (Qwen2.5 0.5B/1.5B/3B/7B, Qwen3 0.6B/8B).
+pub const NORM_HIDDEN_SIZES: [u32; 6] = [896, 1024, 1536, 2048, 3584, 4096];
+
+/// A registered kernel configuration.
+pub struct Registered {
+    /// Stable id such as `rms_norm.bf16.h4096`.
+    pub id: String,
+    /// The op family (`rms_norm`, `gemm_simt`, ...), for representative snapshots.
+    pub family: &'static str,
+    /// Targets this configuration is checked for.
+    pub targets: Vec<Arch>,
+    build: Box<dyn Fn() -> Result<Kernel, VerifyError> + Send + Sync>,
+}
+
+impl Registered {
+    fn new(
+        id: String,
+        family: &'static str,
+        build: impl Fn() -> Result<Kernel, VerifyError> + Send + Sync + 'static,
+    ) -> Registered {
+        Registered { id, family, targets: SIMT_TARGETS.to_vec(), build: Box::new(build) }
+    }
+
+    /// Build (and verify) the kernel.
+    pub fn build(&self) -> Result<Kernel, VerifyError> {
+        (self.build)()
+    }
+}
+
+/// All registered configurations, in a stable order.
+pub fn registry() -> Vec<Registered> {
+    use ScalarType::{BF16, F16, F32};
+    let mut out = Vec::new();
+    for op in [ElementwiseOp::Add, ElementwiseOp::Mul, ElementwiseOp::Silu] {
+        for dtype in common::FLOAT_DTYPES {
+            let cfg = ElementwiseConfig { op, input: dtype, output: dtype };
+            out.push(Registered::new(cfg.id(), "elementwise", move || elementwise(&cfg)));
+        }
+    }
+    for (from, to) in [(F32, F16), (F32, BF16), (F16, F32), (BF16, F32), (F16, BF16), (BF16, F16)] {
+        let cfg = ElementwiseConfig { op: ElementwiseOp::Cast, input: from, output: to };
+        out.push(Registered::new(cfg.id(), "cast", move || elementwise(&cfg)));
+    }
+    for op in [RowReduceOp::Sum, RowReduceOp::Max] {
+        for dtype in common::FLOAT_DTYPES {
+            let cfg = RowReduceConfig { op, dtype };
+            out.push(Registered::new(cfg.id(), "reduce", move || row_reduce(&cfg)));
+        }
+    }
+    for dtype in common::FLOAT_DTYPES {
+        let cfg = SoftmaxConfig { dtype };
+        out.push(Registered::new(cfg.id(), "softmax", move || softmax(&cfg)));
+    }
+    for dtype in common::FLOAT_DTYPES {
+        for hidden in NORM_HIDDEN_SIZES {
+            let cfg = NormConfig { dtype, hidden };
+            out.push(Registered::new(cfg.rms_id(), "rms_norm", move || rms_norm(&cfg)));
+        }
+    }
+    for dtype in common::FLOAT_DTYPES {
+        for hidden in [1024, 4096] {
+            let cfg = NormConfig { dtype, hidden };
+            out.push(Registered::new(cfg.layer_id(), "layer_norm", move || layer_norm(&cfg)));
+        }
+    }
+    for dtype in common::FLOAT_DTYPES {
+        for b_layout in [BLayout::RowMajor, BLayout::Transposed] {
+            let cfg = GemmConfig { dtype, b_layout };
+            out.push(Registered::new(cfg.id(), "gemm_simt", move || gemm_simt(&cfg)));
+        }
+    }
+    out
+}
+
+/// Find one configuration by id.
+pub fn find(id: &str) -> Option<Registered> {
+    registry().into_iter().find(|r| r.id == id)
+}

@@ -1,1 +1,71 @@
-//! Runtime (in progress).
+//! `ruda-runtime`: devices, buffers, tensors, streams, kernel launches and the module cache.
+//!
+//! A [`Device`] is either a CUDA GPU or the CPU, where kernels run in the IR interpreter
+//! (`ruda_ir::interp`), the semantic reference. [`Tensor`]s are strided views into device
+//! [`Buffer`]s. A [`Stream`] launches a [`ruda_ir::Kernel`] with [`Arg`]s: on a GPU the kernel
+//! is compiled to PTX (once per [`ModuleKey`]), loaded and queued; on the CPU it is
+//! interpreted before `launch` returns.
+//!
+//! ```
+//! use ruda_runtime::{DType, Device, Tensor};
+//!
+//! # fn main() -> Result<(), ruda_runtime::RuntimeError> {
+//! let device = Device::cpu();
+//! let x = Tensor::from_slice(&device, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! assert_eq!(x.narrow(1, 1, 1)?.to_vec::<f32>()?, vec![2.0, 4.0]);
+//! assert!(Tensor::zeros(&device, DType::F32, &[3])?.to_vec::<i32>().is_err()); // wrong dtype
+//! # Ok(()) }
+//! ```
+//!
+//! # Probing before `cudarc`
+//!
+//! `cudarc` panics when `libcuda` is missing, so nothing touches it before
+//! [`probe_driver`] has opened `libcuda.so.1` (then `libcuda.so`) itself and called
+//! `cuDriverGetVersion`, `cuInit` and `cuDeviceGetCount` successfully. Without a driver,
+//! asking for a GPU is an error, never a panic.
+//!
+//! # One stream per GPU
+//!
+//! Every [`Device`] handle on one GPU shares a context, a stream and a module cache. All
+//! allocations, copies and launches of that GPU go on its stream, so stream order serialises
+//! them, and readbacks ([`Tensor::to_vec`], ...) synchronise it.
+//!
+//! # Environment variables
+//!
+//! | variable | read by | values |
+//! | --- | --- | --- |
+//! | `RUDA_DEVICE` | [`Device::from_env`] | `auto` (default: CUDA device 0 when a driver and a device are present, else the interpreter; the choice and its reason go to stderr once), `cuda` (= `cuda:0`), `cuda:N`, `cpu`. Anything else is an error. |
+//! | `RUDA_CUDA_COMPILER` | [`Device::cuda`], [`Device::from_env`] | `ptx` (default: `ruda-codegen-ptx`), `nvrtc` (selectable; compiling through it is an error until the NVRTC backend lands). Anything else is an error. |
+//! | `RUDA_PTX_VERSION` | [`Device::cuda`], [`Device::from_env`] | a PTX ISA version such as `8.0`; unset: the lowest the target and kernel need. An error when higher than the driver accepts or lower than the architecture needs. |
+//! | `RUDA_DUMP_IR` | every module-cache miss on a GPU | a folder: the emitted PTX of each compiled kernel goes to `<folder>/<kernel>-<key fingerprint>.ptx` |
+//! | `RUDA_REQUIRE_GPU` | [`require_gpu`] (tests) | `1`: a missing GPU fails GPU tests instead of skipping them |
+//!
+//! When the driver rejects PTX, the error carries the JIT log and the path of the PTX (the
+//! `RUDA_DUMP_IR` copy, else one written under the system temporary folder, `ruda-ptx/`).
+
+mod buffer;
+mod cache;
+mod cuda;
+mod device;
+mod dtype;
+mod env;
+mod error;
+mod probe;
+mod stream;
+mod target;
+mod tensor;
+
+pub use buffer::Buffer;
+pub use cache::{CacheStats, ModuleCache, ModuleKey};
+pub use cuda::CudaDeviceInfo;
+pub use device::{Device, DeviceKind};
+pub use dtype::{DType, Element};
+pub use env::{parse_ptx_version, require_gpu, Compiler, DeviceSpec};
+pub use error::{Result, RuntimeError};
+pub use probe::{probe_driver, DriverProbe};
+pub use stream::{Arg, HashedKernel, Launchable, Stream};
+pub use target::{max_ptx_for_driver, ptx_text_version, select_arch, select_target, CudaVersion};
+pub use tensor::Tensor;
+
+pub use ruda_codegen_ptx::{Arch, PtxVersion, Target};
+pub use ruda_ir::interp::LaunchConfig;

@@ -1,0 +1,150 @@
+//! The environment variables the runtime reads, each parsed by a pure function of its value
+//! (`None` = unset) so that the parsing is testable without touching the process environment.
+
+use std::fmt;
+
+use ruda_codegen_ptx::PtxVersion;
+
+use crate::error::{Result, RuntimeError};
+
+pub const RUDA_DEVICE: &str = "RUDA_DEVICE";
+pub const RUDA_CUDA_COMPILER: &str = "RUDA_CUDA_COMPILER";
+pub const RUDA_PTX_VERSION: &str = "RUDA_PTX_VERSION";
+pub const RUDA_DUMP_IR: &str = "RUDA_DUMP_IR";
+pub const RUDA_REQUIRE_GPU: &str = "RUDA_REQUIRE_GPU";
+
+/// The value of an environment variable: unset and empty read as `None`; a non-UTF-8 value is
+/// kept (lossily) so that it is reported as invalid rather than ignored.
+pub fn var(name: &str) -> Option<String> {
+    match std::env::var_os(name) {
+        None => None,
+        Some(v) if v.is_empty() => None,
+        Some(v) => Some(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// What `RUDA_DEVICE` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceSpec {
+    /// CUDA device 0 when a driver and a device are present, else the interpreter.
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+const DEVICE_ACCEPTED: &str = "auto (the default), cuda, cuda:N (N = 0, 1, ...), cpu";
+
+impl DeviceSpec {
+    /// Parse a `RUDA_DEVICE` value (`None` or empty = unset = `auto`).
+    pub fn parse(value: Option<&str>) -> Result<DeviceSpec> {
+        let Some(raw) = value else { return Ok(DeviceSpec::Auto) };
+        let v = raw.trim();
+        let invalid = || RuntimeError::InvalidEnv { var: RUDA_DEVICE, value: raw.to_string(), accepted: DEVICE_ACCEPTED };
+        match v {
+            "" | "auto" => Ok(DeviceSpec::Auto),
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => {
+                let n = v.strip_prefix("cuda:").ok_or_else(invalid)?;
+                // Digits only: `usize::from_str` would also take a leading `+`.
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(invalid());
+                }
+                n.parse().map(DeviceSpec::Cuda).map_err(|_| invalid())
+            }
+        }
+    }
+
+    /// Read and parse `RUDA_DEVICE`.
+    pub fn from_env() -> Result<DeviceSpec> {
+        DeviceSpec::parse(var(RUDA_DEVICE).as_deref())
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// How kernels become PTX on a CUDA device (`RUDA_CUDA_COMPILER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Compiler {
+    /// The direct IR → PTX backend (`ruda-codegen-ptx`), the default.
+    Ptx,
+    /// IR → CUDA C++ → NVRTC → PTX (`ruda-codegen-nvrtc`); selectable, not implemented yet.
+    Nvrtc,
+}
+
+const COMPILER_ACCEPTED: &str = "ptx (the default), nvrtc";
+
+impl Compiler {
+    /// Parse a `RUDA_CUDA_COMPILER` value (`None` or empty = unset = `ptx`).
+    pub fn parse(value: Option<&str>) -> Result<Compiler> {
+        match value.map(str::trim) {
+            None | Some("") | Some("ptx") => Ok(Compiler::Ptx),
+            Some("nvrtc") => Ok(Compiler::Nvrtc),
+            Some(_) => Err(RuntimeError::InvalidEnv {
+                var: RUDA_CUDA_COMPILER,
+                value: value.unwrap_or_default().to_string(),
+                accepted: COMPILER_ACCEPTED,
+            }),
+        }
+    }
+
+    /// Read and parse `RUDA_CUDA_COMPILER`.
+    pub fn from_env() -> Result<Compiler> {
+        Compiler::parse(var(RUDA_CUDA_COMPILER).as_deref())
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Compiler::Ptx => "ptx",
+            Compiler::Nvrtc => "nvrtc",
+        }
+    }
+
+    /// The compiler's identity for module-cache keys. The backends are versioned with the
+    /// workspace, so the runtime's own version is theirs.
+    pub fn version(self) -> &'static str {
+        match self {
+            Compiler::Ptx => concat!("ruda-codegen-ptx ", env!("CARGO_PKG_VERSION")),
+            Compiler::Nvrtc => concat!("ruda-codegen-nvrtc ", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+impl fmt::Display for Compiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+const PTX_VERSION_ACCEPTED: &str = "a PTX ISA version MAJOR.MINOR such as 8.0 (unset: the lowest the target and kernel need)";
+
+/// Parse a `RUDA_PTX_VERSION` value (`None` or empty = unset = let the backend choose).
+pub fn parse_ptx_version(value: Option<&str>) -> Result<Option<PtxVersion>> {
+    let Some(raw) = value else { return Ok(None) };
+    let v = raw.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let invalid = || RuntimeError::InvalidEnv { var: RUDA_PTX_VERSION, value: raw.to_string(), accepted: PTX_VERSION_ACCEPTED };
+    let (major, minor) = v.split_once('.').ok_or_else(invalid)?;
+    let number = |s: &str| -> Result<u32> {
+        if s.is_empty() || s.len() > 3 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid());
+        }
+        s.parse().map_err(|_| invalid())
+    };
+    Ok(Some(PtxVersion::new(number(major)?, number(minor)?)))
+}
+
+/// Whether `RUDA_REQUIRE_GPU=1`: tests must fail, not skip, without a CUDA device.
+pub fn require_gpu() -> bool {
+    var(RUDA_REQUIRE_GPU).as_deref() == Some("1")
+}

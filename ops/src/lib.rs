@@ -4,5 +4,7 @@
 //! - [`registry`]: every registered configuration (`rudac list`);
 //! - the `rudac` binary (src/bin/rudac.rs): list, emit and check the registered kernels.
 
+pub mod api;
+pub mod driver;
 pub mod kernels;
 pub mod registry;

@@ -64,14 +64,16 @@ pub fn registry() -> Vec<Registered> {
     }
     for dtype in common::FLOAT_DTYPES {
         for hidden in NORM_HIDDEN_SIZES {
-            let cfg = NormConfig { dtype, hidden };
+            let cfg = NormConfig { dtype, hidden, beta: false };
             out.push(Registered::new(cfg.rms_id(), "rms_norm", move || rms_norm(&cfg)));
         }
     }
     for dtype in common::FLOAT_DTYPES {
         for hidden in [1024, 4096] {
-            let cfg = NormConfig { dtype, hidden };
-            out.push(Registered::new(cfg.layer_id(), "layer_norm", move || layer_norm(&cfg)));
+            for beta in [true, false] {
+                let cfg = NormConfig { dtype, hidden, beta };
+                out.push(Registered::new(cfg.layer_id(), "layer_norm", move || layer_norm(&cfg)));
+            }
         }
     }
     for dtype in common::FLOAT_DTYPES {

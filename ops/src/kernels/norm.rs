@@ -11,6 +11,8 @@ use super::rows::{row_ptr, strided_fold, ROW_BLOCK};
 pub struct NormConfig {
     pub dtype: ScalarType,
     pub hidden: u32,
+    /// LayerNorm only: whether the kernel takes a `beta` (shift) parameter.
+    pub beta: bool,
 }
 
 impl NormConfig {
@@ -18,7 +20,8 @@ impl NormConfig {
         format!("rms_norm.{}.h{}", self.dtype, self.hidden)
     }
     pub fn layer_id(&self) -> String {
-        format!("layer_norm.{}.h{}", self.dtype, self.hidden)
+        let suffix = if self.beta { "" } else { ".nobeta" };
+        format!("layer_norm.{}.h{}{suffix}", self.dtype, self.hidden)
     }
 }
 
@@ -63,13 +66,13 @@ pub fn rms_norm(cfg: &NormConfig) -> Result<Kernel, VerifyError> {
 }
 
 /// `out = (x - mean) / sqrt(var + eps) * gamma + beta` with a two-pass (mean, then centred
-/// squares) variance. Parameters: input, gamma (f32), beta (f32), out, eps (f32). A missing
-/// beta is passed as zeros by the host entry point.
+/// squares) variance. Parameters: input, gamma (f32), beta (f32, only when `cfg.beta`), out,
+/// eps (f32).
 pub fn layer_norm(cfg: &NormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.layer_id().replace('.', "_"));
     let input = b.param("input", Type::Ptr(AddrSpace::Global, cfg.dtype));
     let gamma = b.param("gamma", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let beta = b.param("beta", Type::Ptr(AddrSpace::Global, ScalarType::F32));
+    let beta = cfg.beta.then(|| b.param("beta", Type::Ptr(AddrSpace::Global, ScalarType::F32)));
     let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
     let eps = b.param("eps", Type::F32);
     b.launch_bounds(ROW_BLOCK, None);
@@ -100,10 +103,15 @@ pub fn layer_norm(cfg: &NormConfig) -> Result<Kernel, VerifyError> {
     b.for_each(tid, cols, step, |b, j| {
         let x = load_f32(b, row_in, j);
         let g = load_f32(b, gamma, j);
-        let be = load_f32(b, beta, j);
         let d = b.sub(x, mean);
         let y = b.mul(d, rstd);
-        let y = b.fma(y, g, be);
+        let y = match beta {
+            Some(beta) => {
+                let be = load_f32(b, beta, j);
+                b.fma(y, g, be)
+            }
+            None => b.mul(y, g),
+        };
         store_from_f32(b, row_out, j, y);
     });
     b.finish()

@@ -1,0 +1,101 @@
+//! Shared helpers of the op tests: the device under test, deterministic data, dtype rounding and
+//! tolerance checks.
+
+#![allow(dead_code)]
+
+use half::{bf16, f16};
+use ruda_runtime::{DType, Device, Tensor};
+
+/// The device under test: `RUDA_DEVICE` (the interpreter here, a GPU in the GPU rung).
+pub fn device() -> Device {
+    let d = Device::from_env().expect("RUDA_DEVICE names a usable device");
+    if ruda_runtime::require_gpu() {
+        assert!(d.is_cuda(), "RUDA_REQUIRE_GPU=1 but the device is {}", d.description());
+    }
+    d
+}
+
+/// SplitMix64: a tiny deterministic generator, so tests need no `rand`.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+pub const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Round an `f32` to `dtype` and back (nearest even), the value the device sees.
+pub fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::F32 => x,
+        DType::F16 => f16::from_f32(x).to_f32(),
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        other => panic!("not a float dtype: {other}"),
+    }
+}
+
+/// Values rounded to `dtype`.
+pub fn quantize(dtype: DType, xs: &[f32]) -> Vec<f32> {
+    xs.iter().map(|x| round_to(dtype, *x)).collect()
+}
+
+/// A tensor of `dtype` holding `xs` rounded to it.
+pub fn tensor(device: &Device, dtype: DType, xs: &[f32], shape: &[usize]) -> Tensor {
+    let t = match dtype {
+        DType::F32 => Tensor::from_slice(device, xs, shape),
+        DType::F16 => Tensor::from_slice(device, &xs.iter().map(|x| f16::from_f32(*x)).collect::<Vec<_>>(), shape),
+        DType::BF16 => Tensor::from_slice(device, &xs.iter().map(|x| bf16::from_f32(*x)).collect::<Vec<_>>(), shape),
+        other => panic!("not a float dtype: {other}"),
+    };
+    t.expect("tensor upload")
+}
+
+/// Relative size of one unit in the last place of `dtype` (machine epsilon).
+pub fn epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f32::EPSILON as f64,
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        other => panic!("not a float dtype: {other}"),
+    }
+}
+
+/// Assert `|got - want| <= abs + rel * |want|` elementwise (NaN must match NaN), naming the
+/// first offending index.
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], abs: f64, rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "{what}[{i}]: got {g}, want NaN");
+            continue;
+        }
+        let err = (*g as f64 - w).abs();
+        let tol = abs + rel * w.abs();
+        assert!(err <= tol, "{what}[{i}]: got {g}, want {w} (error {err:.3e} > tolerance {tol:.3e})");
+    }
+}
+
+/// Assert bit-identical results.
+pub fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}[{i}]: got {g:e}, want {w:e}");
+    }
+}

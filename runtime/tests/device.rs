@@ -52,3 +52,14 @@ fn auto_falls_back_to_the_interpreter_without_a_driver() {
         _ => assert!(d.is_cpu(), "{d:?}"),
     }
 }
+
+#[test]
+fn handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Device>();
+    send_sync::<ruda_runtime::Stream>();
+    send_sync::<ruda_runtime::Tensor>();
+    send_sync::<ruda_runtime::Buffer>();
+    send_sync::<ruda_runtime::HashedKernel>();
+    send_sync::<RuntimeError>();
+}

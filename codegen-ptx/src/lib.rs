@@ -1,10 +1,24 @@
-//! `ruda-codegen-ptx`: structured IR to PTX text.
+//! `ruda-codegen-ptx`: structured IR to PTX text, and a `ptxas` wrapper to validate it.
 //!
-//! (Being written: the public interface below is fixed; the bodies are not yet.)
+//! [`emit_ptx`] verifies the kernel, lowers it (module `lower`, conversions in `cvt`, virtual
+//! registers in `regs`), chooses the PTX ISA version and writes the module text (`module`).
+//! The output is deterministic: the same IR and [`Target`] give byte-identical text.
+//!
+//! Semantics are exact: float add/sub/mul/div/sqrt/rcp/fma carry `.rn` (so ptxas never
+//! contracts or approximates them), nothing carries `.ftz`, and the approximate math functions
+//! are PTX's `.approx` instructions, as the IR defines them. An operation the target cannot run
+//! is a [`CodegenError::Unsupported`] naming the kernel, the op, its source location and the
+//! target; there is no silent fallback.
 
 use std::fmt;
 
-use ruda_ir::Kernel;
+use ruda_ir::{Kernel, VerifyError};
+
+mod cvt;
+mod lower;
+mod module;
+pub mod ptxas;
+mod regs;
 
 /// The GPU architectures RUDA emits PTX for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,6 +76,54 @@ impl PtxVersion {
     pub const fn new(major: u32, minor: u32) -> PtxVersion {
         PtxVersion { major, minor }
     }
+
+    /// The newest PTX ISA version this backend knows.
+    pub const MAX_KNOWN: PtxVersion = PtxVersion::new(9, 0);
+
+    /// Whether this PTX ISA version exists (7.0 ..= 7.8, 8.0 ..= 8.8, 9.0; older ones know none
+    /// of our targets).
+    pub fn is_known(self) -> bool {
+        matches!((self.major, self.minor), (7, 0..=8) | (8, 0..=8) | (9, 0))
+    }
+
+    /// Parse `MAJOR.MINOR`, e.g. `8.0` (surrounding whitespace is ignored).
+    pub fn parse(text: &str) -> Result<PtxVersion, CodegenError> {
+        let bad = || {
+            CodegenError::Version(format!(
+                "PTX ISA version {text:?} is malformed: expected MAJOR.MINOR such as \"8.0\""
+            ))
+        };
+        let number = |s: &str| -> Result<u32, CodegenError> {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            s.parse().map_err(|_| bad())
+        };
+        let (major, minor) = text.trim().split_once('.').ok_or_else(bad)?;
+        Ok(PtxVersion::new(number(major)?, number(minor)?))
+    }
+}
+
+/// Whether `version` is a PTX ISA version that exists, that we know, and that knows `arch`.
+fn check_version(arch: Arch, version: PtxVersion) -> Result<(), CodegenError> {
+    if version > PtxVersion::MAX_KNOWN {
+        return Err(CodegenError::Version(format!(
+            "PTX ISA {version} is newer than the newest this backend knows ({})",
+            PtxVersion::MAX_KNOWN
+        )));
+    }
+    if version < arch.min_ptx_version() {
+        return Err(CodegenError::Version(format!(
+            "PTX ISA {version} is too old for {arch}, which needs {} or newer",
+            arch.min_ptx_version()
+        )));
+    }
+    if !version.is_known() {
+        return Err(CodegenError::Version(format!(
+            "PTX ISA {version} does not exist (known: 7.0 to 7.8, 8.0 to 8.8, 9.0)"
+        )));
+    }
+    Ok(())
 }
 
 impl fmt::Display for PtxVersion {
@@ -82,16 +144,82 @@ impl Target {
     pub fn new(arch: Arch) -> Target {
         Target { arch, ptx_version: None }
     }
+
+    /// The environment variable that forces a PTX ISA version.
+    pub const PTX_VERSION_VAR: &'static str = "RUDA_PTX_VERSION";
+
+    /// `arch` with the PTX ISA version `version` forces, if any: `None` or an empty string
+    /// mean "the lowest the target and the kernel need". Errors when malformed, unknown, newer
+    /// than [`PtxVersion::MAX_KNOWN`] or too old for `arch`.
+    pub fn with_version_str(arch: Arch, version: Option<&str>) -> Result<Target, CodegenError> {
+        match version.map(str::trim).filter(|v| !v.is_empty()) {
+            None => Ok(Target::new(arch)),
+            Some(text) => {
+                let v = PtxVersion::parse(text)?;
+                check_version(arch, v)?;
+                Ok(Target { arch, ptx_version: Some(v) })
+            }
+        }
+    }
+
+    /// `arch` with the PTX ISA version `RUDA_PTX_VERSION` forces (unset or empty: none).
+    pub fn from_env(arch: Arch) -> Result<Target, CodegenError> {
+        let value = std::env::var_os(Self::PTX_VERSION_VAR);
+        let text = match &value {
+            None => None,
+            Some(v) => Some(v.to_str().ok_or_else(|| {
+                CodegenError::Version(format!("{} is not valid UTF-8", Self::PTX_VERSION_VAR))
+            })?),
+        };
+        Target::with_version_str(arch, text).map_err(|e| match e {
+            CodegenError::Version(m) => CodegenError::Version(format!("{}: {m}", Self::PTX_VERSION_VAR)),
+            other => other,
+        })
+    }
 }
 
 /// Why PTX could not be emitted.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CodegenError {
+    /// An operation the target cannot run (the message names kernel, op, location, target).
     #[error("{0}")]
     Unsupported(String),
+    /// The kernel does not verify.
+    #[error("cannot emit PTX: {0}")]
+    Verify(#[from] VerifyError),
+    /// A malformed, unknown or unsuitable PTX ISA version.
+    #[error("{0}")]
+    Version(String),
+    /// A bug in this backend (an invariant the verifier should have guaranteed).
+    #[error("internal error in the PTX backend: {0}")]
+    Internal(String),
 }
 
 /// Emit PTX for one kernel.
 pub fn emit_ptx(kernel: &Kernel, target: &Target) -> Result<String, CodegenError> {
-    Err(CodegenError::Unsupported(format!("the PTX backend is not written yet ({} for {})", kernel.name, target.arch)))
+    ruda_ir::verify(kernel)?;
+    let in_kernel = |e: CodegenError| match e {
+        CodegenError::Version(m) => CodegenError::Version(format!("kernel `{}`: {m}", kernel.name)),
+        other => other,
+    };
+    if let Some(v) = target.ptx_version {
+        check_version(target.arch, v).map_err(in_kernel)?;
+    }
+    let names = module::Names::new(kernel);
+    let lowered = lower::lower(kernel, target.arch, &names)?;
+    let version = choose_version(target, &lowered.needs).map_err(in_kernel)?;
+    Ok(module::text(kernel, target.arch, version, &names, &lowered))
+}
+
+/// The forced version if it satisfies every need, else the lowest that does.
+fn choose_version(target: &Target, needs: &[lower::Need]) -> Result<PtxVersion, CodegenError> {
+    let lowest = needs.iter().map(|n| n.ptx).fold(target.arch.min_ptx_version(), PtxVersion::max);
+    let Some(forced) = target.ptx_version else { return Ok(lowest) };
+    match needs.iter().find(|n| n.ptx > forced) {
+        Some(n) => Err(CodegenError::Version(format!(
+            "PTX ISA {forced} is too old for {}, which needs {} or newer",
+            n.what, n.ptx
+        ))),
+        None => Ok(forced),
+    }
 }

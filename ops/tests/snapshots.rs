@@ -1,0 +1,65 @@
+//! Snapshots of the generated PTX (`snapshots/`): the full text of one representative
+//! configuration per op family and target, and a summary line for every configuration (PTX
+//! hash, and with `ptxas`: registers, spill bytes, shared bytes), so a review sees every change
+//! to every kernel without megabytes of diff. Update with `cargo insta test --review` or
+//! `INSTA_UPDATE=always cargo test -p ruda-ops --test snapshots`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
+use ruda_ir::fnv1a64;
+use ruda_ops::registry::registry;
+
+const SNAPSHOT_TARGETS: [Arch; 2] = [Arch::Sm80, Arch::Sm90];
+
+fn settings() -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots/ptx"));
+    s.set_prepend_module_to_snapshot(false);
+    s.set_omit_expression(true);
+    s
+}
+
+#[test]
+fn representative_ptx_per_family_and_target() {
+    let mut seen = BTreeSet::new();
+    for reg in registry() {
+        if !seen.insert(reg.family) {
+            continue;
+        }
+        let kernel = reg.build().expect("verifies");
+        for arch in SNAPSHOT_TARGETS {
+            let ptx = emit_ptx(&kernel, &Target::new(arch)).expect("emits");
+            settings().bind(|| insta::assert_snapshot!(format!("{}.{}", reg.id, arch), ptx));
+        }
+    }
+}
+
+#[test]
+fn summary_of_every_configuration() {
+    let Some(_) = ptxas::ptxas_or_skip("summary_of_every_configuration").expect("ptxas policy") else {
+        return;
+    };
+    for arch in SNAPSHOT_TARGETS {
+        let mut table = String::from("id\tptx_fnv64\tregisters\tspill_bytes\tshared_bytes\n");
+        for reg in registry().iter().filter(|r| r.targets.contains(&arch)) {
+            let kernel = reg.build().expect("verifies");
+            let ptx = emit_ptx(&kernel, &Target::new(arch)).expect("emits");
+            let report = ptxas::assemble(&ptx, arch).unwrap_or_else(|e| panic!("{} {arch}: {e}", reg.id));
+            let entry = report.entry(&kernel.name).expect("ptxas reports the entry");
+            let spills = entry.spill_store_bytes + entry.spill_load_bytes;
+            assert_eq!(spills, 0, "{} spills on {arch}", reg.id);
+            let _ = writeln!(
+                table,
+                "{}\t{:016x}\t{}\t{}\t{}",
+                reg.id,
+                fnv1a64(ptx.as_bytes()),
+                entry.registers,
+                spills,
+                entry.shared_bytes
+            );
+        }
+        settings().bind(|| insta::assert_snapshot!(format!("summary.{arch}"), table));
+    }
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build the test and bench executables here (release) and gather them into scripts/gpu/bundle/,
+# the folder `run` carries to the GPU machine (which has no cargo). Snapshot tests stay behind.
+# The bundle plus the working tree must stay under 64 MiB; the size is printed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bundle=scripts/gpu/bundle
+rm -rf "$bundle"
+mkdir -p "$bundle/tests" "$bundle/bin"
+
+echo "bundle: building release test executables" >&2
+cargo test --release --locked --workspace --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") == "compiler-artifact" and msg.get("profile", {}).get("test") and msg.get("executable"):
+        crate = msg["manifest_path"].split("/")[-2]
+        print(msg["target"]["name"] + "\t" + crate + "\t" + msg["executable"])
+' > "$bundle/tests.tsv"
+
+while IFS=$'\t' read -r target package exe; do
+  case "$target" in *snapshot*) continue ;; esac
+  name="${package}--${target}"
+  cp "$exe" "$bundle/tests/$name"
+done < "$bundle/tests.tsv"
+rm "$bundle/tests.tsv"
+
+echo "bundle: building release binaries" >&2
+cargo build --release --locked -p ruda-ops --bins
+cp target/release/rudac target/release/ruda-bench "$bundle/bin/"
+if command -v strip >/dev/null; then
+  strip "$bundle"/tests/* "$bundle"/bin/*
+fi
+git rev-parse HEAD > "$bundle/COMMIT"
+ls "$bundle/tests" >&2
+du -sh "$bundle" >&2

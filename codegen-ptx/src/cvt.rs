@@ -166,7 +166,14 @@ impl Lower<'_> {
     }
 
     /// A float rounded to an integral value of the same type (`cvt.rni.f32.f32`, ...).
-    fn round_to_integral(&mut self, id: InstId, t: ScalarType, r: Rounding, src: Reg, d: Reg) -> Result<(), CodegenError> {
+    fn round_to_integral(
+        &mut self,
+        id: InstId,
+        t: ScalarType,
+        r: Rounding,
+        src: Reg,
+        d: Reg,
+    ) -> Result<(), CodegenError> {
         if t != ScalarType::BF16 {
             self.ins(&format!("cvt.{}.{t}.{t}", irnd(r)), Ops(&[&d, &src]));
             return Ok(());

@@ -167,9 +167,10 @@ impl Target {
         let value = std::env::var_os(Self::PTX_VERSION_VAR);
         let text = match &value {
             None => None,
-            Some(v) => Some(v.to_str().ok_or_else(|| {
-                CodegenError::Version(format!("{} is not valid UTF-8", Self::PTX_VERSION_VAR))
-            })?),
+            Some(v) => Some(
+                v.to_str()
+                    .ok_or_else(|| CodegenError::Version(format!("{} is not valid UTF-8", Self::PTX_VERSION_VAR)))?,
+            ),
         };
         Target::with_version_str(arch, text).map_err(|e| match e {
             CodegenError::Version(m) => CodegenError::Version(format!("{}: {m}", Self::PTX_VERSION_VAR)),
@@ -221,5 +222,52 @@ fn choose_version(target: &Target, needs: &[lower::Need]) -> Result<PtxVersion, 
             n.what, n.ptx
         ))),
         None => Ok(forced),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn need(major: u32, minor: u32) -> lower::Need {
+        lower::Need { ptx: PtxVersion::new(major, minor), what: "`cvt` at k.rs:1:2 (`cvt.example`)".into() }
+    }
+
+    #[test]
+    fn the_version_is_the_highest_need() {
+        let target = Target::new(Arch::Sm80);
+        assert_eq!(choose_version(&target, &[]), Ok(PtxVersion::new(7, 0)));
+        assert_eq!(choose_version(&target, &[need(7, 0), need(7, 8), need(7, 1)]), Ok(PtxVersion::new(7, 8)));
+    }
+
+    #[test]
+    fn a_forced_version_below_an_op_need_names_the_op() {
+        let target = Target { arch: Arch::Sm80, ptx_version: Some(PtxVersion::new(7, 0)) };
+        match choose_version(&target, &[need(7, 8)]) {
+            Err(CodegenError::Version(m)) => {
+                assert!(
+                    m.contains("PTX ISA 7.0 is too old for `cvt` at k.rs:1:2 (`cvt.example`), which needs 7.8"),
+                    "{m}"
+                )
+            }
+            other => panic!("expected a version error, got {other:?}"),
+        }
+        let target = Target { arch: Arch::Sm80, ptx_version: Some(PtxVersion::new(8, 0)) };
+        assert_eq!(choose_version(&target, &[need(7, 8)]), Ok(PtxVersion::new(8, 0)));
+    }
+
+    #[test]
+    fn known_versions() {
+        let known: Vec<String> = (0..=9)
+            .flat_map(|major| (0..=9).map(move |minor| PtxVersion::new(major, minor)))
+            .filter(|v| v.is_known())
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(known.len(), 9 + 9 + 1);
+        assert_eq!(known.first().map(String::as_str), Some("7.0"));
+        assert_eq!(known.last().map(String::as_str), Some("9.0"));
+        for arch in Arch::ALL {
+            assert!(arch.min_ptx_version().is_known());
+        }
     }
 }

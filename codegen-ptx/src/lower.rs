@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use ruda_ir::verify::uniformity;
 use ruda_ir::{
-    AddrSpace, AtomicOp, BinaryOp, CmpOp, Constant, InstId, Kernel, Loc, Op, RegionId, ScalarType, ShflMode,
-    Type, UnaryOp, Value, VoteMode,
+    AddrSpace, AtomicOp, BinaryOp, CmpOp, Constant, InstId, Kernel, Loc, Op, RegionId, ScalarType, ShflMode, Type,
+    UnaryOp, Value, VoteMode,
 };
 
 use crate::module::Names;
@@ -121,7 +121,13 @@ pub(crate) fn mov_suffix(c: RegClass) -> &'static str {
 fn immediate(c: Constant) -> String {
     use ScalarType::*;
     match c.ty {
-        Pred => if c.bits != 0 { "1".into() } else { "0".into() },
+        Pred => {
+            if c.bits != 0 {
+                "1".into()
+            } else {
+                "0".into()
+            }
+        }
         I8 | I16 | I32 | I64 => c.as_i64().to_string(),
         U8 | U16 | U32 | U64 => c.bits.to_string(),
         F16 | BF16 => format!("0x{:04X}", c.bits),
@@ -208,7 +214,13 @@ impl<'a> Lower<'a> {
 
     /// Record that instruction `id`, lowered as `ptx_form`, needs `arch` and PTX ISA `ptx`:
     /// an error when the target architecture is older.
-    pub(crate) fn require(&mut self, id: InstId, ptx_form: &str, arch: Arch, ptx: PtxVersion) -> Result<(), CodegenError> {
+    pub(crate) fn require(
+        &mut self,
+        id: InstId,
+        ptx_form: &str,
+        arch: Arch,
+        ptx: PtxVersion,
+    ) -> Result<(), CodegenError> {
         if self.arch < arch {
             return Err(CodegenError::Unsupported(format!(
                 "kernel `{}`: {} lowers to `{ptx_form}`, which needs {arch} or newer; the target is {}",
@@ -278,7 +290,10 @@ impl<'a> Lower<'a> {
                     self.ins(&format!("ld.param.{}", mem_type(s)), format!("{d}, [{name}]"));
                 }
                 other => {
-                    return Err(CodegenError::Internal(format!("parameter `{}` of type {other} passed verification", p.name)))
+                    return Err(CodegenError::Internal(format!(
+                        "parameter `{}` of type {other} passed verification",
+                        p.name
+                    )))
                 }
             }
         }

@@ -57,7 +57,9 @@ pub fn ptxas_version() -> Option<String> {
     let tagged = text
         .split(|c: char| c.is_whitespace() || c == ',')
         .find_map(|w| w.strip_prefix('V').filter(|v| v.starts_with(|c: char| c.is_ascii_digit())));
-    tagged.map(str::to_string).or_else(|| text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()))
+    tagged
+        .map(str::to_string)
+        .or_else(|| text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()))
 }
 
 /// What `ptxas -v` reported for one entry function.
@@ -96,7 +98,9 @@ impl PtxasReport {
 pub enum PtxasError {
     #[error("ptxas not found (set RUDA_PTXAS or run scripts/install-cuda-tools.sh)")]
     NotFound,
-    #[error("ptxas not found, and RUDA_REQUIRE_PTXAS=1 requires it (set RUDA_PTXAS or run scripts/install-cuda-tools.sh)")]
+    #[error(
+        "ptxas not found, and RUDA_REQUIRE_PTXAS=1 requires it (set RUDA_PTXAS or run scripts/install-cuda-tools.sh)"
+    )]
     Required,
     #[error("could not run {}: {message}", ptxas.display())]
     Spawn { ptxas: PathBuf, message: String },
@@ -166,7 +170,11 @@ pub fn assemble_with(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport,
         .map_err(|e| PtxasError::Spawn { ptxas: ptxas.to_path_buf(), message: e.to_string() })?;
     let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
     log.push_str(&String::from_utf8_lossy(&out.stderr));
-    let parsed = if out.status.success() { parse_report(&log, ptx.contains(".entry")) } else { Err(format!("ptxas exited with {}", out.status)) };
+    let parsed = if out.status.success() {
+        parse_report(&log, ptx.contains(".entry"))
+    } else {
+        Err(format!("ptxas exited with {}", out.status))
+    };
     match parsed {
         Ok(entries) => Ok(PtxasReport { arch, entries, log }),
         Err(why) => {
@@ -252,7 +260,8 @@ fn parse_report(log: &str, expect_entry: bool) -> Result<Vec<EntryReport>, Strin
                 } else if item.ends_with("bytes smem") {
                     e.shared_bytes = n;
                 } else if let Some(bank) = item.split("cmem[").nth(1) {
-                    let bank = bank.trim_end_matches(']').parse().map_err(|_| format!("unreadable cmem bank: {line}"))?;
+                    let bank =
+                        bank.trim_end_matches(']').parse().map_err(|_| format!("unreadable cmem bank: {line}"))?;
                     e.cmem.push((bank, n));
                 }
             }

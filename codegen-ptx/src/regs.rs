@@ -140,7 +140,9 @@ impl Regs {
     pub(crate) fn one(&self, v: Value) -> Result<Reg, CodegenError> {
         match self.of(v)? {
             [r] => Ok(*r),
-            regs => Err(CodegenError::Internal(format!("value {v} has {} registers where one was expected", regs.len()))),
+            regs => {
+                Err(CodegenError::Internal(format!("value {v} has {} registers where one was expected", regs.len())))
+            }
         }
     }
 

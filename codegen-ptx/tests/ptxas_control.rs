@@ -100,7 +100,10 @@ fn control_flow_emits_structured_branches() {
     ] {
         assert!(flat.contains(expected), "no `{expected}` in\n{ptx}");
     }
-    assert!(!flat.contains("bra.uni $L_if2_end;") && !flat.contains("bra.uni $L_for4_end;"), "divergent branches marked uniform");
+    assert!(
+        !flat.contains("bra.uni $L_if2_end;") && !flat.contains("bra.uni $L_for4_end;"),
+        "divergent branches marked uniform"
+    );
     for t in ["s32", "u32", "s64", "u64"] {
         assert!(ptx.contains(&format!("setp.lt.{t}")), "loop compare on {t}");
     }
@@ -141,8 +144,13 @@ fn loop_carried_swap_is_a_parallel_copy() {
         .filter(|l| !l.starts_with('.'))
         .collect();
     // head, setp, branch, add, tmp <- b, a <- tmp, b <- sum, iv += step, back edge.
-    let words: Vec<Vec<&str>> = body.iter().map(|l| l.split(|c: char| c.is_whitespace() || c == ',' || c == ';').filter(|w| !w.is_empty()).collect()).collect();
-    let find = |m: &str| words.iter().position(|w| w.first() == Some(&m)).unwrap_or_else(|| panic!("no {m}:\n{}", body.join("\n")));
+    let words: Vec<Vec<&str>> = body
+        .iter()
+        .map(|l| l.split(|c: char| c.is_whitespace() || c == ',' || c == ';').filter(|w| !w.is_empty()).collect())
+        .collect();
+    let find = |m: &str| {
+        words.iter().position(|w| w.first() == Some(&m)).unwrap_or_else(|| panic!("no {m}:\n{}", body.join("\n")))
+    };
     let add = &words[find("add.u32")];
     let (sum, a, bb) = (add[1], add[2], add[3]);
     let movs: Vec<&Vec<&str>> = words.iter().filter(|w| w[0] == "mov.b32").collect();

@@ -85,7 +85,14 @@ fn arithmetic_on_every_type_assembles() {
             assert!(ptx.contains(&format!("mad.lo.{t}")), "{t}: integer fma is mad.lo");
         }
         if t == ScalarType::F32 {
-            for m in ["rsqrt.approx.f32", "ex2.approx.f32", "lg2.approx.f32", "tanh.approx.f32", "sin.approx.f32", "cos.approx.f32"] {
+            for m in [
+                "rsqrt.approx.f32",
+                "ex2.approx.f32",
+                "lg2.approx.f32",
+                "tanh.approx.f32",
+                "sin.approx.f32",
+                "cos.approx.f32",
+            ] {
                 assert!(ptx.contains(m), "no {m}");
             }
         }
@@ -115,7 +122,15 @@ fn predicate_logic_and_votes_assemble() {
     }
     let k = finish(b);
     let ptx = common::emit(&k, Arch::Sm80);
-    for m in ["and.pred", "or.pred", "xor.pred", "not.pred", "vote.sync.all.pred", "vote.sync.any.pred", "vote.sync.ballot.b32"] {
+    for m in [
+        "and.pred",
+        "or.pred",
+        "xor.pred",
+        "not.pred",
+        "vote.sync.all.pred",
+        "vote.sync.any.pred",
+        "vote.sync.ballot.b32",
+    ] {
         assert!(ptx.contains(m), "no {m} in\n{ptx}");
     }
     assemble_for(&k, &BOTH);
@@ -241,7 +256,12 @@ fn bitcasts_and_constants_assemble() {
             constants.push(Constant::new(t, bits));
         }
     }
-    constants.extend([Constant::f32(f32::NAN), Constant::f32(f32::NEG_INFINITY), Constant::f64(-0.0), Constant::f64(1e-310)]);
+    constants.extend([
+        Constant::f32(f32::NAN),
+        Constant::f32(f32::NEG_INFINITY),
+        Constant::f64(-0.0),
+        Constant::f64(1e-310),
+    ]);
     for c in constants {
         let v = b.constant(c);
         sink.put(&mut b, v);

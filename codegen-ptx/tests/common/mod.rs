@@ -59,9 +59,8 @@ pub fn assemble_for(k: &Kernel, arches: &[Arch]) -> bool {
     for &arch in arches {
         let ptx = emit(k, arch);
         let report = ptxas::assemble_with(&tool, &ptx, arch).unwrap_or_else(|e| panic!("`{}`: {e}", k.name));
-        let entry = report
-            .entry(&k.name)
-            .unwrap_or_else(|| panic!("no report for `{}` on {arch}:\n{}", k.name, report.log));
+        let entry =
+            report.entry(&k.name).unwrap_or_else(|| panic!("no report for `{}` on {arch}:\n{}", k.name, report.log));
         assert!(entry.registers > 0, "`{}` on {arch}: {}", k.name, report.log);
         assert_eq!(entry.spill_store_bytes + entry.spill_load_bytes, 0, "`{}` spills on {arch}: {entry}", k.name);
         assert!(!report.log.contains("warning"), "`{}` on {arch}: ptxas warned:\n{}", k.name, report.log);

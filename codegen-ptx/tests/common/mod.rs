@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
-use ruda_ir::{AddrSpace, Constant, Kernel, KernelBuilder, ScalarType, Type, Value};
+use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value};
 
 /// Every scalar type that may live in memory (all but `pred`).
 pub const DATA_TYPES: [ScalarType; 12] = [
@@ -98,34 +98,5 @@ impl Sink {
         self.next += 4;
         let p = b.ptr_add(p, i);
         b.store(p, v);
-    }
-}
-
-/// A constant of type `t` with a small test value (exact in every type).
-#[track_caller]
-pub fn small_const(b: &mut KernelBuilder, t: ScalarType, v: i8) -> Value {
-    let bits = match t {
-        ScalarType::F16 => half_bits(v as f32, false),
-        ScalarType::BF16 => half_bits(v as f32, true),
-        ScalarType::F32 => (v as f32).to_bits() as u64,
-        ScalarType::F64 => (v as f64).to_bits(),
-        ScalarType::Pred => (v != 0) as u64,
-        _ => v as i64 as u64,
-    };
-    b.constant(Constant::new(t, bits))
-}
-
-/// f16 / bf16 bits of a small integer-valued float (exact for |v| <= 128).
-fn half_bits(v: f32, bf16: bool) -> u64 {
-    if bf16 {
-        (v.to_bits() >> 16) as u64
-    } else if v == 0.0 {
-        0
-    } else {
-        let sign = if v < 0.0 { 0x8000 } else { 0 };
-        let a = v.abs() as u32;
-        let e = 31 - a.leading_zeros();
-        let mant = ((a << (10 - e)) & 0x3ff) as u64;
-        sign | (((e + 15) as u64) << 10) | mant
     }
 }

@@ -35,6 +35,9 @@ cp target/release/rudac target/release/ruda-bench "$bundle/bin/"
 if command -v strip >/dev/null; then
   strip "$bundle"/tests/* "$bundle"/bin/*
 fi
+echo "bundle: writing the PTX backend's GPU semantics check" >&2
+cargo run --release --locked --quiet -p ruda-codegen-ptx --example gpucheck -- "$bundle/gpucheck" >&2
+cp codegen-ptx/gpucheck/*.py "$bundle/gpucheck/"
 git rev-parse HEAD > "$bundle/COMMIT"
 ls "$bundle/tests" >&2
 du -sh "$bundle" >&2

@@ -53,6 +53,13 @@ if command -v ptxas >/dev/null; then
   echo "rudac check exit $?" >> "$results/rudac-check.txt"
 fi
 
+# The PTX backend's lowering of every op and conversion, bit for bit against exact arithmetic.
+mkdir -p "$results/gpucheck"
+timeout 300 python3 "$bundle/gpucheck/run.py" "$results/gpucheck" > "$results/logs/gpucheck_run.log" 2>&1 \
+  && timeout 300 python3 "$bundle/gpucheck/check.py" "$results/gpucheck" > "$results/gpucheck.txt" 2>&1
+echo "gpucheck exit $?" >> "$results/gpucheck.txt"
+
 timeout 300 "$bundle/bin/ruda-bench" > "$results/bench_ruda.jsonl" 2> "$results/logs/bench_ruda.log"
 timeout 300 python3 bench/baseline.py > "$results/bench_torch.jsonl" 2> "$results/logs/bench_torch.log"
 python3 scripts/gpu/summarize.py "$results"
+tail -n 3 "$results/gpucheck.txt" "$results/rudac-check.txt" 2>/dev/null

@@ -39,7 +39,7 @@ impl DeviceSpec {
     pub fn parse(value: Option<&str>) -> Result<DeviceSpec> {
         let Some(raw) = value else { return Ok(DeviceSpec::Auto) };
         let v = raw.trim();
-        let invalid = || RuntimeError::InvalidEnv { var: RUDA_DEVICE, value: raw.to_string(), accepted: DEVICE_ACCEPTED };
+        let invalid = || RuntimeError::InvalidEnv { var: RUDA_DEVICE, value: raw.to_string(), accepted: DEVICE_ACCEPTED.into() };
         match v {
             "" | "auto" => Ok(DeviceSpec::Auto),
             "cpu" => Ok(DeviceSpec::Cpu),
@@ -91,7 +91,7 @@ impl Compiler {
             Some(_) => Err(RuntimeError::InvalidEnv {
                 var: RUDA_CUDA_COMPILER,
                 value: value.unwrap_or_default().to_string(),
-                accepted: COMPILER_ACCEPTED,
+                accepted: COMPILER_ACCEPTED.into(),
             }),
         }
     }
@@ -124,24 +124,26 @@ impl fmt::Display for Compiler {
     }
 }
 
-const PTX_VERSION_ACCEPTED: &str = "a PTX ISA version MAJOR.MINOR such as 8.0 (unset: the lowest the target and kernel need)";
-
-/// Parse a `RUDA_PTX_VERSION` value (`None` or empty = unset = let the backend choose).
+/// Parse a `RUDA_PTX_VERSION` value (`None` or empty = unset = let the backend choose) with
+/// the backend's parser; versions that do not exist or that the backend does not know are
+/// rejected here, before any kernel is compiled.
 pub fn parse_ptx_version(value: Option<&str>) -> Result<Option<PtxVersion>> {
     let Some(raw) = value else { return Ok(None) };
-    let v = raw.trim();
-    if v.is_empty() {
+    if raw.trim().is_empty() {
         return Ok(None);
     }
-    let invalid = || RuntimeError::InvalidEnv { var: RUDA_PTX_VERSION, value: raw.to_string(), accepted: PTX_VERSION_ACCEPTED };
-    let (major, minor) = v.split_once('.').ok_or_else(invalid)?;
-    let number = |s: &str| -> Result<u32> {
-        if s.is_empty() || s.len() > 3 || !s.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(invalid());
-        }
-        s.parse().map_err(|_| invalid())
+    let invalid = || RuntimeError::InvalidEnv {
+        var: RUDA_PTX_VERSION,
+        value: raw.to_string(),
+        accepted: format!(
+            "a PTX ISA version MAJOR.MINOR such as 8.0 that exists and that the PTX backend knows (up to {}); unset: the lowest the target and kernel need",
+            PtxVersion::MAX_KNOWN
+        ),
     };
-    Ok(Some(PtxVersion::new(number(major)?, number(minor)?)))
+    match PtxVersion::parse(raw) {
+        Ok(v) if v.is_known() => Ok(Some(v)),
+        _ => Err(invalid()),
+    }
 }
 
 /// Whether `RUDA_REQUIRE_GPU=1`: tests must fail, not skip, without a CUDA device.

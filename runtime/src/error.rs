@@ -10,7 +10,7 @@ use ruda_ir::interp::InterpError;
 pub enum RuntimeError {
     /// An environment variable (or a value parsed as one) holds something not accepted.
     #[error("{var}={value:?} is not valid; accepted values: {accepted}")]
-    InvalidEnv { var: &'static str, value: String, accepted: &'static str },
+    InvalidEnv { var: &'static str, value: String, accepted: String },
 
     /// No usable CUDA driver: the library is missing, a symbol is missing, or `cuInit` failed.
     #[error("no CUDA driver: {reason}")]

@@ -16,9 +16,12 @@ fn base() -> ModuleKey {
     }
 }
 
+/// One edit of one key component.
+type Change = fn(&mut ModuleKey);
+
 #[test]
 fn every_component_changes_the_key() {
-    let variants: Vec<(&str, fn(&mut ModuleKey))> = vec![
+    let variants: Vec<(&str, Change)> = vec![
         ("device name", |k| k.device_name = "NVIDIA H100 80GB HBM3".into()),
         ("compute capability", |k| k.compute_capability = (8, 9)),
         ("driver version", |k| k.driver_version = CudaVersion::new(13, 0)),

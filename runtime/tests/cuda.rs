@@ -63,6 +63,11 @@ fn cuda_scale_by_two_matches_the_interpreter_and_hits_the_cache() {
     s.launch(&k, cfg, &[Arg::Tensor(&x), Arg::Tensor(&y), Arg::scalar(n)]).unwrap();
     let want: Vec<f32> = xs.iter().map(|v| v * 2.0).collect();
     assert_eq!(y.to_vec::<f32>().unwrap(), want);
+    // The interpreter, the reference, agrees bit for bit.
+    let cpu = Device::cpu();
+    let (xc, yc) = (x.to_device(&cpu).unwrap(), Tensor::zeros(&cpu, DType::F32, &[n as usize]).unwrap());
+    cpu.default_stream().launch(&k, cfg, &[Arg::Tensor(&xc), Arg::Tensor(&yc), Arg::scalar(n)]).unwrap();
+    assert_eq!(yc.to_vec::<f32>().unwrap(), want);
 
     // In place, through a view at an offset (aliasing is fine on CUDA): doubles elements 1.. again.
     let tail = y.narrow(0, 1, n as usize - 1).unwrap();

@@ -39,7 +39,7 @@ fn probe_uncached() -> std::result::Result<DriverProbe, String> {
         .find_map(|name| {
             // SAFETY: loading the CUDA driver runs its initialisers, which have no
             // preconditions on our side.
-            match unsafe { libloading::Library::new(name) } {
+            match unsafe { libloading::Library::new(*name) } {
                 Ok(lib) => Some((name.to_string(), lib)),
                 Err(e) => {
                     failures.push(e.to_string());

@@ -340,8 +340,10 @@ named_enum!(
 );
 
 /// A conversion. `rounding` is required exactly where PTX requires one: float to narrower
-/// float, float to integer, integer to float; `sat` clamps integer results to the destination
-/// range (float-to-integer conversions always saturate, NaN becomes 0, as in PTX).
+/// float, float to integer, integer to float, and f16 <-> bf16; `sat` clamps integer results to
+/// the destination range. Float-to-integer conversions always saturate, and NaN becomes 0
+/// except from `f64` or into a 64-bit integer, where it becomes `1 << (bits - 1)` of the
+/// destination (the PTX ISA's rule, confirmed on an H200).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Cvt {
     pub to: ScalarType,

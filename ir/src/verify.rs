@@ -40,7 +40,8 @@ impl std::error::Error for VerifyError {}
 
 /// Whether PTX's `cvt` requires a rounding modifier for this conversion.
 pub fn cvt_needs_rounding(from: ScalarType, to: ScalarType) -> bool {
-    (from.is_float() && to.is_float() && to.bits() < from.bits())
+    // f16 <-> bf16 keep the width but not the precision or range: both directions round.
+    (from.is_float() && to.is_float() && (to.bits() < from.bits() || (to.bits() == from.bits() && from != to)))
         || (from.is_float() && to.is_int())
         || (from.is_int() && to.is_float())
 }

@@ -10,6 +10,7 @@
 pub mod builder;
 pub mod interp;
 pub mod kernel;
+pub mod passes;
 pub mod print;
 pub mod types;
 pub mod verify;

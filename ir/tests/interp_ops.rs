@@ -155,7 +155,8 @@ fn integer_comparisons_by_signedness() {
 #[test]
 fn predicate_logic() {
     let inputs = pairs(&[0, 1], &[0, 1]);
-    let cases: [(&str, fn(bool, bool) -> bool, BinaryOp); 3] =
+    type Logic = fn(bool, bool) -> bool;
+    let cases: [(&str, Logic, BinaryOp); 3] =
         [("and", |a, b| a & b, BinaryOp::And), ("or", |a, b| a | b, BinaryOp::Or), ("xor", |a, b| a ^ b, BinaryOp::Xor)];
     for (name, f, op) in cases {
         let got = map(&[Pred, Pred], Pred, &inputs, |b, v| b.binary(op, v[0], v[1]));
@@ -357,7 +358,8 @@ fn approximate_functions_special_values() {
 fn approximate_functions_are_within_two_ulp_of_std() {
     let xs: Vec<f32> = (-40..=40).map(|i| i as f32 * 0.37 + 0.01).collect();
     let inputs = vec![xs.iter().map(|x| x.to_bits() as u64).collect::<Vec<_>>()];
-    let ops: [(UnaryOp, fn(f32) -> f32); 6] = [
+    type Reference = fn(f32) -> f32;
+    let ops: [(UnaryOp, Reference); 6] = [
         (UnaryOp::Ex2, f32::exp2),
         (UnaryOp::Lg2, |x| x.abs().log2()),
         (UnaryOp::Rsqrt, |x| 1.0 / x.abs().sqrt()),

@@ -260,7 +260,7 @@ pub(crate) fn shared_layout(k: &Kernel, dynamic_bytes: u32) -> Result<SharedLayo
     for s in &k.shared {
         if !s.align.is_power_of_two() || s.elem == ScalarType::Pred {
             return Err(format!(
-                "malformed kernel (run the verifier): shared array `{}` needs a power-of-two alignment and a non-predicate element",
+                "{MALFORMED}: shared array `{}` needs a power-of-two alignment and a non-predicate element",
                 s.name
             ));
         }
@@ -285,6 +285,9 @@ pub(crate) struct Program {
 
 const NONE: u32 = u32::MAX;
 
+/// How messages about kernels the interpreter cannot run begin.
+pub(crate) const MALFORMED: &str = "malformed kernel (run the verifier)";
+
 pub(crate) fn malformed(k: &Kernel, id: Option<InstId>, message: impl std::fmt::Display) -> InterpError {
     let inst = id.and_then(|id| k.insts.get(id.index()));
     InterpError {
@@ -293,7 +296,7 @@ pub(crate) fn malformed(k: &Kernel, id: Option<InstId>, message: impl std::fmt::
         loc: inst.and_then(|i| i.loc.clone()),
         block: [0; 3],
         thread: [0; 3],
-        message: format!("malformed kernel (run the verifier): {message}"),
+        message: format!("{MALFORMED}: {message}"),
     }
 }
 

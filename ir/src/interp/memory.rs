@@ -40,7 +40,7 @@ impl Global {
         let Some(buf) = usize::try_from(index).ok().and_then(|i| self.bufs.get(i)) else {
             return Err(format!(
                 "out of bounds: global {access} of {size} bytes at address {addr:#x}, which is in no buffer \
-                 (buffer i starts at (i+1)<<{BUFFER_SHIFT}; there are {} buffers)",
+                 (buffer i starts at (i+1)<<{BUFFER_SHIFT}; the launch passes {})",
                 self.bufs.len()
             ));
         };

@@ -94,8 +94,11 @@ pub enum KernelArg<'a> {
 }
 
 /// A runtime error of the interpreted kernel, naming where it happened.
+///
+/// Errors found before any block runs (op `launch`: the launch does not fit the kernel; or a
+/// malformed kernel) have `block` and `thread` zero, and do not print them.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("kernel `{kernel}`: `{op}`{} in block {block:?} thread {thread:?}: {message}", at(.loc))]
+#[error("kernel `{kernel}`: `{op}`{}: {message}", place(.loc, .block, .thread, .op, .message))]
 pub struct InterpError {
     pub kernel: String,
     pub op: String,
@@ -105,8 +108,12 @@ pub struct InterpError {
     pub message: String,
 }
 
-fn at(loc: &Option<Loc>) -> String {
-    loc.as_ref().map_or_else(String::new, |l| format!(" at {l}"))
+fn place(loc: &Option<Loc>, block: &[u32; 3], thread: &[u32; 3], op: &str, message: &str) -> String {
+    let mut s = loc.as_ref().map_or_else(String::new, |l| format!(" at {l}"));
+    if op != "launch" && !message.starts_with(compile::MALFORMED) {
+        s.push_str(&format!(" in block {block:?} thread {thread:?}"));
+    }
+    s
 }
 
 /// The environment variable that sets the number of CPU threads [`run`] uses.

@@ -709,3 +709,54 @@ fn unaligned_host_buffers_are_staged() {
     run(&k, &linear(1, 8), &mut [KernelArg::Buffer(slice)]).unwrap();
     assert_eq!(to_u32s(&backing[start..start + 32]), vec![2, 3, 4, 5, 6, 7, 8, 9]);
 }
+
+#[test]
+fn values_live_across_nested_loops_and_branches_keep_their_slots() {
+    // Values defined outside loops and used only late inside them (or only in one branch)
+    // must survive every iteration; vector carried values swap each iteration.
+    let mut b = KernelBuilder::new("liveness");
+    let out = b.param("out", gptr(U32));
+    let t = b.thread_id_x();
+    let (zero, one, two, three) = (b.const_u32(0), b.const_u32(1), b.const_u32(2), b.const_u32(3));
+    let x = b.mul(t, three);
+    let y = b.add(t, two);
+    let z = b.xor(t, one);
+    let v0 = b.make_vector(&[t, one]);
+    let v1 = b.make_vector(&[zero, two]);
+    let r = b.for_range(zero, three, one, &[zero, v0, v1], |b, i, c| {
+        let inner = b.for_range(zero, y, one, &[c[0]], |b, j, d| {
+            let odd = b.and(j, one);
+            let is_odd = b.eq(odd, one);
+            let a = b.if_else(is_odd, |b| vec![b.add(d[0], x)], |b| vec![b.add(d[0], z)]);
+            let tmp = b.mul(a[0], three);
+            let tmp = b.sub(tmp, a[0]);
+            let tmp = b.sub(tmp, a[0]);
+            vec![b.add(tmp, i)]
+        });
+        vec![inner[0], c[2], c[1]]
+    });
+    let e = b.extract(r[1], 0);
+    let f = b.extract(r[2], 1);
+    let s = b.add(r[0], e);
+    let s = b.add(s, f);
+    let p = b.ptr_add(out, t);
+    b.store(p, s);
+    let k = b.finish().unwrap();
+    let n = 50u32;
+    let mut buf = vec![0u8; 4 * n as usize];
+    run(&k, &linear(1, n), &mut [KernelArg::Buffer(&mut buf)]).unwrap();
+    let got = to_u32s(&buf);
+    for t in 0..n {
+        let (x, y, z) = (t * 3, t + 2, t ^ 1);
+        let mut acc = 0u32;
+        let (mut v0, mut v1) = ([t, 1], [0, 2]);
+        for i in 0..3 {
+            for j in 0..y {
+                acc += if j % 2 == 1 { x } else { z };
+                acc += i;
+            }
+            (v0, v1) = (v1, v0);
+        }
+        assert_eq!(got[t as usize], acc + v0[0] + v1[1], "thread {t}");
+    }
+}

@@ -55,7 +55,7 @@
 //! misaligned accesses, shared-memory races, barriers not reached by every thread of the block,
 //! warp operations with inactive lanes and integer division by zero are errors naming the
 //! kernel, the op, its Rust location, the block and the thread. The kernel is not verified
-//! here (run [`crate::verify`] for that), but a malformed kernel is an error, not a panic.
+//! here (run [`crate::verify()`] for that), but a malformed kernel is an error, not a panic.
 
 mod compile;
 mod exec;

@@ -3,8 +3,8 @@
 //! - [`types`]: scalars, vectors and pointers with address spaces;
 //! - [`kernel`]: the IR (SSA values, instructions and structured regions in arenas);
 //! - [`builder`]: the Rust-embedded DSL kernels are written in;
-//! - [`verify`]: the verifier;
-//! - [`print`]: the text form;
+//! - [`mod@verify`]: the verifier;
+//! - [`mod@print`]: the text form;
 //! - [`interp`]: the interpreter, the semantic reference every backend must agree with.
 
 pub mod builder;

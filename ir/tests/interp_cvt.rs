@@ -322,7 +322,8 @@ fn float_to_integer_rounds_then_saturates() {
                 check(&format!("cvt.{mode}i.{to}.{from}"), &inputs, &got, |a| {
                     let x = if from == F32 { f32::from_bits(a[0] as u32) as f64 } else { f64::from_bits(a[0]) };
                     if x.is_nan() {
-                        return 0;
+                        // PTX: 0, except from f64 or into a 64-bit integer: 1 << (bits - 1).
+                        return if from == F64 || to.bits() == 64 { 1 << (to.bits() - 1) } else { 0 };
                     }
                     let r = match mode {
                         Rounding::Rn => x.round_ties_even(),

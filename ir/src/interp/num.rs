@@ -473,10 +473,15 @@ pub(crate) fn int_to_int(x: u64, from: ScalarType, to: ScalarType, sat: bool) ->
     (v as u64) & width_mask(to)
 }
 
-/// `cvt.rni/rzi/rmi/rpi` from a float to an integer: round, then saturate; NaN gives 0.
+/// `cvt.rni/rzi/rmi/rpi` from a float to an integer: round, then saturate. NaN gives 0, except
+/// from `f64` or into a 64-bit integer, where it gives `1 << (bits - 1)` (the PTX ISA's rule,
+/// which an H200 follows).
 #[inline]
 pub(crate) fn float_to_int(x: u64, from: Fmt, to: ScalarType, mode: Rounding) -> u64 {
     let v = float_to_f64(x, from);
+    if v.is_nan() {
+        return if from == Fmt::F64 || to.bits() == 64 { 1u64 << (to.bits() - 1) } else { 0 };
+    }
     let r = match mode {
         Rounding::Rn => v.round_ties_even(),
         Rounding::Rz => v.trunc(),
@@ -484,7 +489,7 @@ pub(crate) fn float_to_int(x: u64, from: Fmt, to: ScalarType, mode: Rounding) ->
         Rounding::Rp => v.ceil(),
     };
     let (lo, hi) = int_range(to);
-    // `as i128` saturates and maps NaN to 0.
+    // `as i128` saturates.
     ((r as i128).clamp(lo, hi) as u64) & width_mask(to)
 }
 

@@ -10,6 +10,7 @@
 pub mod builder;
 pub mod interp;
 pub mod kernel;
+pub mod parse;
 pub mod passes;
 pub mod print;
 pub mod types;
@@ -17,6 +18,7 @@ pub mod verify;
 
 pub use builder::KernelBuilder;
 pub use kernel::*;
+pub use parse::{parse_kernel, ParseError};
 pub use print::{print_kernel, print_kernel_with_locs};
 pub use types::{AddrSpace, ScalarType, Type};
 pub use verify::{verify, VerifyError};

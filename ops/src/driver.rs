@@ -11,11 +11,15 @@ pub const USAGE: &str = "\
 usage:
   rudac list [--json]
       one registered kernel configuration per line: ID<TAB>targets
-  rudac emit ID [--target sm_90] [--emit ptx|ir] [--compiler ptx|nvrtc]
-      print the PTX (default) or the IR of one configuration
-  rudac check [--target sm_80,sm_90] [--compiler ptx|nvrtc]
+  rudac emit ID [--target sm_90] [--emit ptx|ir|ir-opt] [--compiler ptx|nvrtc] [--passes P]
+      print the PTX (default), the IR, or the IR after the pass pipeline of one configuration
+  rudac check [--target sm_80,sm_90] [--compiler ptx|nvrtc] [--passes P]
       assemble every configuration with `ptxas -v` and print registers, spills, shared memory;
       exits non-zero when any fails or spills
+  rudac passes
+      the optimisation passes, in default-pipeline order
+
+P is `default` (the default), `none`, or pass names separated by commas (`fold,cse,dce`).
 
 environment: RUDA_PTX_VERSION (PTX ISA version, e.g. 8.0), RUDA_CUDA_COMPILER (ptx|nvrtc),
 RUDA_PTXAS (path to ptxas)";
@@ -24,15 +28,19 @@ RUDA_PTXAS (path to ptxas)";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EmitKind {
     Ptx,
+    /// The IR as built, before any pass.
     Ir,
+    /// The IR after the pass pipeline.
+    IrOpt,
 }
 
 /// A parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     List { json: bool },
-    Emit { id: String, arch: Arch, kind: EmitKind, compiler: Option<String> },
-    Check { archs: Vec<Arch>, compiler: Option<String> },
+    Emit { id: String, arch: Arch, kind: EmitKind, compiler: Option<String>, passes: String },
+    Check { archs: Vec<Arch>, compiler: Option<String>, passes: String },
+    Passes,
 }
 
 fn parse_arch(s: &str) -> Result<Arch, String> {
@@ -62,8 +70,9 @@ impl Command {
         }
         let allowed: &[&str] = match sub.as_str() {
             "list" => &["--json"],
-            "emit" => &["--target", "--emit", "--compiler"],
-            "check" => &["--target", "--compiler"],
+            "emit" => &["--target", "--emit", "--compiler", "--passes"],
+            "check" => &["--target", "--compiler", "--passes"],
+            "passes" => &[],
             other => return Err(format!("unknown command `{other}`")),
         };
         if let Some((f, _)) = flags.iter().find(|(f, _)| !allowed.contains(&f.as_str())) {
@@ -71,6 +80,8 @@ impl Command {
         }
         let flag = |name: &str| flags.iter().find(|(f, _)| f == name).and_then(|(_, v)| v.clone());
         let compiler = flag("--compiler");
+        let passes = flag("--passes").unwrap_or_else(|| "default".into());
+        ruda_ir::passes::parse_pipeline(&passes).map_err(|e| e.to_string())?;
         match sub.as_str() {
             "list" => {
                 if !positional.is_empty() {
@@ -86,9 +97,16 @@ impl Command {
                 let kind = match flag("--emit").as_deref().unwrap_or("ptx") {
                     "ptx" => EmitKind::Ptx,
                     "ir" => EmitKind::Ir,
-                    other => return Err(format!("unknown --emit `{other}`; expected ptx or ir")),
+                    "ir-opt" => EmitKind::IrOpt,
+                    other => return Err(format!("unknown --emit `{other}`; expected ptx, ir or ir-opt")),
                 };
-                Ok(Command::Emit { id: id.clone(), arch, kind, compiler })
+                Ok(Command::Emit { id: id.clone(), arch, kind, compiler, passes })
+            }
+            "passes" => {
+                if !positional.is_empty() {
+                    return Err("`rudac passes` takes no arguments".into());
+                }
+                Ok(Command::Passes)
             }
             _ => {
                 if !positional.is_empty() {
@@ -98,7 +116,7 @@ impl Command {
                     Some(list) => list.split(',').map(parse_arch).collect::<Result<Vec<_>, _>>()?,
                     None => vec![Arch::Sm80, Arch::Sm90],
                 };
-                Ok(Command::Check { archs, compiler })
+                Ok(Command::Check { archs, compiler, passes })
             }
         }
     }
@@ -118,6 +136,15 @@ fn check_compiler(flag: &Option<String>) -> Result<(), String> {
             other.name()
         )),
     }
+}
+
+/// Build a configuration and run the pass pipeline `passes` over it (dumping to `RUDA_DUMP_IR`).
+fn build_optimized(reg: &Registered, passes: &str) -> Result<ruda_ir::Kernel, String> {
+    let mut kernel = reg.build().map_err(|e| e.to_string())?;
+    let pipeline = ruda_ir::passes::parse_pipeline(passes).map_err(|e| e.to_string())?;
+    let dump = std::env::var_os("RUDA_DUMP_IR").filter(|d| !d.is_empty()).map(std::path::PathBuf::from);
+    ruda_ir::passes::run_pipeline(&mut kernel, &pipeline, dump.as_deref()).map_err(|e| e.to_string())?;
+    Ok(kernel)
 }
 
 fn lookup(id: &str) -> Result<Registered, String> {
@@ -153,12 +180,21 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             }
             Ok(true)
         }
-        Command::Emit { id, arch, kind, compiler } => {
+        Command::Passes => {
+            for pass in ruda_ir::passes::all_passes() {
+                writeln!(out, "{:<12} {}", pass.name(), pass.description()).map_err(io)?;
+            }
+            Ok(true)
+        }
+        Command::Emit { id, arch, kind, compiler, passes } => {
             check_compiler(compiler)?;
             let reg = lookup(id)?;
-            let kernel = reg.build().map_err(|e| e.to_string())?;
+            let kernel = match kind {
+                EmitKind::Ir => reg.build().map_err(|e| e.to_string())?,
+                EmitKind::IrOpt | EmitKind::Ptx => build_optimized(&reg, passes)?,
+            };
             match kind {
-                EmitKind::Ir => write!(out, "{}", ruda_ir::print_kernel(&kernel)).map_err(io)?,
+                EmitKind::Ir | EmitKind::IrOpt => write!(out, "{}", ruda_ir::print_kernel(&kernel)).map_err(io)?,
                 EmitKind::Ptx => {
                     let target = Target::from_env(*arch).map_err(|e| e.to_string())?;
                     let ptx = emit_ptx(&kernel, &target).map_err(|e| e.to_string())?;
@@ -167,7 +203,7 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             }
             Ok(true)
         }
-        Command::Check { archs, compiler } => {
+        Command::Check { archs, compiler, passes } => {
             check_compiler(compiler)?;
             let ptxas_path = ptxas::find_ptxas().ok_or(
                 "ptxas not found: set RUDA_PTXAS or run scripts/install-cuda-tools.sh".to_string(),
@@ -185,9 +221,7 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
                 for arch in archs.iter().filter(|a| reg.targets.contains(a)) {
                     total += 1;
                     let started = Instant::now();
-                    let emitted = reg
-                        .build()
-                        .map_err(|e| e.to_string())
+                    let emitted = build_optimized(&reg, passes)
                         .and_then(|k| Target::from_env(*arch).map(|t| (k, t)).map_err(|e| e.to_string()))
                         .and_then(|(k, t)| emit_ptx(&k, &t).map_err(|e| e.to_string()));
                     let emit_ms = started.elapsed().as_secs_f64() * 1e3;

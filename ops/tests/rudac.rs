@@ -19,13 +19,19 @@ fn parses_commands_and_flags() {
     assert_eq!(Command::parse(&args("list --json")), Ok(Command::List { json: true }));
     assert_eq!(
         Command::parse(&args("emit add.f32 --target=sm_80 --emit ir")),
-        Ok(Command::Emit { id: "add.f32".into(), arch: Arch::Sm80, kind: EmitKind::Ir, compiler: None })
+        Ok(Command::Emit {
+            id: "add.f32".into(),
+            arch: Arch::Sm80,
+            kind: EmitKind::Ir,
+            compiler: None,
+            passes: "default".into()
+        })
     );
     assert_eq!(
         Command::parse(&args("check --target sm_80,sm_90a")),
-        Ok(Command::Check { archs: vec![Arch::Sm80, Arch::Sm90a], compiler: None })
+        Ok(Command::Check { archs: vec![Arch::Sm80, Arch::Sm90a], compiler: None, passes: "default".into() })
     );
-    for bad in ["", "frob", "list extra", "emit", "emit a b", "emit add.f32 --target sm_70", "check --emit ir", "emit x --emit sass", "check --target"] {
+    for bad in ["", "frob", "list extra", "emit", "emit a b", "emit add.f32 --target sm_70", "check --emit ir", "emit x --emit sass", "check --target", "emit add.f32 --passes bogus"] {
         let e = Command::parse(&args(bad)).expect_err(bad);
         assert!(!e.is_empty());
     }

@@ -13,6 +13,13 @@ use ruda_ops::registry::registry;
 
 const SNAPSHOT_TARGETS: [Arch; 2] = [Arch::Sm80, Arch::Sm90];
 
+/// The kernel as the op library runs it: built, then the default pass pipeline.
+fn optimized(reg: &ruda_ops::registry::Registered) -> ruda_ir::Kernel {
+    let mut kernel = reg.build().expect("verifies");
+    ruda_ir::passes::optimize(&mut kernel).expect("the pipeline runs");
+    kernel
+}
+
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
     s.set_snapshot_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots/ptx"));
@@ -28,7 +35,7 @@ fn representative_ptx_per_family_and_target() {
         if !seen.insert(reg.family) {
             continue;
         }
-        let kernel = reg.build().expect("verifies");
+        let kernel = optimized(&reg);
         for arch in SNAPSHOT_TARGETS {
             let ptx = emit_ptx(&kernel, &Target::new(arch)).expect("emits");
             settings().bind(|| insta::assert_snapshot!(format!("{}.{}", reg.id, arch), ptx));
@@ -44,7 +51,7 @@ fn summary_of_every_configuration() {
     for arch in SNAPSHOT_TARGETS {
         let mut table = String::from("id\tptx_fnv64\tregisters\tspill_bytes\tshared_bytes\n");
         for reg in registry().iter().filter(|r| r.targets.contains(&arch)) {
-            let kernel = reg.build().expect("verifies");
+            let kernel = optimized(reg);
             let ptx = emit_ptx(&kernel, &Target::new(arch)).expect("emits");
             let report = ptxas::assemble(&ptx, arch).unwrap_or_else(|e| panic!("{} {arch}: {e}", reg.id));
             let entry = report.entry(&kernel.name).expect("ptxas reports the entry");

@@ -37,6 +37,8 @@ pub enum OpError {
     Runtime(#[from] RuntimeError),
     #[error("kernel does not verify: {0}")]
     Kernel(#[from] VerifyError),
+    #[error(transparent)]
+    Pass(#[from] ruda_ir::passes::PassError),
 }
 
 /// The ruDNN contract's name for normalization errors.
@@ -44,14 +46,17 @@ pub type NormalizationError = OpError;
 
 pub type Result<T> = std::result::Result<T, OpError>;
 
-/// Built kernels, by configuration id: building and hashing a kernel is done once per process.
+/// Built and optimised kernels, by configuration id: building, optimising and hashing a kernel
+/// is done once per process.
 pub(crate) fn kernel(id: String, build: impl FnOnce() -> std::result::Result<Kernel, VerifyError>) -> Result<Arc<HashedKernel>> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<HashedKernel>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
         return Ok(k.clone());
     }
-    let k = Arc::new(HashedKernel::new(build()?));
+    let mut built = build()?;
+    ruda_ir::passes::optimize(&mut built)?;
+    let k = Arc::new(HashedKernel::new(built));
     cache.lock().unwrap_or_else(|e| e.into_inner()).insert(id, k.clone());
     Ok(k)
 }

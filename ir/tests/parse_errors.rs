@@ -24,10 +24,7 @@ fn check(e: &ParseError, line: usize, col: usize, expected: &str, found: &str) {
 #[test]
 fn display_has_position_message_source_line_and_caret() {
     let e = error_in_body("  %2: u32 = add %0, %0\n  %3: u33 = add %2, %2\n");
-    assert_eq!(
-        e.to_string(),
-        "3:7: expected a type, found `u33`\n  %3: u33 = add %2, %2\n      ^",
-    );
+    assert_eq!(e.to_string(), "3:7: expected a type, found `u33`\n  %3: u33 = add %2, %2\n      ^",);
     // Tabs in the source line stay tabs under the caret, so it lines up.
     let e = parse_kernel("kernel @k() {\n\t%0: u32 = bogus\n}\n").unwrap_err();
     assert!(e.to_string().ends_with("\t%0: u32 = bogus\n\t          ^"), "{e}");
@@ -53,7 +50,13 @@ fn undefined_and_redefined_values() {
     check(&error_in_body("  %2: u32 = add %0, %9\n"), 2, 21, "a value defined earlier", "`%9`");
     // An instruction cannot use its own result.
     check(&error_in_body("  %2: u32 = add %2, %0\n"), 2, 17, "a value defined earlier", "`%2`");
-    check(&error_in_body("  %2: u32 = add %0, %0\n  %2: u32 = add %0, %0\n"), 3, 3, "not defined before", "defined twice");
+    check(
+        &error_in_body("  %2: u32 = add %0, %0\n  %2: u32 = add %0, %0\n"),
+        3,
+        3,
+        "not defined before",
+        "defined twice",
+    );
     check(&error_in_body("  %0: u32 = add %0, %0\n"), 2, 3, "not defined before", "defined twice");
     // A loop's induction variable is not visible in its own bounds.
     check(&error_in_body("  for %2: u32 = %2 to %0 step %0 {\n  }\n"), 2, 17, "a value defined earlier", "`%2`");
@@ -88,7 +91,13 @@ fn structure_errors() {
     check(&error_in_body("  %2: u32 = add %0, %0 %0\n"), 2, 24, "end of line", "`%0`");
     check(&error_in_body("  %2 u32 = add %0, %0\n"), 2, 6, "`:`", "`u32`");
     check(&error_in_body("  yield %0\n"), 2, 3, "only `if` and `for` regions yield", "`yield`");
-    check(&error_in_body("  %2: pred = cmp.lt %0, %0\n  if %2 {\n    yield %0\n    barrier\n  }\n"), 5, 5, "`}` after `yield`", "`barrier`");
+    check(
+        &error_in_body("  %2: pred = cmp.lt %0, %0\n  if %2 {\n    yield %0\n    barrier\n  }\n"),
+        5,
+        5,
+        "`}` after `yield`",
+        "`barrier`",
+    );
     check(&error_in_body("  barrier\n  .launch_bounds 32\n"), 3, 3, "directives come before", "`.launch_bounds`");
     check(&error_in_body("  .launch_bounds 32\n  .launch_bounds 64\n"), 3, 3, "one `.launch_bounds`", "a second one");
     check(&error_in_body("  .shared @t: f32[4]\n"), 2, 21, "`align`", "end of line");

@@ -62,7 +62,9 @@ fn arithmetic_ops_round_trip() {
 fn constants_round_trip() {
     let mut b = KernelBuilder::new("constants");
     for t in ScalarType::ALL {
-        for bits in [0u64, 1, 0x7f, 0x80, 0xff, 0x7fff, 0x8000, 0xffff, 0x7fc0_0001, 0x8000_0000, u32::MAX as u64, u64::MAX] {
+        for bits in
+            [0u64, 1, 0x7f, 0x80, 0xff, 0x7fff, 0x8000, 0xffff, 0x7fc0_0001, 0x8000_0000, u32::MAX as u64, u64::MAX]
+        {
             b.constant(Constant::new(t, bits));
         }
     }

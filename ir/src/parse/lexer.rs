@@ -142,7 +142,10 @@ mod tests {
                 Some(Tok::Newline),
             ]
         );
-        assert_eq!(kinds("0x3f800000 -12 1.5 -2e-3"), vec![Some(Tok::Hex), Some(Tok::Int), Some(Tok::Float), Some(Tok::Float)]);
+        assert_eq!(
+            kinds("0x3f800000 -12 1.5 -2e-3"),
+            vec![Some(Tok::Hex), Some(Tok::Int), Some(Tok::Float), Some(Tok::Float)]
+        );
         assert_eq!(kinds("# @a-b"), vec![None, Some(Tok::At)]);
     }
 

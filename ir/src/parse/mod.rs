@@ -51,8 +51,12 @@ impl fmt::Display for ParseError {
         writeln!(f, "{}:{}: expected {}, found {}", self.line, self.col, self.expected, self.found)?;
         writeln!(f, "{}", self.source_line)?;
         // Keep tabs so that the caret lines up under tab-indented text.
-        let pad: String =
-            self.source_line.chars().take(self.col.saturating_sub(1)).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+        let pad: String = self
+            .source_line
+            .chars()
+            .take(self.col.saturating_sub(1))
+            .map(|c| if c == '\t' { '\t' } else { ' ' })
+            .collect();
         write!(f, "{pad}^")
     }
 }
@@ -445,9 +449,8 @@ impl<'a> Parser<'a> {
 
     fn result_scalar(&self, op_tok: usize, name: &str, defs: &[Def]) -> PResult<ScalarType> {
         let ty = self.result_type(op_tok, name, defs)?;
-        ty.scalar().ok_or_else(|| {
-            self.err_at(defs[0].tok, format!("a scalar result type for `{name}`"), format!("`{ty}`"))
-        })
+        ty.scalar()
+            .ok_or_else(|| self.err_at(defs[0].tok, format!("a scalar result type for `{name}`"), format!("`{ty}`")))
     }
 
     fn result_pointer(&self, op_tok: usize, name: &str, defs: &[Def]) -> PResult<ScalarType> {
@@ -540,9 +543,10 @@ impl<'a> Parser<'a> {
                 let i = self.expect(Tok::At, "a shared array name such as `@tile`")?;
                 let wanted = &self.slice(i)[1..];
                 let pos = self.k.shared.iter().position(|s| s.name == wanted);
-                Op::SharedBase(SharedId(pos.ok_or_else(|| {
-                    self.err_at(i, "a shared array declared by `.shared`", format!("`@{wanted}`"))
-                })? as u32))
+                Op::SharedBase(SharedId(
+                    pos.ok_or_else(|| self.err_at(i, "a shared array declared by `.shared`", format!("`@{wanted}`")))?
+                        as u32,
+                ))
             }
             "dyn_shared_base" => Op::DynSharedBase(self.result_pointer(op_tok, name, defs)?),
             "load" => {
@@ -620,16 +624,21 @@ impl<'a> Parser<'a> {
                 _ => return Err(bad(self)),
             },
             (_, ScalarType::Pred) => return Err(bad(self)),
-            (Some(Tok::Hex), _) => u64::from_str_radix(&text[2..], 16).ok().filter(|v| *v <= max).ok_or_else(|| bad(self))?,
+            (Some(Tok::Hex), _) => {
+                u64::from_str_radix(&text[2..], 16).ok().filter(|v| *v <= max).ok_or_else(|| bad(self))?
+            }
             (Some(Tok::Int), t) if t.is_signed_int() => {
                 let v = text.parse::<i64>().map_err(|_| bad(self))?;
-                let (lo, hi) = if bits >= 64 { (i64::MIN, i64::MAX) } else { (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1) };
+                let (lo, hi) =
+                    if bits >= 64 { (i64::MIN, i64::MAX) } else { (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1) };
                 if v < lo || v > hi {
                     return Err(bad(self));
                 }
                 v as u64 & max
             }
-            (Some(Tok::Int), t) if t.is_unsigned_int() => text.parse::<u64>().ok().filter(|v| *v <= max).ok_or_else(|| bad(self))?,
+            (Some(Tok::Int), t) if t.is_unsigned_int() => {
+                text.parse::<u64>().ok().filter(|v| *v <= max).ok_or_else(|| bad(self))?
+            }
             (Some(Tok::Int | Tok::Float), t) if t.is_float() => {
                 let v = text.parse::<f64>().map_err(|_| bad(self))?;
                 match t {

@@ -1,0 +1,115 @@
+//! Every pass in `all_passes()`, and the default pipeline, on generated kernels
+//! (`ruda_ir::gen`): the result still verifies and the interpreter's outputs are bit-identical
+//! before and after. 256 cases per pipeline (`PROPTEST_CASES` overrides) from a fixed seed
+//! (`PROPTEST_RNG_SEED` overrides); each case is a byte string the generator reads, so
+//! proptest's shrinking of the bytes shrinks the kernel.
+//!
+//! A failure prints the shrunk kernel as a `test optimize` file test; with `RUDA_BLESS=1` it
+//! is also written to `ir/filetests/regressions/`, where the file-test harness keeps checking
+//! it after the generator has changed (which makes proptest seeds stale).
+
+use std::path::PathBuf;
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed, TestError, TestRunner};
+use ruda_ir::gen::{filetest, generate, run_generated, Entropy, GenConfig, GeneratedKernel};
+use ruda_ir::passes::{all_passes, run_pipeline, Pass};
+use ruda_ir::{fnv1a64, print_kernel, verify};
+
+/// The generator's input: proptest shrinks it toward fewer and smaller bytes, which the
+/// generator reads as simpler choices.
+fn entropy() -> impl Strategy<Value = Vec<u8>> {
+    vec(any::<u8>(), 0..2048)
+}
+
+fn config() -> Config {
+    let mut cfg = Config { failure_persistence: None, ..Config::default() };
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        cfg.rng_seed = RngSeed::Fixed(0x5275_6461);
+    }
+    cfg
+}
+
+fn kernel_from(bytes: &[u8]) -> GeneratedKernel {
+    generate(&mut Entropy::from_bytes(bytes), &GenConfig::default())
+}
+
+/// The property for one pipeline on one generated kernel.
+fn preserves(bytes: &[u8], passes: &[Box<dyn Pass>]) -> Result<(), String> {
+    let g = kernel_from(bytes);
+    verify(&g.kernel).map_err(|e| format!("generator bug: the kernel does not verify: {e}"))?;
+    let before = run_generated(&g, &g.kernel).map_err(|e| format!("generator bug: the kernel fails to run: {e}"))?;
+    let mut optimized = g.kernel.clone();
+    run_pipeline(&mut optimized, passes, None).map_err(|e| e.to_string())?;
+    verify(&optimized).map_err(|e| format!("the optimized kernel does not verify: {e}"))?;
+    let after = run_generated(&g, &optimized).map_err(|e| format!("the optimized kernel fails to run: {e}"))?;
+    if let Some(i) = (0..before.len()).find(|&i| before[i] != after[i]) {
+        let param = &g.kernel.params.iter().filter(|p| g.kernel.ty(p.value).is_ptr()).nth(i);
+        let name = param.map_or("?".to_string(), |p| format!("{} {}", p.value, p.name));
+        let first = before[i].iter().zip(&after[i]).position(|(a, b)| a != b).unwrap_or(0);
+        return Err(format!(
+            "buffer `{name}` differs after optimization, first at byte {first}\noptimized kernel:\n{}",
+            print_kernel(&optimized)
+        ));
+    }
+    Ok(())
+}
+
+/// The failure report: the shrunk kernel as a file test, written under `RUDA_BLESS=1`.
+fn report(pipeline: &str, bytes: &[u8], why: &str) -> String {
+    let g = kernel_from(bytes);
+    let comment = format!("Found by ir/tests/prop_passes.rs: {}", why.lines().next().unwrap_or(""));
+    let text = match filetest(&g, pipeline, &comment) {
+        Ok(text) => text,
+        Err(e) => return format!("pipeline `{pipeline}`: {why}\n(no file test: the kernel fails to run: {e})"),
+    };
+    let mut out = format!("pipeline `{pipeline}`: {why}\n");
+    if std::env::var("RUDA_BLESS").is_ok_and(|v| v == "1") {
+        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/filetests/regressions"));
+        let file = dir.join(format!("{}-{:016x}.rir", pipeline.replace(',', "+"), fnv1a64(text.as_bytes())));
+        match std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&file, &text)) {
+            Ok(()) => out.push_str(&format!("written to {}\n", file.display())),
+            Err(e) => out.push_str(&format!("could not write {}: {e}\n", file.display())),
+        }
+    } else {
+        out.push_str("as a file test (RUDA_BLESS=1 writes it to ir/filetests/regressions/):\n");
+    }
+    out.push_str(&text);
+    out
+}
+
+#[test]
+fn passes_preserve_interpreter_results() {
+    let mut pipelines: Vec<(String, Vec<Box<dyn Pass>>)> =
+        all_passes().into_iter().map(|p| (p.name().to_string(), vec![p])).collect();
+    pipelines.push(("default".to_string(), all_passes()));
+    let mut failures = vec![];
+    for (name, passes) in &pipelines {
+        let mut runner = TestRunner::new(config());
+        let result = runner.run(&entropy(), |bytes| preserves(&bytes, passes).map_err(TestCaseError::fail));
+        match result {
+            Ok(()) => {}
+            Err(TestError::Fail(why, bytes)) => failures.push(report(name, &bytes, &why.to_string())),
+            Err(e) => failures.push(format!("pipeline `{name}`: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{} pipeline(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn a_file_test_for_a_generated_kernel_parses() {
+    let g = generate(&mut Entropy::from_seed(3), &GenConfig::default());
+    let text = filetest(&g, "default", "a comment").expect("runs");
+    let header: Vec<&str> = text.lines().take_while(|l| l.starts_with(';')).collect();
+    assert_eq!(header[0], "; test optimize");
+    assert_eq!(header[1], "; passes: default");
+    assert!(header[2].starts_with("; launch grid="), "{}", header[2]);
+    let args = header.iter().filter(|l| l.starts_with("; arg ")).count();
+    assert_eq!(args, g.kernel.params.len());
+    // The output buffer always changes.
+    assert!(header.iter().any(|l| l.starts_with("; expect ")));
+    assert!(header.contains(&";; a comment"));
+    let parsed = ruda_ir::parse_kernel(&text).expect("the file parses as a kernel");
+    assert_eq!(print_kernel(&parsed), print_kernel(&g.kernel));
+}

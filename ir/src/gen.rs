@@ -422,10 +422,24 @@ pub fn generate(e: &mut Entropy<'_>, cfg: &GenConfig) -> GeneratedKernel {
 
 // ---- the generator --------------------------------------------------------------------------
 
-/// Elements of the atomics buffer (`u64`).
-const ACC_LEN: u32 = 32;
-/// Elements of the shared counter array (`u64`).
-const COUNTERS: u32 = 32;
+/// The atomics: order-independent integer operations, each on words of its own.
+const ATOMIC_KINDS: [(ScalarType, AtomicOp); 11] = [
+    (U32, AtomicOp::Add),
+    (I32, AtomicOp::Add),
+    (U64, AtomicOp::Add),
+    (U32, AtomicOp::Min),
+    (I32, AtomicOp::Min),
+    (U64, AtomicOp::Min),
+    (I64, AtomicOp::Min),
+    (U32, AtomicOp::Max),
+    (I32, AtomicOp::Max),
+    (U64, AtomicOp::Max),
+    (I64, AtomicOp::Max),
+];
+/// Elements of the atomics buffer and of the shared counter array (`u64`): 16 bytes for each
+/// kind of atomic, rounded up to a power of two (loads from the counters index with a mask).
+const ACC_LEN: u32 = (2 * ATOMIC_KINDS.len() as u32).next_power_of_two();
+const COUNTERS: u32 = ACC_LEN;
 
 const ARITH: [ScalarType; 8] = [I16, U16, I32, U32, I64, U64, F32, F64];
 const DATA: [ScalarType; 12] = [I8, I16, I32, I64, U8, U16, U32, U64, F16, BF16, F32, F64];
@@ -521,11 +535,10 @@ impl Gen<'_, '_> {
         vs.iter().map(|v| self.level(*v)).max().unwrap_or(Level::Block)
     }
 
-    /// Charge `n` instructions; false when the budget is spent.
-    fn charge(&mut self, n: u32) -> bool {
+    /// Charge `n` instructions, weighted by the loops around them for the dynamic budget.
+    fn charge(&mut self, n: u32) {
         self.budget = self.budget.saturating_sub(n);
         self.dyn_budget = self.dyn_budget.saturating_sub(n.saturating_mul(self.weight));
-        self.budget > 0 && self.dyn_budget > 0
     }
 
     /// Values of type `ty` usable here and at most `max` varying, most recent last.
@@ -636,7 +649,7 @@ impl Gen<'_, '_> {
     fn region(&mut self, b: &mut KernelBuilder, end_weight: u64) {
         while self.budget > 0 && self.dyn_budget > 0 {
             let action = self.action(end_weight);
-            let more = match action {
+            let cost = match action {
                 Action::End => return,
                 Action::Arith => self.arith(b),
                 Action::Cmp => self.compare(b),
@@ -644,31 +657,26 @@ impl Gen<'_, '_> {
                 Action::Cvt => self.convert(b),
                 Action::Bitcast => self.bitcast(b),
                 Action::Const => {
-                    let t = self.random_type();
-                    let t = if let Type::Vector(e, _) = t { Type::Scalar(e) } else { t };
-                    let v = b.constant(Constant::new(t.elem(), const_bits(self.e, t.elem())));
+                    let t = self.random_type().elem();
+                    let v = b.constant(Constant::new(t, const_bits(self.e, t)));
                     self.define(v, Level::Block);
-                    self.charge(1)
+                    1
                 }
                 Action::Special => {
                     let r = self.e.pick(&SpecialReg::ALL);
                     let v = b.special(r);
                     self.define(v, if r.is_block_uniform() { Level::Block } else { Level::Thread });
-                    self.charge(1)
+                    1
                 }
                 Action::Load => self.load_input(b),
                 Action::LoadOwn => self.load_own(b),
                 Action::Store => {
+                    // Never empty: the thread ids are defined before the first region.
                     let all: Vec<Value> = self.scopes.iter().flatten().copied().collect();
-                    match all.is_empty() {
-                        true => self.charge(1),
-                        false => {
-                            let v = self.e.pick(&all);
-                            let slot = self.e.below(SLOTS as u64) as u32;
-                            self.store_to_slot(b, v, slot);
-                            self.charge(4)
-                        }
-                    }
+                    let v = self.e.pick(&all);
+                    let slot = self.e.below(SLOTS as u64) as u32;
+                    self.store_to_slot(b, v, slot);
+                    4
                 }
                 Action::Vector => self.vector(b),
                 Action::If => self.gen_if(b),
@@ -677,9 +685,7 @@ impl Gen<'_, '_> {
                 Action::Warp => self.warp(b),
                 Action::Atomic => self.atomic(b),
             };
-            if !more {
-                return;
-            }
+            self.charge(cost);
         }
     }
 
@@ -715,7 +721,7 @@ impl Gen<'_, '_> {
         Action::End
     }
 
-    fn arith(&mut self, b: &mut KernelBuilder) -> bool {
+    fn arith(&mut self, b: &mut KernelBuilder) -> u32 {
         let t = if self.e.chance(8) { Pred } else { self.e.pick(&ARITH) };
         let ty = Type::Scalar(t);
         let approx = self.cfg.approx;
@@ -749,10 +755,10 @@ impl Gen<'_, '_> {
             (b.binary(op, x, y), vec![x, y])
         };
         self.define(v, self.levels_of(&ops));
-        self.charge(1)
+        1
     }
 
-    fn compare(&mut self, b: &mut KernelBuilder) -> bool {
+    fn compare(&mut self, b: &mut KernelBuilder) -> u32 {
         let t = if self.e.chance(8) { Pred } else { self.e.pick(&ARITH) };
         let ops: Vec<CmpOp> = CmpOp::ALL.iter().copied().filter(|op| cmp_ok(*op, t)).collect();
         let op = self.e.pick(&ops);
@@ -760,10 +766,10 @@ impl Gen<'_, '_> {
         let y = self.operand(b, Type::Scalar(t));
         let v = b.cmp(op, x, y);
         self.define(v, self.levels_of(&[x, y]));
-        self.charge(1)
+        1
     }
 
-    fn select(&mut self, b: &mut KernelBuilder) -> bool {
+    fn select(&mut self, b: &mut KernelBuilder) -> u32 {
         let ty = match self.random_type() {
             Type::Vector(e, _) => Type::Scalar(e),
             t => t,
@@ -773,14 +779,14 @@ impl Gen<'_, '_> {
         let y = self.operand(b, ty);
         let v = b.select(c, x, y);
         self.define(v, self.levels_of(&[c, x, y]));
-        self.charge(1)
+        1
     }
 
     fn scalars(&self, b: &KernelBuilder) -> Vec<Value> {
         self.scopes.iter().flatten().copied().filter(|v| matches!(b.ty(*v), Type::Scalar(s) if s != Pred)).collect()
     }
 
-    fn convert(&mut self, b: &mut KernelBuilder) -> bool {
+    fn convert(&mut self, b: &mut KernelBuilder) -> u32 {
         // Half the time a source of a uniformly chosen type, so that rare types get converted.
         let sources = self.scalars(b);
         let src = if sources.is_empty() || self.e.chance(50) {
@@ -796,24 +802,21 @@ impl Gen<'_, '_> {
         }
         let v = b.cvt_with(src, cvt);
         self.define(v, self.level(src));
-        self.charge(1)
+        1
     }
 
-    fn bitcast(&mut self, b: &mut KernelBuilder) -> bool {
-        let sources = self.scalars(b);
-        if sources.is_empty() {
-            return self.charge(1);
-        }
-        let src = self.e.pick(&sources);
-        let bits = b.ty(src).elem().bits();
+    fn bitcast(&mut self, b: &mut KernelBuilder) -> u32 {
+        let from = self.e.pick(&DATA);
+        let src = self.operand(b, Type::Scalar(from));
+        let bits = from.bits();
         let targets: Vec<ScalarType> = DATA.iter().copied().filter(|t| t.bits() == bits).collect();
         let to = self.e.pick(&targets);
         let v = b.bitcast(src, to);
         self.define(v, self.level(src));
-        self.charge(1)
+        1
     }
 
-    fn vector(&mut self, b: &mut KernelBuilder) -> bool {
+    fn vector(&mut self, b: &mut KernelBuilder) -> u32 {
         let vectors: Vec<Value> =
             self.scopes.iter().flatten().copied().filter(|v| matches!(b.ty(*v), Type::Vector(..))).collect();
         if !vectors.is_empty() && self.e.chance(60) {
@@ -826,7 +829,7 @@ impl Gen<'_, '_> {
             let n = self.e.pick(&[2u8, 4]);
             self.fresh(b, Type::Vector(t, n), Level::Thread);
         }
-        self.charge(1)
+        1
     }
 
     /// An index in `0..len` aligned to `lanes` (both powers of two), of a 32- or 64-bit type:
@@ -852,8 +855,9 @@ impl Gen<'_, '_> {
         v
     }
 
-    /// A pointer to `count` readable elements of `elem` (a power of two) among the input
-    /// buffers: a buffer viewed as `elem`, sometimes a choice between two, and its level.
+    /// A pointer into the input buffers, the number of elements readable through it (a power
+    /// of two) and its level: one buffer, maybe viewed as another element type, sometimes a
+    /// `select` between two buffers (then the smaller count).
     fn input_view(&mut self, b: &mut KernelBuilder) -> (Value, u32, Level) {
         let i = self.e.below(self.buffers.len() as u64) as usize;
         let (ptr, elem, len) = (self.buffers[i].ptr, self.buffers[i].elem, self.buffers[i].len);
@@ -878,7 +882,7 @@ impl Gen<'_, '_> {
         (p, count, Level::Block)
     }
 
-    fn load_input(&mut self, b: &mut KernelBuilder) -> bool {
+    fn load_input(&mut self, b: &mut KernelBuilder) -> u32 {
         let (base, count, base_level) = self.input_view(b);
         let lanes = self.e.pick(&[1u32, 1, 1, 2, 4]).min(count);
         let (ptr, level) = match self.e.below(4) {
@@ -913,7 +917,7 @@ impl Gen<'_, '_> {
         };
         let v = if lanes == 1 { b.load(ptr) } else { b.load_vec(ptr, lanes as u8) };
         self.define(v, level.max(base_level));
-        self.charge(4)
+        4
     }
 
     /// A pointer into the thread's slot `slot`, viewed as `elem`, for an access of `size`
@@ -925,14 +929,14 @@ impl Gen<'_, '_> {
         b.ptr_add(p, i)
     }
 
-    fn load_own(&mut self, b: &mut KernelBuilder) -> bool {
+    fn load_own(&mut self, b: &mut KernelBuilder) -> u32 {
         let elem = self.e.pick(&DATA);
         let lanes = self.e.pick(&[1u32, 1, 2, 4]);
         let slot = self.e.below(SLOTS as u64) as u32;
         let p = self.own_slot(b, slot, elem, elem.bytes() * lanes);
         let v = if lanes == 1 { b.load(p) } else { b.load_vec(p, lanes as u8) };
         self.define(v, Level::Thread);
-        self.charge(4)
+        4
     }
 
     /// Store `v` (a predicate as an integer) into the thread's slot `slot`.
@@ -950,7 +954,7 @@ impl Gen<'_, '_> {
         b.store(p, v);
     }
 
-    fn gen_if(&mut self, b: &mut KernelBuilder) -> bool {
+    fn gen_if(&mut self, b: &mut KernelBuilder) -> u32 {
         let cond = self.operand(b, Type::PRED);
         let n = self.e.below(4);
         let tys: Vec<Type> = (0..n).map(|_| self.random_type()).collect();
@@ -967,7 +971,7 @@ impl Gen<'_, '_> {
         for r in results {
             self.define(r, level.get());
         }
-        self.charge(1)
+        1
     }
 
     /// One region of an `if`: its code under `cf`, then values of `tys` to yield and the
@@ -986,10 +990,10 @@ impl Gen<'_, '_> {
         (ys, level)
     }
 
-    /// A loop of at most `MAX_TRIPS` iterations: start 0..=2, end a constant, the trip
-    /// parameter or a value masked to 0..=3 (each maybe offset), step 1 or 2 (or a value
-    /// made 1 or 3).
-    fn gen_for(&mut self, b: &mut KernelBuilder) -> bool {
+    /// A loop of at most `MAX_TRIPS` iterations: start 0..=2; end a constant below
+    /// `MAX_TRIPS`, the trip parameter or a value masked to 0..=3; step 1 or 2, or a value made
+    /// 1 or 3. It carries up to three values of random types.
+    fn gen_for(&mut self, b: &mut KernelBuilder) -> u32 {
         const MAX_TRIPS: u32 = 6;
         let t = self.e.pick(&INT32_64);
         let ty = Type::Scalar(t);
@@ -1001,10 +1005,10 @@ impl Gen<'_, '_> {
                 self.define(c, Level::Block);
                 c
             }
+            // `trip` is at most 5.
+            1 if t == U32 => self.trip,
             1 => {
-                // `trip` is at most 5.
-                let v =
-                    if t == U32 { self.trip } else { b.cvt_with(self.trip, Cvt { to: t, rounding: None, sat: false }) };
+                let v = b.cvt_with(self.trip, Cvt { to: t, rounding: None, sat: false });
                 self.define(v, Level::Block);
                 v
             }
@@ -1068,7 +1072,7 @@ impl Gen<'_, '_> {
         for r in results {
             self.define(r, level);
         }
-        self.charge(4)
+        4
     }
 
     /// A pointer to a static shared array, or (`None`) to the dynamic window as `elem`.
@@ -1081,7 +1085,7 @@ impl Gen<'_, '_> {
 
     /// Stores into the thread's own shared slot (and counter atomics), a barrier, loads from
     /// anywhere in shared memory, a barrier.
-    fn exchange(&mut self, b: &mut KernelBuilder) -> bool {
+    fn exchange(&mut self, b: &mut KernelBuilder) -> u32 {
         let i = self.e.below(self.shared.len() as u64) as usize;
         let (array, elem) = (self.shared[i].array, self.shared[i].elem);
         let base = Self::shared_base(b, array, elem);
@@ -1100,7 +1104,7 @@ impl Gen<'_, '_> {
         if let Some(c) = &self.counters {
             if self.e.chance(50) {
                 let base = Self::shared_base(b, c.array, c.elem);
-                self.counter_atomic(b, base, c.len * 2);
+                self.counter_atomic(b, base);
             }
         }
         b.barrier();
@@ -1123,41 +1127,34 @@ impl Gen<'_, '_> {
             self.define(v, self.level(i));
         }
         b.barrier();
-        self.charge(16)
+        16
     }
 
-    /// An integer `add`, `min` or `max` on one of `count` 32-bit words (or half as many 64-bit
-    /// ones) from `base` (`u64` elements); the old value is left unused.
-    fn counter_atomic(&mut self, b: &mut KernelBuilder, base: Value, words: u32) {
-        let (t, op) = self.e.pick(&[
-            (U32, AtomicOp::Add),
-            (I32, AtomicOp::Add),
-            (U64, AtomicOp::Add),
-            (U32, AtomicOp::Max),
-            (I32, AtomicOp::Min),
-            (U64, AtomicOp::Min),
-            (I64, AtomicOp::Max),
-            (U32, AtomicOp::Min),
-            (I32, AtomicOp::Max),
-            (U64, AtomicOp::Max),
-            (I64, AtomicOp::Min),
-        ]);
-        let count = if t.bits() == 64 { words / 2 } else { words };
+    /// An integer `add`, `min` or `max` into `base` (`u64` elements, at least
+    /// `2 * ATOMIC_KINDS.len()`), its old value unused (it depends on the order of threads).
+    /// Each kind of atomic has its own 16 bytes: different kinds on one word, or 32- and 64-bit
+    /// views of it, would not commute, and the result would depend on the order of threads.
+    fn counter_atomic(&mut self, b: &mut KernelBuilder, base: Value) {
+        let k = self.e.below(ATOMIC_KINDS.len() as u64) as u32;
+        let (t, op) = ATOMIC_KINDS[k as usize];
+        let per_kind = 16 / t.bytes();
         let p = b.ptr_cast(base, t);
-        let i = self.masked_index(b, count, 1);
+        let first = b.const_u32(k * per_kind);
+        let p = b.ptr_add(p, first);
+        let i = self.masked_index(b, per_kind, 1);
         let p = b.ptr_add(p, i);
         let v = self.operand(b, Type::Scalar(t));
         b.atomic(op, p, v);
     }
 
-    fn atomic(&mut self, b: &mut KernelBuilder) -> bool {
+    fn atomic(&mut self, b: &mut KernelBuilder) -> u32 {
         if let Some(acc) = self.acc {
-            self.counter_atomic(b, acc, ACC_LEN * 2);
+            self.counter_atomic(b, acc);
         }
-        self.charge(4)
+        4
     }
 
-    fn warp(&mut self, b: &mut KernelBuilder) -> bool {
+    fn warp(&mut self, b: &mut KernelBuilder) -> u32 {
         if self.e.chance(30) {
             let mode = self.e.pick(VoteMode::ALL);
             let p = self.operand(b, Type::PRED);
@@ -1167,14 +1164,20 @@ impl Gen<'_, '_> {
             let t = self.e.pick(&[U32, I32, F32]);
             let mode = self.e.pick(ShflMode::ALL);
             let x = self.operand(b, Type::Scalar(t));
-            let lane =
-                if self.e.chance(50) { b.const_u32(self.e.below(40) as u32) } else { self.operand(b, Type::U32) };
+            // Lane operands count modulo 32: constants up to 39 test that too.
+            let lane = if self.e.chance(50) {
+                let c = b.const_u32(self.e.below(40) as u32);
+                self.define(c, Level::Block);
+                c
+            } else {
+                self.operand(b, Type::U32)
+            };
             let broadcast = mode == ShflMode::Idx && self.level(lane) <= Level::Warp;
             let level = if broadcast || self.level(x) <= Level::Warp { Level::Warp } else { Level::Thread };
             let v = b.shfl(mode, x, lane);
             self.define(v, level);
         }
-        self.charge(1)
+        1
     }
 }
 

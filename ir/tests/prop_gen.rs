@@ -4,7 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use ruda_ir::gen::{generate, run_generated, Entropy, GenConfig, GeneratedKernel};
+use ruda_ir::gen::{generate, run_generated, ArgSpec, Entropy, GenConfig, GeneratedKernel};
+use ruda_ir::interp::{run_with_threads, KernelArg};
 use ruda_ir::{
     print_kernel, verify, AddrSpace, AtomicOp, BinaryOp, CmpOp, Cvt, Kernel, KernelBuilder, Op, Rounding, ScalarType,
     ShflMode, SpecialReg, Type, UnaryOp, Value, VoteMode,
@@ -103,12 +104,89 @@ fn generation_is_deterministic() {
         assert_eq!(print_kernel(&a.kernel), print_kernel(&b.kernel));
         assert_eq!(a.inputs, b.inputs);
         assert_eq!(a.launch, b.launch);
-        assert_eq!(run_generated(&a, &a.kernel), run_generated(&b, &b.kernel));
+        assert!(run_generated(&a, &a.kernel) == run_generated(&b, &b.kernel), "seed {seed}: the outputs differ");
     }
     let bytes: Vec<u8> = (0..2000u32).map(|i| (i * 7919 % 251) as u8).collect();
     let a = generate(&mut Entropy::from_bytes(&bytes), &cfg);
     let b = generate(&mut Entropy::from_bytes(&bytes), &cfg);
     assert_eq!(print_kernel(&a.kernel), print_kernel(&b.kernel));
+}
+
+/// Run on `threads` interpreter threads (blocks then run in different orders and overlap).
+fn run_on(g: &GeneratedKernel, threads: usize) -> Vec<Vec<u8>> {
+    let mut buffers: Vec<Vec<u8>> = g
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            ArgSpec::Buffer { bytes, .. } => Some(bytes.clone()),
+            ArgSpec::Scalar(_) => None,
+        })
+        .collect();
+    let mut bufs = buffers.iter_mut();
+    let mut args: Vec<KernelArg<'_>> = g
+        .inputs
+        .iter()
+        .map(|a| match a {
+            ArgSpec::Buffer { .. } => KernelArg::Buffer(bufs.next().expect("one per buffer")),
+            ArgSpec::Scalar(c) => KernelArg::Scalar(*c),
+        })
+        .collect();
+    run_with_threads(&g.kernel, &g.launch, &mut args, threads).expect("runs");
+    drop(args);
+    buffers
+}
+
+#[test]
+fn results_do_not_depend_on_scheduling() {
+    // Atomics of different kinds on one word would make this fail now and then (it did).
+    let cfg = GenConfig { max_blocks: 8, ..GenConfig::default() };
+    for seed in 0..150 {
+        let g = generate(&mut Entropy::from_seed(seed), &cfg);
+        let one = run_on(&g, 1);
+        for _ in 0..2 {
+            assert!(run_on(&g, 4) == one, "seed {seed}: the result depends on how blocks are scheduled");
+        }
+    }
+}
+
+#[test]
+fn each_kind_of_atomic_has_its_own_bytes() {
+    // Different atomic operations (or 32- and 64-bit views) on one word do not commute; the
+    // generator gives each kind 16 bytes of its own: `ptradd(ptradd(ptrcast(base), first), i)`
+    // with `i` masked below 16 bytes.
+    let cfg = GenConfig::default();
+    let mut atomics = 0;
+    for seed in 0..300 {
+        let g = generate(&mut Entropy::from_seed(seed), &cfg);
+        let k = &g.kernel;
+        let mut defs = std::collections::HashMap::new();
+        k.walk(|_, inst| {
+            for r in &inst.results {
+                defs.insert(*r, inst.op.clone());
+            }
+        });
+        let mut owner: std::collections::HashMap<(String, u64), String> = Default::default();
+        k.walk(|_, inst| {
+            let Op::Atomic { op, ptr, .. } = &inst.op else { return };
+            atomics += 1;
+            let elem = k.ty(*ptr).elem();
+            let (Some(Op::PtrAdd(p1, _)), kind) = (defs.get(ptr), format!("{op}.{elem}")) else {
+                panic!("seed {seed}: unexpected atomic address")
+            };
+            let Some(Op::PtrAdd(p0, first)) = defs.get(p1) else { panic!("seed {seed}: no first word") };
+            let Some(Op::Const(first)) = defs.get(first) else { panic!("seed {seed}: first word not constant") };
+            let Some(Op::PtrCast(base, _)) = defs.get(p0) else { panic!("seed {seed}: no cast") };
+            let root = match defs.get(base) {
+                Some(Op::SharedBase(id)) => format!("shared {id}"),
+                _ => format!("{base}"),
+            };
+            let byte = first.bits * elem.bytes() as u64;
+            assert_eq!(byte % 16, 0, "seed {seed}");
+            let previous = owner.entry((root, byte)).or_insert_with(|| kind.clone());
+            assert_eq!(*previous, kind, "seed {seed}: two kinds of atomics on the same bytes");
+        });
+    }
+    assert!(atomics > 100, "{atomics}");
 }
 
 #[test]
@@ -130,8 +208,8 @@ fn outputs_depend_on_the_kernel() {
                 .inputs
                 .iter()
                 .filter_map(|a| match a {
-                    ruda_ir::gen::ArgSpec::Buffer { bytes, .. } => Some(bytes.clone()),
-                    ruda_ir::gen::ArgSpec::Scalar(_) => None,
+                    ArgSpec::Buffer { bytes, .. } => Some(bytes.clone()),
+                    ArgSpec::Scalar(_) => None,
                 })
                 .collect();
             run_generated(&g, &g.kernel).expect("runs") != before

@@ -622,7 +622,8 @@ impl Gen<'_, '_> {
     /// A conversion from `from` (to `to`, or a random type), with a random rounding where one
     /// is needed or allowed, and random saturation on integer destinations.
     fn random_cvt(&mut self, from: ScalarType, to: Option<ScalarType>) -> Cvt {
-        let to = to.unwrap_or_else(|| self.e.pick(&DATA));
+        // Now and then the same type: for floats, rounding to an integral value.
+        let to = to.unwrap_or_else(|| if self.e.chance(10) { from } else { self.e.pick(&DATA) });
         let sm80_limited = self.cfg.sm80_conversions && to == BF16 && from != BF16;
         let rounding = if crate::verify::cvt_needs_rounding(from, to) {
             if sm80_limited {
@@ -787,9 +788,9 @@ impl Gen<'_, '_> {
     }
 
     fn convert(&mut self, b: &mut KernelBuilder) -> u32 {
-        // Half the time a source of a uniformly chosen type, so that rare types get converted.
+        // Mostly a source of a uniformly chosen type, so that rare types get converted.
         let sources = self.scalars(b);
-        let src = if sources.is_empty() || self.e.chance(50) {
+        let src = if sources.is_empty() || self.e.chance(75) {
             let t = self.e.pick(&DATA);
             self.operand(b, Type::Scalar(t))
         } else {
@@ -1121,10 +1122,28 @@ impl Gen<'_, '_> {
             let count = len * elem.bytes() / view.bytes();
             let base = if view == elem { base } else { b.ptr_cast(base, view) };
             let lanes = self.e.pick(&[1u32, 1, 2, 4]);
-            let i = self.masked_index(b, count, lanes);
-            let p = b.ptr_add(base, i);
-            let v = if lanes == 1 { b.load(p) } else { b.load_vec(p, lanes as u8) };
-            self.define(v, self.level(i));
+            if self.e.chance(30) {
+                // A run of scalar loads of consecutive elements from one aligned pointer (what
+                // `vectorize` merges).
+                let run = lanes.max(2);
+                let i = self.masked_index(b, count, run);
+                let p = b.ptr_add(base, i);
+                for c in 0..run {
+                    let at = if c == 0 {
+                        p
+                    } else {
+                        let c = b.constant(Constant::new(self.e.pick(&INT32_64), c as u64));
+                        b.ptr_add(p, c)
+                    };
+                    let v = b.load(at);
+                    self.define(v, self.level(i));
+                }
+            } else {
+                let i = self.masked_index(b, count, lanes);
+                let p = b.ptr_add(base, i);
+                let v = if lanes == 1 { b.load(p) } else { b.load_vec(p, lanes as u8) };
+                self.define(v, self.level(i));
+            }
         }
         b.barrier();
         16

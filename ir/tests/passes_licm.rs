@@ -204,3 +204,40 @@ fn shuffles_and_votes_stay_in_their_loop() {
     });
     assert!(body.contains("shfl.bfly") && body.contains("vote.ballot"), "{body}");
 }
+
+#[test]
+fn constant_offset_addresses_stay_by_their_loads() {
+    let k = sum_loop(Some(0), Some(4), |b, x, _, tid, iv| {
+        let p = b.ptr_add(x, tid);
+        let c = b.const_u32(1);
+        let q = b.ptr_add(p, c);
+        let a = b.load(p);
+        let v = b.load(q);
+        let t = b.add(a, v);
+        b.add(t, iv)
+    });
+    let (after, _, _) = hoisted(&k, 1);
+    let mut in_loop = vec![];
+    after.walk(|_, i| {
+        if let Op::For { body, .. } = &i.op {
+            in_loop = after.region(*body).insts.iter().map(|id| after.inst(*id).op.mnemonic()).collect();
+        }
+    });
+    // Both loads leave, the second's address with it.
+    assert_eq!(in_loop, ["add", "add"], "{}", print_kernel(&after));
+    // A load that stays keeps its constant-offset address beside it.
+    let k = sum_loop(None, Some(4), |b, x, _, tid, iv| {
+        let p = b.ptr_add(x, tid);
+        let c = b.const_u32(1);
+        let q = b.ptr_add(p, c);
+        let v = b.load(q);
+        b.add(v, iv)
+    });
+    let (after, _, _) = hoisted(&k, 1);
+    after.walk(|_, i| {
+        if let Op::For { body, .. } = &i.op {
+            in_loop = after.region(*body).insts.iter().map(|id| after.inst(*id).op.mnemonic()).collect();
+        }
+    });
+    assert_eq!(in_loop, ["ptradd", "load", "add", "add"], "{}", print_kernel(&after));
+}

@@ -6,7 +6,8 @@
 //! constant). A load moves only when the loop writes no memory at all (no store, atomic or
 //! barrier), its constant bounds prove that the first iteration runs (so every lane that
 //! reaches the loop performs the load anyway), and no instruction before it in the body that
-//! stays could fail first. Shuffles and votes depend on which lanes are active and never move.
+//! stays could fail first. Shuffles and votes depend on which lanes are active and never move,
+//! and neither do `ptradd`s by a constant, which the backend folds into the memory instruction.
 //! Inner loops are processed first, so invariants climb out of nests.
 
 use std::collections::HashSet;
@@ -80,20 +81,41 @@ impl Hoister<'_> {
         // Once an instruction that may fail stays in the body, nothing that may fail moves
         // before it.
         let mut may_fail_stayed = false;
-        let mut kept = vec![];
-        for &id in &k.region(body).insts {
+        let insts = k.region(body).insts.clone();
+        let mut moves = vec![false; insts.len()];
+        for (m, &id) in moves.iter_mut().zip(&insts) {
             let op = &k.inst(id).op;
             let invariant = op.operands().iter().all(|v| !inside.contains(v));
             let safe = is_speculatable(k, &self.defs, op);
             let movable_load = matches!(op, Op::Load { .. }) && loads_may_move && !may_fail_stayed;
-            if invariant && (safe || movable_load) {
+            *m = invariant && (safe || movable_load);
+            if *m {
                 for r in &k.inst(id).results {
                     inside.remove(r);
                 }
+            } else {
+                may_fail_stayed |= !safe;
+            }
+        }
+        // `ptradd(p, constant)` costs nothing next to its memory instruction (`[reg+imm]`): out
+        // of the loop it would only hold a register. It moves only for a user that moves.
+        let mut used_outside: HashSet<Value> = HashSet::new();
+        for i in (0..insts.len()).rev() {
+            let op = &k.inst(insts[i]).op;
+            let addressing = matches!(op, Op::PtrAdd(_, c) if self.defs.constant(k, *c).is_some());
+            if moves[i] && addressing && !k.inst(insts[i]).results.iter().any(|r| used_outside.contains(r)) {
+                moves[i] = false;
+            }
+            if moves[i] {
+                used_outside.extend(op.operands());
+            }
+        }
+        let mut kept = vec![];
+        for (m, id) in moves.into_iter().zip(insts) {
+            if m {
                 out.push(id);
                 self.changed = true;
             } else {
-                may_fail_stayed |= !safe;
                 kept.push(id);
             }
         }

@@ -1,0 +1,464 @@
+//! Attention against a plain f64 reference (Hugging Face Qwen2 / SDPA semantics: GQA, causal
+//! mask aligned to the end, additive bias, boolean mask), on the device `RUDA_DEVICE` names:
+//! flash prefill over packed variable-length batches, split-KV decode, and the contract's
+//! `attention` with each strategy; then the errors.
+//!
+//! Tolerances: the kernels compute in f32 from inputs already rounded to the dtype (the
+//! reference uses the same rounded values), so the error is f32 accumulation and `ex2.approx`
+//! (a few 1e-6 absolute for outputs of size ~1) plus one final rounding to the output dtype
+//! (half an epsilon of the dtype, relative). Each check says which it uses.
+
+mod common;
+
+use common::*;
+use ruda_ops::api::{self, AttentionOptions, AttentionSetupError, AttentionStrategy, DecodeWorkspace, OpError};
+use ruda_runtime::{DType, Device, Tensor};
+
+/// f32 math error allowance (absolute, outputs are averages of values in [-1, 1]).
+const F32_ABS: f64 = 2e-5;
+
+/// Relative allowance for the final rounding to `dtype` plus f32 math.
+fn rel_tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        other => epsilon(other),
+    }
+}
+
+/// One sequence's attention in f64. `q` is `[tq, hq, d]`, `k`, `v` `[tk, hkv, d]` (row-major);
+/// `extra(h, i, j)` is `Some(bias)` when query `i` of head `h` may attend key `j` beyond the
+/// causal rule, `None` when masked. Rows with no key give zeros.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (tq, tk): (usize, usize),
+    (hq, hkv, d): (usize, usize, usize),
+    scale: f64,
+    causal: bool,
+    extra: &dyn Fn(usize, usize, usize) -> Option<f64>,
+) -> Vec<f64> {
+    let group = hq / hkv;
+    let mut out = vec![0f64; tq * hq * d];
+    for h in 0..hq {
+        let kh = h / group;
+        for i in 0..tq {
+            let mut logits = Vec::with_capacity(tk);
+            for j in 0..tk {
+                let allowed = !causal || j + tq <= i + tk;
+                let bias = if allowed { extra(h, i, j) } else { None };
+                logits.push(bias.map(|b| {
+                    let dot: f64 = (0..d).map(|x| q[(i * hq + h) * d + x] as f64 * k[(j * hkv + kh) * d + x] as f64).sum();
+                    dot * scale + b
+                }));
+            }
+            let m = logits.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                continue;
+            }
+            let w: Vec<f64> = logits.iter().map(|l| l.map_or(0.0, |l| (l - m).exp())).collect();
+            let sum: f64 = w.iter().sum();
+            for x in 0..d {
+                let acc: f64 = (0..tk).map(|j| w[j] * v[(j * hkv + kh) * d + x] as f64).sum();
+                out[(i * hq + h) * d + x] = acc / sum;
+            }
+        }
+    }
+    out
+}
+
+fn no_extra(_: usize, _: usize, _: usize) -> Option<f64> {
+    Some(0.0)
+}
+
+fn upload_u32(dev: &Device, xs: &[u32]) -> Tensor {
+    Tensor::from_slice(dev, xs, &[xs.len()]).unwrap()
+}
+
+/// A packed varlen problem: per-sequence (q_len, kv_len), heads, head dim.
+struct Varlen {
+    lens: Vec<(usize, usize)>,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+}
+
+/// Run the varlen entry point and compare every sequence with the reference.
+fn check_varlen(dev: &Device, rng: &mut Rng, dtype: DType, p: &Varlen, causal: bool, scale: Option<f32>, q_range: f32) {
+    let (tq, tk): (usize, usize) = p.lens.iter().fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+    let q = quantize(dtype, &rng.vec(tq * p.hq * p.d, -q_range, q_range));
+    let k = quantize(dtype, &rng.vec(tk * p.hkv * p.d, -1.0, 1.0));
+    let v = quantize(dtype, &rng.vec(tk * p.hkv * p.d, -1.0, 1.0));
+    let mut cu_q = vec![0u32];
+    let mut cu_k = vec![0u32];
+    for (a, b) in &p.lens {
+        cu_q.push(cu_q.last().unwrap() + *a as u32);
+        cu_k.push(cu_k.last().unwrap() + *b as u32);
+    }
+    let got = api::attention_prefill_varlen(
+        &tensor(dev, dtype, &q, &[tq, p.hq, p.d]),
+        &tensor(dev, dtype, &k, &[tk, p.hkv, p.d]),
+        &tensor(dev, dtype, &v, &[tk, p.hkv, p.d]),
+        &upload_u32(dev, &cu_q),
+        &upload_u32(dev, &cu_k),
+        None,
+        scale,
+        causal,
+    )
+    .unwrap();
+    assert_eq!(got.dtype(), dtype);
+    let got = got.to_f32_vec().unwrap();
+    let s = scale.map_or(1.0 / (p.d as f64).sqrt(), |s| s as f64);
+    let (qr, kr) = (p.hq * p.d, p.hkv * p.d);
+    for (seq, &(lq, lk)) in p.lens.iter().enumerate() {
+        let (q0, k0) = (cu_q[seq] as usize, cu_k[seq] as usize);
+        let want = reference(
+            &q[q0 * qr..(q0 + lq) * qr],
+            &k[k0 * kr..(k0 + lk) * kr],
+            &v[k0 * kr..(k0 + lk) * kr],
+            (lq, lk),
+            (p.hq, p.hkv, p.d),
+            s,
+            causal,
+            &no_extra,
+        );
+        let what = format!("varlen {dtype} d={} hq={} hkv={} causal={causal} seq {seq} ({lq}, {lk})", p.d, p.hq, p.hkv);
+        // f32 math, then one rounding to the dtype.
+        assert_close(&what, &got[q0 * qr..(q0 + lq) * qr], &want, F32_ABS, rel_tol(dtype));
+    }
+}
+
+#[test]
+fn prefill_varlen_across_head_dims_gqa_ratios_and_dtypes() {
+    let dev = device();
+    let mut rng = Rng::new(11);
+    // Lengths around the tiles (64 rows × 64 keys at d=64, 32 × 32 at d=128, 16 × 16 at
+    // d=256), uneven, with q_len < kv_len (chunked prefill) and q_len > kv_len (the leading
+    // rows see no key and give zeros).
+    let all = vec![(1, 1), (63, 63), (64, 64), (65, 65), (17, 40), (9, 3)];
+    let short = vec![(1, 1), (33, 65), (17, 16), (9, 3)];
+    // (d, hq, hkv, lengths, dtype): GQA ratios 8, 7, 1 and 2 (with 2 KV heads).
+    let cases = [
+        (64, 8, 1, &all, DType::BF16),
+        (64, 1, 1, &short, DType::F16),
+        (128, 7, 1, &short, DType::F16),
+        (128, 2, 2, &all, DType::F32),
+        (256, 4, 2, &short, DType::BF16),
+    ];
+    for (d, hq, hkv, lens, dtype) in cases {
+        let p = Varlen { lens: lens.clone(), hq, hkv, d };
+        for causal in [false, true] {
+            check_varlen(&dev, &mut rng, dtype, &p, causal, None, 2.0);
+        }
+    }
+}
+
+#[test]
+fn prefill_long_sequences_and_sharp_softmax() {
+    let dev = device();
+    let mut rng = Rng::new(12);
+    // 1000 tokens, one head: many key tiles, the causal tile bound, and the running rescale.
+    let p = Varlen { lens: vec![(1000, 1000)], hq: 1, hkv: 1, d: 64 };
+    check_varlen(&dev, &mut rng, DType::BF16, &p, true, None, 1.0);
+    // A large scale makes the softmax nearly one-hot (the max moves often within a row); a
+    // small one makes it nearly flat.
+    let p = Varlen { lens: vec![(20, 300), (3, 70)], hq: 2, hkv: 1, d: 128 };
+    check_varlen(&dev, &mut rng, DType::F32, &p, true, Some(2.0), 1.0);
+    check_varlen(&dev, &mut rng, DType::F16, &p, false, Some(0.05), 1.0);
+}
+
+/// Decode against the reference for each sequence's first `seq_lens[b]` cache rows.
+#[allow(clippy::too_many_arguments)]
+fn check_decode(dev: &Device, rng: &mut Rng, dtype: DType, seq_lens: &[u32], s_max: usize, hq: usize, hkv: usize, d: usize, splits: Option<usize>) {
+    let b = seq_lens.len();
+    let q = quantize(dtype, &rng.vec(b * hq * d, -2.0, 2.0));
+    let k = quantize(dtype, &rng.vec(b * hkv * s_max * d, -1.0, 1.0));
+    let v = quantize(dtype, &rng.vec(b * hkv * s_max * d, -1.0, 1.0));
+    let tq = tensor(dev, dtype, &q, &[b, hq, d]);
+    let tk = tensor(dev, dtype, &k, &[b, hkv, s_max, d]);
+    let tv = tensor(dev, dtype, &v, &[b, hkv, s_max, d]);
+    let lens = upload_u32(dev, seq_lens);
+    let got = match splits {
+        Some(n) => {
+            let ws = DecodeWorkspace::new(&tq, n).unwrap();
+            let out = Tensor::empty(dev, dtype, &[b, hq, d]).unwrap();
+            api::attention_decode_into(&dev.default_stream(), &tq, &tk, &tv, &lens, None, &ws, &out).unwrap();
+            // Reusing the workspace gives the same bits.
+            let again = Tensor::empty(dev, dtype, &[b, hq, d]).unwrap();
+            api::attention_decode_into(&dev.default_stream(), &tq, &tk, &tv, &lens, None, &ws, &again).unwrap();
+            assert_bits("decode twice", &again.to_f32_vec().unwrap(), &out.to_f32_vec().unwrap());
+            out
+        }
+        None => api::attention_decode(&tq, &tk, &tv, &lens, None).unwrap(),
+    };
+    let got = got.to_f32_vec().unwrap();
+    for (bi, &len) in seq_lens.iter().enumerate() {
+        let len = (len as usize).min(s_max);
+        // The cache rows of this sequence as packed [len, hkv, d].
+        let gather = |src: &[f32]| -> Vec<f32> {
+            let mut out = Vec::with_capacity(len * hkv * d);
+            for j in 0..len {
+                for h in 0..hkv {
+                    let at = ((bi * hkv + h) * s_max + j) * d;
+                    out.extend_from_slice(&src[at..at + d]);
+                }
+            }
+            out
+        };
+        let want = reference(
+            &q[bi * hq * d..(bi + 1) * hq * d],
+            &gather(&k),
+            &gather(&v),
+            (1, len),
+            (hq, hkv, d),
+            1.0 / (d as f64).sqrt(),
+            false,
+            &no_extra,
+        );
+        let what = format!("decode {dtype} d={d} hq={hq} hkv={hkv} splits={splits:?} seq {bi} len {len}");
+        // f32 partials merged in f32, then one rounding to the dtype.
+        assert_close(&what, &got[bi * hq * d..(bi + 1) * hq * d], &want, F32_ABS, rel_tol(dtype));
+    }
+}
+
+#[test]
+fn decode_split_kv_matches_reference() {
+    let dev = device();
+    let mut rng = Rng::new(13);
+    // Uneven lengths, an empty sequence (zeros) and one past the capacity (clamped).
+    let lens = [1u32, 63, 0, 130, 500];
+    check_decode(&dev, &mut rng, DType::BF16, &lens, 130, 8, 1, 128, Some(3));
+    check_decode(&dev, &mut rng, DType::F32, &[65, 1, 64], 96, 7, 1, 64, Some(5));
+    check_decode(&dev, &mut rng, DType::F16, &[40, 17], 48, 2, 2, 256, Some(2));
+    // One split, and the allocating wrapper's own choice over a long cache.
+    check_decode(&dev, &mut rng, DType::F32, &[33, 64], 64, 4, 4, 64, Some(1));
+    check_decode(&dev, &mut rng, DType::BF16, &[1000, 7], 1000, 8, 1, 64, None);
+    // More query heads per group than a block has rows at d = 256 (16): two head chunks.
+    check_decode(&dev, &mut rng, DType::F32, &[20], 32, 20, 1, 256, Some(2));
+}
+
+/// `[B, H, T, D]` from per-batch packed `[T, H, D]` blocks.
+fn to_bhtd(packed: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; packed.len()];
+    for bi in 0..b {
+        for ti in 0..t {
+            for hi in 0..h {
+                for x in 0..d {
+                    out[((bi * h + hi) * t + ti) * d + x] = packed[((bi * t + ti) * h + hi) * d + x];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The contract entry point on `[B, H, T, D]` data for one strategy, compared with the reference.
+#[allow(clippy::too_many_arguments)]
+fn check_dense(
+    dev: &Device,
+    rng: &mut Rng,
+    dtype: DType,
+    (b, hq, hkv, t, s, d): (usize, usize, usize, usize, usize, usize),
+    causal: bool,
+    strategy: AttentionStrategy,
+    mask: Option<(&[u8], &[usize], &dyn Fn(usize, usize, usize, usize) -> bool)>,
+    bias: Option<(&[f32], &[usize], &dyn Fn(usize, usize, usize, usize) -> f64)>,
+) {
+    let q = quantize(dtype, &rng.vec(b * t * hq * d, -2.0, 2.0));
+    let k = quantize(dtype, &rng.vec(b * s * hkv * d, -1.0, 1.0));
+    let v = quantize(dtype, &rng.vec(b * s * hkv * d, -1.0, 1.0));
+    let tq = tensor(dev, dtype, &to_bhtd(&q, b, t, hq, d), &[b, hq, t, d]);
+    let tk = tensor(dev, dtype, &to_bhtd(&k, b, s, hkv, d), &[b, hkv, s, d]);
+    let tv = tensor(dev, dtype, &to_bhtd(&v, b, s, hkv, d), &[b, hkv, s, d]);
+    let tm = mask.map(|(m, shape, _)| Tensor::from_slice(dev, m, shape).unwrap());
+    let tb = bias.map(|(x, shape, _)| tensor(dev, dtype, x, shape));
+    let options = AttentionOptions { causal, scale: None };
+    let got = api::attention(&tq, &tk, &tv, tm.as_ref(), tb.as_ref(), &options, strategy).unwrap();
+    assert_eq!(got.shape(), &[b, hq, t, d]);
+    let got = got.to_f32_vec().unwrap();
+    for bi in 0..b {
+        let extra = |h: usize, i: usize, j: usize| -> Option<f64> {
+            if let Some((_, _, allowed)) = &mask {
+                if !allowed(bi, h, i, j) {
+                    return None;
+                }
+            }
+            // The bias is rounded to the dtype when uploaded, as the device sees it.
+            Some(bias.as_ref().map_or(0.0, |(_, _, f)| round_to(dtype, f(bi, h, i, j) as f32) as f64))
+        };
+        let want = reference(
+            &q[bi * t * hq * d..(bi + 1) * t * hq * d],
+            &k[bi * s * hkv * d..(bi + 1) * s * hkv * d],
+            &v[bi * s * hkv * d..(bi + 1) * s * hkv * d],
+            (t, s),
+            (hq, hkv, d),
+            1.0 / (d as f64).sqrt(),
+            causal,
+            &extra,
+        );
+        let want = to_bhtd(&want.iter().map(|x| *x as f32).collect::<Vec<_>>(), 1, t, hq, d);
+        let want: Vec<f64> = want.iter().map(|x| *x as f64).collect();
+        let what = format!("attention {strategy:?} {dtype} b={bi} hq={hq} hkv={hkv} t={t} s={s} d={d} causal={causal}");
+        // Flash: f32 math then one rounding; Fallback: f32 GEMMs and softmax then one rounding.
+        assert_close(&what, &got[bi * hq * t * d..(bi + 1) * hq * t * d], &want, F32_ABS, rel_tol(dtype));
+    }
+}
+
+#[test]
+fn attention_contract_strategies_agree_with_reference() {
+    let dev = device();
+    let mut rng = Rng::new(14);
+    for strategy in [AttentionStrategy::FlashUnit, AttentionStrategy::Fallback, AttentionStrategy::Autotune] {
+        check_dense(&dev, &mut rng, DType::BF16, (2, 4, 2, 19, 33, 64), true, strategy, None, None);
+        check_dense(&dev, &mut rng, DType::F32, (1, 2, 2, 40, 17, 128), false, strategy, None, None);
+    }
+    // A head dim the flash kernels lack: Autotune and Fallback take the multi-kernel path.
+    for strategy in [AttentionStrategy::Fallback, AttentionStrategy::Autotune] {
+        check_dense(&dev, &mut rng, DType::F16, (1, 3, 1, 9, 12, 80), true, strategy, None, None);
+    }
+    // Rank 3 ([H, T, D]) is batch 1.
+    let q = tensor(&dev, DType::F32, &rng.vec(2 * 5 * 64, -1.0, 1.0), &[2, 5, 64]);
+    let k = tensor(&dev, DType::F32, &rng.vec(5 * 64, -1.0, 1.0), &[1, 5, 64]);
+    let v = tensor(&dev, DType::F32, &rng.vec(5 * 64, -1.0, 1.0), &[1, 5, 64]);
+    let o = AttentionOptions::default();
+    let out3 = api::attention(&q, &k, &v, None, None, &o, AttentionStrategy::FlashUnit).unwrap();
+    assert_eq!(out3.shape(), &[2, 5, 64]);
+    let q4 = q.reshape(&[1, 2, 5, 64]).unwrap();
+    let (k4, v4) = (k.reshape(&[1, 1, 5, 64]).unwrap(), v.reshape(&[1, 1, 5, 64]).unwrap());
+    let out4 = api::attention(&q4, &k4, &v4, None, None, &o, AttentionStrategy::FlashUnit).unwrap();
+    assert_bits("rank 3 vs rank 4", &out3.to_f32_vec().unwrap(), &out4.to_f32_vec().unwrap());
+}
+
+#[test]
+fn attention_mask_and_bias() {
+    let dev = device();
+    let mut rng = Rng::new(15);
+    let (b, hq, hkv, t, s, d) = (2, 2, 1, 21, 37, 64);
+    // Key padding mask [B, 1, 1, S]: sequence 0 sees its first 30 keys, sequence 1 all of them.
+    let pad: Vec<u8> = (0..b * s).map(|x| u8::from(x / s == 1 || x % s < 30)).collect();
+    let pad_ok = |bi: usize, _h: usize, _i: usize, j: usize| bi == 1 || j < 30;
+    // A [T, S] pattern that masks query 3 entirely (its output must be zeros).
+    let pattern: Vec<u8> = (0..t * s).map(|x| u8::from(x / s != 3 && (x * 7) % 5 != 0)).collect();
+    let pattern_ok = |_b: usize, _h: usize, i: usize, j: usize| i != 3 && ((i * s + j) * 7) % 5 != 0;
+    // Per-head bias [1, H, T, S] (ALiBi-like slopes plus noise).
+    let bias: Vec<f32> = (0..hq * t * s).map(|x| -((x / (t * s) + 1) as f32) * 0.1 * ((x % s) as f32) + ((x * 13 % 7) as f32) * 0.3).collect();
+    let bias_at = |_b: usize, h: usize, i: usize, j: usize| bias[(h * t + i) * s + j] as f64;
+    for strategy in [AttentionStrategy::FlashUnit, AttentionStrategy::Fallback] {
+        for dtype in [DType::F32, DType::BF16] {
+            let dims = (b, hq, hkv, t, s, d);
+            check_dense(&dev, &mut rng, dtype, dims, false, strategy, Some((&pad, &[b, 1, 1, s], &pad_ok)), None);
+            check_dense(&dev, &mut rng, dtype, dims, true, strategy, None, Some((&bias, &[1, hq, t, s], &bias_at)));
+            check_dense(
+                &dev,
+                &mut rng,
+                dtype,
+                dims,
+                false,
+                strategy,
+                Some((&pattern, &[t, s], &pattern_ok)),
+                Some((&bias, &[1, hq, t, s], &bias_at)),
+            );
+        }
+    }
+}
+
+#[test]
+fn setup_errors_name_the_problem() {
+    let dev = device();
+    let f = |shape: &[usize], dtype: DType| Tensor::zeros(&dev, dtype, shape).unwrap();
+    let q = f(&[1, 4, 8, 64], DType::F32);
+    let kv = f(&[1, 2, 8, 64], DType::F32);
+    let kv2 = f(&[1, 2, 8, 64], DType::F32);
+    let o = AttentionOptions::default();
+    let run = |q: &Tensor, k: &Tensor, v: &Tensor, m: Option<&Tensor>, b: Option<&Tensor>, o: &AttentionOptions, s| {
+        api::attention(q, k, v, m, b, o, s).unwrap_err()
+    };
+    let flash = AttentionStrategy::FlashUnit;
+    assert!(matches!(run(&q, &f(&[1, 3, 8, 64], DType::F32), &f(&[1, 3, 8, 64], DType::F32), None, None, &o, flash), AttentionSetupError::Shape(_)));
+    assert!(matches!(run(&q, &kv, &f(&[1, 2, 9, 64], DType::F32), None, None, &o, flash), AttentionSetupError::Shape(_)));
+    assert!(matches!(run(&q, &f(&[1, 2, 8, 64], DType::BF16), &kv, None, None, &o, flash), AttentionSetupError::DType(_)));
+    assert!(matches!(run(&f(&[4, 8, 64], DType::F32), &kv, &kv, None, None, &o, flash), AttentionSetupError::Shape(_)));
+    let ints = f(&[1, 4, 8, 64], DType::I32);
+    assert!(matches!(run(&ints, &ints, &ints, None, None, &o, flash), AttentionSetupError::DType(_)));
+    for scale in [f32::NAN, f32::INFINITY] {
+        let e = run(&q, &kv, &kv, None, None, &AttentionOptions { causal: false, scale: Some(scale) }, flash);
+        assert!(matches!(e, AttentionSetupError::Scale(_)), "{e}");
+    }
+    let q80 = f(&[1, 2, 4, 80], DType::F32);
+    let kv80 = f(&[1, 2, 4, 80], DType::F32);
+    let e = run(&q80, &kv80, &kv80, None, None, &o, flash);
+    assert!(matches!(e, AttentionSetupError::UnsupportedHeadDim { head_dim: 80, .. }), "{e}");
+    // Mask: wrong dtype, non-broadcasting shape; bias: non-broadcasting shape.
+    let e = run(&q, &kv, &kv, Some(&f(&[8, 8], DType::F32)), None, &o, flash);
+    assert!(matches!(e, AttentionSetupError::DType(_)), "{e}");
+    let e = run(&q, &kv, &kv, Some(&f(&[8, 7], DType::U8)), None, &o, flash);
+    assert!(matches!(e, AttentionSetupError::MaskShape { name: "mask", .. }), "{e}");
+    let e = run(&q, &kv, &kv, None, Some(&f(&[3, 8, 8], DType::F32)), &o, AttentionStrategy::Fallback);
+    assert!(matches!(e, AttentionSetupError::MaskShape { name: "attn_bias", .. }), "{e}");
+    let e = run(&q, &kv, &kv, None, Some(&f(&[1, 1, 1, 1, 8], DType::F32)), &o, flash);
+    assert!(matches!(e, AttentionSetupError::MaskShape { .. }), "{e}");
+    // A view that does not start at a multiple of 4 elements: FlashUnit refuses, Autotune falls back.
+    let big = f(&[1 + 4 * 8 * 64], DType::F32);
+    let odd = big.narrow(0, 1, 4 * 8 * 64).unwrap().reshape(&[1, 4, 8, 64]).unwrap();
+    assert!(matches!(run(&odd, &kv, &kv, None, None, &o, flash), AttentionSetupError::Unsupported(_)));
+    api::attention(&odd, &kv, &kv2, None, None, &o, AttentionStrategy::Autotune).unwrap();
+}
+
+#[test]
+fn varlen_and_decode_errors() {
+    let dev = device();
+    let f = |shape: &[usize], dtype: DType| Tensor::zeros(&dev, dtype, shape).unwrap();
+    let q = f(&[10, 4, 64], DType::BF16);
+    let kv = f(&[12, 2, 64], DType::BF16);
+    let v = f(&[12, 2, 64], DType::BF16);
+    let cu_q = upload_u32(&dev, &[0, 4, 10]);
+    let cu_k = upload_u32(&dev, &[0, 5, 12]);
+    let ok = api::attention_prefill_varlen(&q, &kv, &v, &cu_q, &cu_k, None, None, true).unwrap();
+    assert_eq!(ok.shape(), &[10, 4, 64]);
+    let varlen = |q: &Tensor, k: &Tensor, cq: &Tensor, ck: &Tensor, max_q: Option<usize>, scale: Option<f32>| {
+        api::attention_prefill_varlen(q, k, k, cq, ck, max_q, scale, false).unwrap_err()
+    };
+    let msg = |e: OpError| e.to_string();
+    assert!(msg(varlen(&q, &f(&[12, 3, 64], DType::BF16), &cu_q, &cu_k, None, None)).contains("multiple"));
+    assert!(matches!(varlen(&q, &f(&[12, 2, 64], DType::F16), &cu_q, &cu_k, None, None), OpError::DType { .. }));
+    assert!(msg(varlen(&f(&[10, 4, 96], DType::BF16), &f(&[12, 2, 96], DType::BF16), &cu_q, &cu_k, None, None)).contains("head dim 96"));
+    assert!(msg(varlen(&q, &kv, &cu_q, &cu_k, None, Some(f32::NAN))).contains("finite"));
+    assert!(matches!(varlen(&q, &kv, &f(&[3], DType::I32), &cu_k, None, None), OpError::DType { .. }));
+    assert!(matches!(varlen(&q, &kv, &upload_u32(&dev, &[0, 10]), &cu_k, None, None), OpError::Shape { .. }));
+    // Contents of the cumulative lengths (checked by the allocating wrapper).
+    assert!(msg(varlen(&q, &kv, &upload_u32(&dev, &[0, 4, 9]), &cu_k, None, None)).contains("ends at 9"));
+    assert!(msg(varlen(&q, &kv, &upload_u32(&dev, &[0, 11, 10]), &cu_k, None, None)).contains("decreases"));
+    assert!(msg(varlen(&q, &kv, &upload_u32(&dev, &[1, 4, 10]), &cu_k, None, None)).contains("start at 0"));
+    assert!(msg(varlen(&q, &kv, &cu_q, &cu_k, Some(5), None)).contains("max_seqlen_q = 5"));
+    let out = f(&[10, 4, 64], DType::BF16);
+    let stream = dev.default_stream();
+    let e = api::attention_prefill_varlen_into(&stream, &q, &kv, &v, &cu_q, &cu_k, 0, None, false, &out).unwrap_err();
+    assert!(msg(e).contains("at least 1"));
+    let e = api::attention_prefill_varlen_into(&stream, &q, &kv, &kv, &cu_q, &cu_k, 6, None, false, &f(&[10, 4, 64], DType::F32));
+    assert!(matches!(e, Err(OpError::DType { .. })));
+
+    // Decode.
+    let q = f(&[2, 8, 128], DType::F16);
+    let cache = f(&[2, 2, 16, 128], DType::F16);
+    let v_cache = f(&[2, 2, 16, 128], DType::F16);
+    let lens = upload_u32(&dev, &[3, 16]);
+    let ws = DecodeWorkspace::new(&q, 2).unwrap();
+    assert_eq!(ws.splits(), 2);
+    let out = f(&[2, 8, 128], DType::F16);
+    api::attention_decode_into(&stream, &q, &cache, &v_cache, &lens, None, &ws, &out).unwrap();
+    for splits in [0, api::MAX_DECODE_SPLITS + 1] {
+        assert!(msg(DecodeWorkspace::new(&q, splits).err().unwrap()).contains("splits"));
+    }
+    let other_ws = DecodeWorkspace::new(&f(&[2, 4, 128], DType::F16), 2).unwrap();
+    let e = api::attention_decode_into(&stream, &q, &cache, &cache, &lens, None, &other_ws, &out).unwrap_err();
+    assert!(msg(e).contains("workspace"));
+    let e = api::attention_decode(&q, &cache, &cache, &upload_u32(&dev, &[3]), None).unwrap_err();
+    assert!(matches!(e, OpError::Shape { .. }));
+    let e = api::attention_decode(&q, &f(&[2, 3, 16, 128], DType::F16), &f(&[2, 3, 16, 128], DType::F16), &lens, None).unwrap_err();
+    assert!(msg(e).contains("multiple"));
+    let e = api::attention_decode(&q, &cache, &f(&[2, 2, 15, 128], DType::F16), &lens, None).unwrap_err();
+    assert!(matches!(e, OpError::Shape { .. }));
+    let e = api::attention_decode(&q, &cache, &cache, &lens, Some(f32::INFINITY)).unwrap_err();
+    assert!(msg(e).contains("finite"));
+}

@@ -82,6 +82,31 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "gemm_simt", move || gemm_simt(&cfg)));
         }
     }
+    // Attention: flash prefill (every dtype, head dim, causal or not, with or without mask and
+    // bias), split-KV decode with its combine, and the fallback's f32 masked softmax.
+    for dtype in common::FLOAT_DTYPES {
+        for head_dim in attention::FLASH_HEAD_DIMS {
+            for causal in [false, true] {
+                for masked in [false, true] {
+                    let cfg = AttentionPrefillConfig { dtype, head_dim, causal, masked };
+                    out.push(Registered::new(cfg.id(), "attention_prefill", move || attention_prefill(&cfg)));
+                }
+            }
+        }
+    }
+    for dtype in common::FLOAT_DTYPES {
+        for head_dim in attention::FLASH_HEAD_DIMS {
+            let cfg = AttentionDecodeConfig { dtype, head_dim };
+            out.push(Registered::new(cfg.id(), "attention_decode", move || attention_decode(&cfg)));
+            out.push(Registered::new(cfg.combine_id(), "attention_decode", move || attention_decode_combine(&cfg)));
+        }
+    }
+    for causal in [false, true] {
+        for masked in [false, true] {
+            let cfg = AttentionSoftmaxConfig { causal, masked };
+            out.push(Registered::new(cfg.id(), "attention_fallback", move || attention_softmax(&cfg)));
+        }
+    }
     out
 }
 

@@ -5,11 +5,13 @@
 //! Float ops accept `F32`, `F16` and `BF16` tensors; inputs must be contiguous and non-empty.
 //! One submodule per op family; everything is re-exported here.
 
+mod attention;
 mod elementwise;
 mod gemm;
 mod norm;
 mod rows;
 
+pub use attention::*;
 pub use elementwise::*;
 pub use gemm::*;
 pub use norm::*;

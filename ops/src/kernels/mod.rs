@@ -10,3 +10,8 @@ pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
 pub use gemm::{gemm_simt, BLayout, GemmConfig};
 pub use norm::{layer_norm, rms_norm, NormConfig};
 pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};
+pub mod attention;
+pub use attention::{
+    attention_decode, attention_decode_combine, attention_prefill, attention_softmax, AttentionDecodeConfig,
+    AttentionPrefillConfig, AttentionSoftmaxConfig,
+};

@@ -107,6 +107,46 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "attention_fallback", move || attention_softmax(&cfg)));
         }
     }
+    // Decode ops around attention: GEMV for every row tile (vector loads; the scalar-load
+    // fallback at 1 and 16 rows), its split-K reduction, RoPE and its KV-cache append at the
+    // Qwen head sizes (64, 128, and 256 with a 64-dim partial rotary), the residual-fused RMSNorm,
+    // SwiGLU and the embedding gather.
+    for dtype in common::FLOAT_DTYPES {
+        for m_tile in gemv::GEMV_M_TILES {
+            for split_k in [false, true] {
+                let cfg = gemv::GemvConfig { dtype, m_tile, loads: gemv::GemvLoads::Vector, split_k };
+                out.push(Registered::new(cfg.id(), "gemv", move || gemv::gemv(&cfg)));
+            }
+        }
+        for m_tile in [1, 16] {
+            let cfg = gemv::GemvConfig { dtype, m_tile, loads: gemv::GemvLoads::Scalar, split_k: false };
+            out.push(Registered::new(cfg.id(), "gemv", move || gemv::gemv(&cfg)));
+        }
+        let cfg = gemv::GemvReduceConfig { dtype };
+        out.push(Registered::new(cfg.id(), "gemv_reduce", move || gemv::gemv_reduce(&cfg)));
+    }
+    for dtype in common::FLOAT_DTYPES {
+        for (head_dim, rotary_dim) in [(64, 64), (128, 128), (256, 64)] {
+            let cfg = rope::RopeConfig { dtype, head_dim, rotary_dim };
+            out.push(Registered::new(cfg.id(), "rope", move || rope::rope(&cfg)));
+            out.push(Registered::new(cfg.kv_cache_id(), "rope_kv_cache", move || rope::rope_kv_cache(&cfg)));
+        }
+    }
+    for dtype in common::FLOAT_DTYPES {
+        for hidden in NORM_HIDDEN_SIZES {
+            let cfg = fused_norm::FusedNormConfig { dtype, hidden };
+            out.push(Registered::new(cfg.id(), "rms_norm_residual", move || fused_norm::rms_norm_residual(&cfg)));
+        }
+    }
+    for dtype in common::FLOAT_DTYPES {
+        let cfg = swiglu::SwigluConfig { dtype };
+        out.push(Registered::new(cfg.id(), "swiglu", move || swiglu::swiglu(&cfg)));
+        for vector in [true, false] {
+            let cfg = embedding::EmbeddingConfig { dtype, vector };
+            out.push(Registered::new(cfg.id(), "embedding", move || embedding::embedding(&cfg)));
+        }
+    }
+    // End of the decode ops.
     out
 }
 

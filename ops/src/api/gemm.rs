@@ -53,8 +53,13 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(out)
 }
 
-/// `out[M, N] = x[M, K] · wᵀ` for a weight `w[N, K]` (the layout of `nn.Linear`).
+/// `out[M, N] = x[M, K] · wᵀ` for a weight `w[N, K]` (the layout of `nn.Linear`). Up to
+/// [`GEMV_MAX_M`] rows of `x` (decode) run on the GEMV kernels (without split-K, which needs a
+/// workspace: call [`gemv_into`] for it), more on the tiled GEMM.
 pub fn linear_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    if x.rank() == 2 && (1..=GEMV_MAX_M).contains(&x.shape()[0]) {
+        return super::gemv::gemv_named("linear", stream, x, w, out, None);
+    }
     gemm_into("linear", BLayout::Transposed, stream, x, w, out)
 }
 

@@ -7,15 +7,25 @@
 
 mod attention;
 mod elementwise;
+mod embedding;
+mod fused_norm;
 mod gemm;
+mod gemv;
 mod norm;
+mod rope;
 mod rows;
+mod swiglu;
 
 pub use attention::*;
 pub use elementwise::*;
+pub use embedding::*;
+pub use fused_norm::*;
 pub use gemm::*;
+pub use gemv::*;
 pub use norm::*;
+pub use rope::*;
 pub use rows::*;
+pub use swiglu::*;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -2,8 +2,12 @@
 
 pub mod common;
 pub mod elementwise;
+pub mod embedding;
+pub mod fused_norm;
 pub mod gemm;
+pub mod gemv;
 pub mod norm;
+pub mod rope;
 pub mod rows;
 
 pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
@@ -11,6 +15,7 @@ pub use gemm::{gemm_simt, BLayout, GemmConfig};
 pub use norm::{layer_norm, rms_norm, NormConfig};
 pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};
 pub mod attention;
+pub mod swiglu;
 pub use attention::{
     attention_decode, attention_decode_combine, attention_prefill, attention_softmax, AttentionDecodeConfig,
     AttentionPrefillConfig, AttentionSoftmaxConfig,

@@ -1,0 +1,92 @@
+//! RMSNorm fused with the residual add before it, in Hugging Face's order of roundings
+//! (`Qwen2RMSNorm` after `hidden_states = residual + hidden_states`):
+//!
+//! ```text
+//! r   = round(x + residual)                  # the residual stream stays in the model dtype
+//! var = mean(r²)                             # f32, over the row
+//! h   = round(r · (1 / sqrt(var + eps)))     # hidden.to(f32) * rsqrt(...), then .to(dtype)
+//! out = round(gamma · h)                     # weight * hidden, weight in f32 here
+//! ```
+//!
+//! `round` rounds to the model dtype (nearest even; the identity for `f32`). Hugging Face keeps
+//! the weight in the model dtype, so with `gamma` holding those (bf16) values exactly the last
+//! product is the same. `1 / sqrt` is two correctly rounded steps, as in [`super::norm`].
+//! One block per row; the hidden size is compiled in.
+
+use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+
+use super::common::{block_reduce, load_f32, store_from_f32, Combine};
+use super::rows::{row_ptr, ROW_BLOCK};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FusedNormConfig {
+    pub dtype: ScalarType,
+    pub hidden: u32,
+}
+
+impl FusedNormConfig {
+    /// `rms_norm_residual.bf16.h896`.
+    pub fn id(&self) -> String {
+        format!("rms_norm_residual.{}.h{}", self.dtype, self.hidden)
+    }
+}
+
+/// Round an `f32` to `dtype` and widen it back (the identity for `f32`): one PyTorch op's
+/// rounding in the model dtype.
+#[track_caller]
+pub(crate) fn round_to(b: &mut KernelBuilder, dtype: ScalarType, v: Value) -> Value {
+    if dtype == ScalarType::F32 {
+        return v;
+    }
+    let r = b.cvt(v, dtype);
+    b.cvt(r, ScalarType::F32)
+}
+
+/// Parameters: x, residual, gamma (`f32 [H]`), out, residual_out, eps (`f32`). Grid: one block
+/// of [`ROW_BLOCK`] threads per row. Each thread re-reads only the `residual_out` elements it
+/// wrote, so on CUDA `residual_out` may alias `residual` (or `x`).
+pub fn rms_norm_residual(cfg: &FusedNormConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
+    let x = b.param("x", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let residual = b.param("residual", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let gamma = b.param("gamma", Type::Ptr(AddrSpace::Global, ScalarType::F32));
+    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let residual_out = b.param("residual_out", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let eps = b.param("eps", Type::F32);
+    b.launch_bounds(ROW_BLOCK, None);
+    let scratch = b.shared_array("partials", ScalarType::F32, ROW_BLOCK / 32);
+
+    let row_id = b.block_id_x();
+    let cols = b.const_u32(cfg.hidden);
+    let x_row = row_ptr(&mut b, x, row_id, cols);
+    let res_row = row_ptr(&mut b, residual, row_id, cols);
+    let sum_row = row_ptr(&mut b, residual_out, row_id, cols);
+    let out_row = row_ptr(&mut b, out, row_id, cols);
+    let tid = b.thread_id_x();
+    let step = b.const_u32(ROW_BLOCK);
+    let zero = b.const_f32(0.0);
+    let partial = b.for_range(tid, cols, step, &[zero], |b, j, acc| {
+        let a = load_f32(b, x_row, j);
+        let r = load_f32(b, res_row, j);
+        let s = b.add(a, r);
+        let s = round_to(b, cfg.dtype, s);
+        store_from_f32(b, sum_row, j, s);
+        let sq = b.mul(s, s);
+        vec![b.add(acc[0], sq)]
+    })[0];
+    let sum_sq = block_reduce(&mut b, Combine::Sum, partial, ROW_BLOCK, scratch);
+    let h = b.const_f32(cfg.hidden as f32);
+    let mean_sq = b.div(sum_sq, h);
+    let var_eps = b.add(mean_sq, eps);
+    let root = b.sqrt(var_eps);
+    let scale = b.rcp(root);
+    b.for_each(tid, cols, step, |b, j| {
+        let s = load_f32(b, sum_row, j);
+        let g = load_f32(b, gamma, j);
+        let y = b.mul(s, scale);
+        let y = round_to(b, cfg.dtype, y);
+        let y = b.mul(g, y);
+        store_from_f32(b, out_row, j, y);
+    });
+    b.finish()
+}

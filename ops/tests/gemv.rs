@@ -1,0 +1,136 @@
+//! GEMV (decode GEMM, `M ≤ 16`) against an f64 reference: vector and scalar loads, every
+//! compiled row count, split-K, the `linear` dispatch, and errors.
+
+mod common;
+
+use common::*;
+use ruda_ops::api::{self, OpError};
+use ruda_runtime::{DType, Tensor};
+
+/// `x[m, k] · w[n, k]ᵀ` in f64, and the sum of the products' magnitudes (for the tolerance).
+fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut want = vec![0f64; m * n];
+    let mut mag = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                let prod = x[i * k + p] as f64 * w[j * k + p] as f64;
+                want[i * n + j] += prod;
+                mag[i * n + j] += prod.abs();
+            }
+        }
+    }
+    (want, mag)
+}
+
+fn check(what: &str, dtype: DType, got: &[f32], want: &[f64], mag: &[f64], k: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for i in 0..got.len() {
+        // f32 fma accumulation over k, then one rounding to the dtype.
+        let tol = k as f64 * f32::EPSILON as f64 * mag[i] + epsilon(dtype) * want[i].abs() + 1e-7;
+        let err = (got[i] as f64 - want[i]).abs();
+        assert!(err <= tol, "{what}[{i}]: got {}, want {} (error {err:.3e} > {tol:.3e})", got[i], want[i]);
+    }
+}
+
+#[test]
+fn gemv_matches_reference_across_shapes_and_dtypes() {
+    let dev = device();
+    let mut rng = Rng::new(11);
+    // (m, n, k): vector loads (k a multiple of 8), scalar loads (k = 1, 17, 4097), every m tile
+    // (1, 2, 3 -> 4, 5 -> 8, 16), tails shorter than a chunk group, n not a multiple of 4 warps.
+    let shapes = [(1, 1, 1), (1, 17, 8), (2, 5, 17), (3, 33, 1000), (5, 7, 264), (16, 6, 4097), (1, 9, 4096), (16, 3, 512)];
+    for dtype in FLOAT_DTYPES {
+        for (m, n, k) in shapes {
+            let x = quantize(dtype, &rng.vec(m * k, -1.0, 1.0));
+            let w = quantize(dtype, &rng.vec(n * k, -1.0, 1.0));
+            let got = api::gemv(&tensor(&dev, dtype, &x, &[m, k]), &tensor(&dev, dtype, &w, &[n, k])).unwrap();
+            assert_eq!((got.dtype(), got.shape()), (dtype, &[m, n][..]));
+            let (want, mag) = reference(&x, &w, m, n, k);
+            check(&format!("gemv {dtype} {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
+        }
+    }
+}
+
+#[test]
+fn unaligned_inputs_take_the_scalar_path() {
+    let dev = device();
+    let mut rng = Rng::new(12);
+    let (m, n, k) = (2, 5, 64);
+    for dtype in FLOAT_DTYPES {
+        let x = quantize(dtype, &rng.vec(m * k + 1, -1.0, 1.0));
+        let w = quantize(dtype, &rng.vec(n * k, -1.0, 1.0));
+        // x starts one element into its buffer: not 16-byte aligned.
+        let tx = tensor(&dev, dtype, &x, &[m * k + 1]).narrow(0, 1, m * k).unwrap().reshape(&[m, k]).unwrap();
+        let got = api::gemv(&tx, &tensor(&dev, dtype, &w, &[n, k])).unwrap().to_f32_vec().unwrap();
+        let (want, mag) = reference(&x[1..], &w, m, n, k);
+        check(&format!("unaligned gemv {dtype}"), dtype, &got, &want, &mag, k);
+    }
+}
+
+#[test]
+fn split_k_matches_reference_and_reduces_in_order() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(13);
+    for dtype in FLOAT_DTYPES {
+        for (m, n, k, splits) in [(1, 6, 4096, 4), (3, 5, 2056, 3), (2, 3, 1001, 2), (1, 2, 64, 8)] {
+            let x = quantize(dtype, &rng.vec(m * k, -1.0, 1.0));
+            let w = quantize(dtype, &rng.vec(n * k, -1.0, 1.0));
+            let (tx, tw) = (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]));
+            let out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+            let ws = Tensor::empty(&dev, DType::F32, &[splits * m * n]).unwrap();
+            api::gemv_split_k_into(&stream, &tx, &tw, &out, &ws, splits).unwrap();
+            let (want, mag) = reference(&x, &w, m, n, k);
+            let got = out.to_f32_vec().unwrap();
+            check(&format!("split-k gemv {dtype} {m}x{n}x{k}/{splits}"), dtype, &got, &want, &mag, k);
+            // Deterministic: the same launch gives the same bits.
+            api::gemv_split_k_into(&stream, &tx, &tw, &out, &ws, splits).unwrap();
+            assert_bits("split-k rerun", &out.to_f32_vec().unwrap(), &got);
+        }
+    }
+}
+
+#[test]
+fn linear_dispatches_to_gemv_up_to_16_rows() {
+    let dev = device();
+    let mut rng = Rng::new(14);
+    let (n, k) = (9, 40);
+    for dtype in FLOAT_DTYPES {
+        let w = tensor(&dev, dtype, &quantize(dtype, &rng.vec(n * k, -1.0, 1.0)), &[n, k]);
+        for m in [1, 16, 17] {
+            let x = tensor(&dev, dtype, &quantize(dtype, &rng.vec(m * k, -1.0, 1.0)), &[m, k]);
+            let via_linear = api::linear(&x, &w).unwrap().to_f32_vec().unwrap();
+            if m <= api::GEMV_MAX_M {
+                assert_bits(&format!("linear = gemv {dtype} m={m}"), &via_linear, &api::gemv(&x, &w).unwrap().to_f32_vec().unwrap());
+            } else {
+                assert!(api::gemv(&x, &w).is_err(), "gemv takes at most 16 rows");
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_errors_name_the_problem() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let x = tensor(&dev, DType::BF16, &[0.5; 16], &[2, 8]);
+    let w = tensor(&dev, DType::BF16, &[0.5; 24], &[3, 8]);
+    let out = Tensor::empty(&dev, DType::BF16, &[2, 3]).unwrap();
+    let tall = tensor(&dev, DType::BF16, &[0.5; 17 * 8], &[17, 8]);
+    let err = api::gemv(&tall, &w).unwrap_err();
+    assert!(matches!(err, OpError::Shape { .. }) && err.to_string().contains("at most 16"), "{err}");
+    let w_bad_k = tensor(&dev, DType::BF16, &[0.5; 21], &[3, 7]);
+    assert!(matches!(api::gemv(&x, &w_bad_k), Err(OpError::Shape { .. })));
+    let w_f16 = tensor(&dev, DType::F16, &[0.5; 24], &[3, 8]);
+    assert!(matches!(api::gemv(&x, &w_f16), Err(OpError::DType { .. })));
+    let small_ws = Tensor::empty(&dev, DType::F32, &[5]).unwrap();
+    // k = 8 is one chunk, so 2 splits round down to 1 and need no workspace...
+    api::gemv_split_k_into(&stream, &x, &w, &out, &small_ws, 2).unwrap();
+    // ...but a deep k with too small a workspace is an error naming it.
+    let (xd, wd) = (tensor(&dev, DType::BF16, &[0.5; 2 * 4096], &[2, 4096]), tensor(&dev, DType::BF16, &[0.5; 3 * 4096], &[3, 4096]));
+    let err = api::gemv_split_k_into(&stream, &xd, &wd, &out, &small_ws, 2).unwrap_err();
+    assert!(err.to_string().contains("workspace"), "{err}");
+    let err = api::gemv_split_k_into(&stream, &x, &w, &out, &small_ws, 0).unwrap_err();
+    assert!(err.to_string().contains("splits"), "{err}");
+}

@@ -1,0 +1,181 @@
+//! RMSNorm fused with the residual add, SwiGLU and the embedding gather against plain
+//! references, across dtypes and awkward sizes, and their errors.
+
+mod common;
+
+use common::*;
+use ruda_ops::api::{self, OpError};
+use ruda_runtime::{DType, Tensor};
+
+const COLS: [usize; 4] = [1, 17, 1000, 4097];
+
+/// Hugging Face's residual add and `Qwen2RMSNorm`, one PyTorch op at a time in `dtype`
+/// (statistics in f64 here, so the kernel's f32 statistics are checked by a tolerance).
+fn hf_residual_rms_norm(dtype: DType, x: &[f32], res: &[f32], gamma: &[f32], eps: f32) -> (Vec<f32>, Vec<f64>) {
+    let h = gamma.len();
+    let sum: Vec<f32> = x.iter().zip(res).map(|(a, b)| round_to(dtype, a + b)).collect();
+    let mut out = Vec::with_capacity(x.len());
+    for row in sum.chunks(h) {
+        let var = row.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / h as f64;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for (v, g) in row.iter().zip(gamma) {
+            // hidden.to(f32) * rsqrt(var + eps), .to(dtype), then weight * hidden.
+            let hidden = round_to(dtype, (*v as f64 * inv) as f32) as f64;
+            out.push(*g as f64 * hidden);
+        }
+    }
+    (sum, out)
+}
+
+#[test]
+fn rms_norm_residual_matches_hugging_face_order() {
+    let dev = device();
+    let mut rng = Rng::new(31);
+    for dtype in FLOAT_DTYPES {
+        for h in COLS {
+            let rows = 3;
+            let x = quantize(dtype, &rng.vec(rows * h, -2.0, 2.0));
+            let res = quantize(dtype, &rng.vec(rows * h, -2.0, 2.0));
+            // gamma holds model-dtype weights, as when loaded from a bf16 checkpoint.
+            let gamma = quantize(dtype, &rng.vec(h, 0.5, 1.5));
+            let eps = 1e-6;
+            let (out, sum) = api::rms_norm_residual(
+                &tensor(&dev, dtype, &x, &[rows, h]),
+                &tensor(&dev, dtype, &res, &[rows, h]),
+                &tensor(&dev, DType::F32, &gamma, &[h]),
+                eps,
+            )
+            .unwrap();
+            let (want_sum, want) = hf_residual_rms_norm(dtype, &x, &res, &gamma, eps);
+            // The residual add is one f32 add rounded to the dtype: exact.
+            assert_bits(&format!("residual {dtype} h={h}"), &sum.to_f32_vec().unwrap(), &want_sum);
+            // f32 statistics (a few ulp of f32) can move the intermediate rounding to the dtype
+            // by one unit, then the product with gamma is rounded once more.
+            assert_close(
+                &format!("rms_norm_residual {dtype} h={h}"),
+                &out.to_f32_vec().unwrap(),
+                &want,
+                1e-6,
+                8.0 * f32::EPSILON as f64 + 2.0 * epsilon(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn swiglu_matches_reference() {
+    let dev = device();
+    let mut rng = Rng::new(32);
+    for dtype in FLOAT_DTYPES {
+        for inter in COLS {
+            for rows in [1, 5] {
+                let gu = quantize(dtype, &rng.vec(rows * 2 * inter, -8.0, 8.0));
+                let got = api::swiglu(&tensor(&dev, dtype, &gu, &[rows, 2 * inter])).unwrap();
+                assert_eq!((got.dtype(), got.shape()), (dtype, &[rows, inter][..]));
+                let want: Vec<f64> = gu
+                    .chunks(2 * inter)
+                    .flat_map(|row| {
+                        (0..inter).map(move |j| {
+                            let (g, u) = (row[j] as f64, row[inter + j] as f64);
+                            g / (1.0 + (-g).exp()) * u
+                        })
+                    })
+                    .collect();
+                // ex2.approx (2 ulp of f32) and a few correctly rounded f32 steps, one rounding
+                // to the dtype (half an f16 subnormal step, 2^-25, for results below its normals).
+                let abs = if dtype == DType::F16 { 2f64.powi(-25) } else { 1e-30 };
+                assert_close(
+                    &format!("swiglu {dtype} rows={rows} I={inter}"),
+                    &got.to_f32_vec().unwrap(),
+                    &want,
+                    abs,
+                    8.0 * f32::EPSILON as f64 + epsilon(dtype),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn swiglu_keeps_leading_dimensions() {
+    let dev = device();
+    let gu = tensor(&dev, DType::F32, &[1.0, 2.0, 3.0, 4.0, -1.0, 0.0, 5.0, 6.0], &[2, 1, 4]);
+    let got = api::swiglu(&gu).unwrap();
+    assert_eq!(got.shape(), &[2, 1, 2]);
+    let silu = |x: f64| x / (1.0 + (-x).exp());
+    let want = [silu(1.0) * 3.0, silu(2.0) * 4.0, silu(-1.0) * 5.0, silu(0.0) * 6.0];
+    assert_close("swiglu 3-D", &got.to_f32_vec().unwrap(), &want, 1e-7, 1e-6);
+}
+
+#[test]
+fn embedding_gathers_rows_and_zeroes_bad_ids() {
+    let dev = device();
+    let mut rng = Rng::new(33);
+    for dtype in FLOAT_DTYPES {
+        // Hidden sizes with whole 16-byte rows (vector copies) and without (element copies).
+        for hidden in [1, 17, 64, 1000] {
+            let vocab = 37;
+            let table = quantize(dtype, &rng.vec(vocab * hidden, -1.0, 1.0));
+            let ids = [5u32, 0, 36, 37, u32::MAX, 5];
+            let got = api::embedding(
+                &Tensor::from_slice(&dev, &ids, &[ids.len()]).unwrap(),
+                &tensor(&dev, dtype, &table, &[vocab, hidden]),
+            )
+            .unwrap();
+            assert_eq!((got.dtype(), got.shape()), (dtype, &[ids.len(), hidden][..]));
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&id| match table.get(id as usize * hidden..(id as usize + 1) * hidden) {
+                    Some(row) if (id as usize) < vocab => row.to_vec(),
+                    _ => vec![0.0; hidden],
+                })
+                .collect();
+            assert_bits(&format!("embedding {dtype} H={hidden}"), &got.to_f32_vec().unwrap(), &want);
+        }
+    }
+}
+
+#[test]
+fn embedding_of_an_unaligned_table_view_copies_elementwise() {
+    let dev = device();
+    let (vocab, hidden) = (4, 8);
+    let flat: Vec<f32> = (0..vocab * hidden + 1).map(|i| i as f32).collect();
+    // The table starts one element into its buffer: 16-byte copies would be misaligned.
+    let table = tensor(&dev, DType::BF16, &flat, &[vocab * hidden + 1])
+        .narrow(0, 1, vocab * hidden)
+        .unwrap()
+        .reshape(&[vocab, hidden])
+        .unwrap();
+    let got = api::embedding(&Tensor::from_slice(&dev, &[3u32, 1], &[2]).unwrap(), &table).unwrap();
+    let want: Vec<f32> = (25..33).chain(9..17).map(|i| i as f32).collect();
+    assert_bits("unaligned embedding", &got.to_f32_vec().unwrap(), &want);
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let x = tensor(&dev, DType::BF16, &[1.0; 6], &[2, 3]);
+    let gamma = tensor(&dev, DType::F32, &[1.0; 3], &[3]);
+    let x_f16 = tensor(&dev, DType::F16, &[1.0; 6], &[2, 3]);
+    assert!(matches!(api::rms_norm_residual(&x, &x_f16, &gamma, 1e-6), Err(OpError::DType { .. })));
+    let err = api::rms_norm_residual(&x, &x, &gamma, 0.0).unwrap_err();
+    assert!(err.to_string().contains("epsilon"), "{err}");
+    let gamma_bf16 = tensor(&dev, DType::BF16, &[1.0; 3], &[3]);
+    assert!(matches!(api::rms_norm_residual(&x, &x, &gamma_bf16, 1e-6), Err(OpError::DType { .. })));
+    // A residual_out of the wrong shape.
+    let small = Tensor::empty(&dev, DType::BF16, &[1, 3]).unwrap();
+    let out = Tensor::empty(&dev, DType::BF16, &[2, 3]).unwrap();
+    let err = api::rms_norm_residual_into(&stream, &x, &x.clone(), &gamma, 1e-6, &out, &small).unwrap_err();
+    assert!(err.to_string().contains("residual_out"), "{err}");
+
+    let odd = tensor(&dev, DType::BF16, &[1.0; 6], &[2, 3]);
+    let err = api::swiglu(&odd).unwrap_err();
+    assert!(err.to_string().contains("even"), "{err}");
+
+    let table = tensor(&dev, DType::F32, &[1.0; 6], &[3, 2]);
+    let ids_i32 = Tensor::from_slice(&dev, &[0i32], &[1]).unwrap();
+    assert!(matches!(api::embedding(&ids_i32, &table), Err(OpError::DType { .. })));
+    let ids_2d = Tensor::from_slice(&dev, &[0u32, 1], &[1, 2]).unwrap();
+    assert!(matches!(api::embedding(&ids_2d, &table), Err(OpError::Shape { .. })));
+}

@@ -429,6 +429,8 @@ impl<'a> Emitter<'a> {
         }
         let (i, e, s) = (self.name(*iv), self.name(end), self.name(step));
         let next = wrapping(t, "+", &i, &s);
+        // The IR's passes decide unrolling; NVVM keeps the loop as written (as the PTX backend).
+        self.line("#pragma unroll 1");
         self.line(format!("for ({} {i} = {}; {i} < {e}; {i} = {next}) {{", c_scalar(t), self.name(start)));
         self.depth += 1;
         self.region(body)?;

@@ -168,7 +168,10 @@ fn float_identities_hold_only_for_canonical_operands() {
             let s = b.add(x, y);
             let exact = vec![b.mul(s, c1), b.div(s, c1), b.add(s, nz), b.sub(s, pz), b.max(s, s), b.mul(c1, s)];
             // Never identities on floats.
-            let never = vec![b.sub(x, x), b.mul(x, pz), b.add(x, pz), b.sub(x, nz)];
+            let mut never = vec![b.sub(x, x), b.mul(x, pz), b.add(x, pz), b.sub(x, nz)];
+            // The negation of a canonical NaN is another NaN: `-s * 1` canonicalises it.
+            let ns = b.neg(s);
+            never.push(b.mul(ns, c1));
             let nn = b.neg(x);
             let mut v = raw;
             v.extend(exact);

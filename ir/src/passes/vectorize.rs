@@ -231,7 +231,8 @@ impl Vectorizer<'_> {
             },
             Some(Op::Fma(a, b, c)) => (tz(*a) + tz(*b)).min(tz(*c)),
             Some(Op::Select(_, a, b)) => tz(*a).min(tz(*b)),
-            Some(Op::Cvt(a, cvt)) if cvt.to.is_int() && self.k.ty(*a).elem().is_int() => tz(*a),
+            // Extensions and truncations keep the low bits; saturation does not.
+            Some(Op::Cvt(a, cvt)) if !cvt.sat && cvt.to.is_int() && self.k.ty(*a).elem().is_int() => tz(*a),
             _ => 0,
         };
         n.min(bits)

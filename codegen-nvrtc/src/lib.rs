@@ -156,6 +156,14 @@ pub fn compile_to_ptx(kernel: &Kernel, target: &Target) -> Result<String, NvrtcE
     compile_module_to_ptx(&[kernel], target)
 }
 
+/// Compile one kernel with the NVRTC [`find_nvrtc`] finds, returning its CUDA C++ and the PTX
+/// (for callers that keep the C++, such as `RUDA_DUMP_IR`).
+pub fn compile_with_source(kernel: &Kernel, target: &Target) -> Result<(String, String), NvrtcError> {
+    let module = prepare(&[kernel], target)?;
+    let ptx = compile_prepared(&*find_nvrtc()?, &[kernel], target, &module.source)?;
+    Ok((module.source, ptx))
+}
+
 /// Compile several kernels (distinct names) as one module with the NVRTC [`find_nvrtc`] finds.
 pub fn compile_module_to_ptx(kernels: &[&Kernel], target: &Target) -> Result<String, NvrtcError> {
     let module = prepare(kernels, target)?;

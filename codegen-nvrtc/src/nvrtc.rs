@@ -78,7 +78,11 @@ impl Nvrtc {
     pub fn open(location: &str) -> Result<Nvrtc, NvrtcError> {
         let load_error = |message: String| NvrtcError::Load { location: location.to_string(), message };
         // SAFETY: loading libnvrtc runs its initialisers, which have no preconditions on our side.
-        let lib = unsafe { libloading::Library::new(location) }.map_err(|e| load_error(e.to_string()))?;
+        let lib = unsafe { libloading::Library::new(location) }.map_err(|e| {
+            // libloading's message is "dlopen failed"; the loader's own words are its source.
+            let why = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string());
+            load_error(why)
+        })?;
         // SAFETY: the signatures are those of nvrtc.h (nvrtcResult is a C enum, an int;
         // nvrtcProgram an opaque pointer).
         let nvrtc = unsafe {
@@ -218,7 +222,9 @@ pub fn pinned_nvrtc_path() -> Option<PathBuf> {
 
 /// Find and open NVRTC: `$RUDA_NVRTC` (and nothing else when it is set, so that a wrong
 /// setting fails loudly), else the pinned copy in the user cache, else the system's
-/// `libnvrtc.so.12`, then `libnvrtc.so.13`. The error lists every place looked at.
+/// `libnvrtc.so.12`, then `libnvrtc.so.13` (the loader's search), else those files in the
+/// `lib64` of `$CUDA_HOME`, `$CUDA_PATH` and `/usr/local/cuda`. The error lists every place
+/// looked at.
 pub fn find_nvrtc() -> Result<Arc<Nvrtc>, NvrtcError> {
     if let Some(p) = std::env::var_os(NVRTC_VAR).filter(|v| !v.is_empty()) {
         let location = p.to_string_lossy().into_owned();
@@ -240,6 +246,27 @@ pub fn find_nvrtc() -> Result<Arc<Nvrtc>, NvrtcError> {
             Err(e) => searched.push(format!("the system's {name}: {e}")),
         }
     }
+    // A toolkit whose lib64 is not on the loader's path.
+    let mut toolkits: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| std::env::var_os(v))
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    toolkits.push(PathBuf::from("/usr/local/cuda"));
+    for dir in toolkits {
+        let files: Vec<PathBuf> =
+            SYSTEM_NAMES.iter().map(|n| dir.join("lib64").join(n)).filter(|p| p.is_file()).collect();
+        if files.is_empty() {
+            searched.push(format!("{}/lib64/libnvrtc.so.{{12,13}} (absent)", dir.display()));
+        }
+        for p in files {
+            match open_cached(&p.to_string_lossy()) {
+                Ok(n) => return Ok(n),
+                Err(e) => searched.push(format!("{}: {e}", p.display())),
+            }
+        }
+    }
     Err(NvrtcError::NotFound { searched })
 }
 
@@ -257,7 +284,7 @@ pub fn nvrtc_or_skip(test: &str) -> Result<Option<Arc<Nvrtc>>, NvrtcError> {
         Err(e) => {
             // Straight to the process's stderr: the test harness captures `eprintln!`.
             use std::io::Write;
-            let one_line = e.to_string().replace("\n  ", " ").replace('\n', " ");
+            let one_line = e.to_string().replace(":\n  ", ": ").replace("\n  ", "; ").replace('\n', " ");
             let _ = writeln!(std::io::stderr(), "SKIPPED: {one_line}: {test}");
             Ok(None)
         }

@@ -2,6 +2,7 @@
 //! (`None` = unset) so that the parsing is testable without touching the process environment.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use ruda_codegen_ptx::PtxVersion;
 
@@ -76,7 +77,7 @@ impl fmt::Display for DeviceSpec {
 pub enum Compiler {
     /// The direct IR → PTX backend (`ruda-codegen-ptx`), the default.
     Ptx,
-    /// IR → CUDA C++ → NVRTC → PTX (`ruda-codegen-nvrtc`); selectable, not implemented yet.
+    /// IR → CUDA C++ → NVRTC → PTX (`ruda-codegen-nvrtc`).
     Nvrtc,
 }
 
@@ -108,12 +109,29 @@ impl Compiler {
         }
     }
 
-    /// The compiler's identity for module-cache keys. The backends are versioned with the
-    /// workspace, so the runtime's own version is theirs.
+    /// The backend's version. The backends are versioned with the workspace, so the runtime's
+    /// own version is theirs.
     pub fn version(self) -> &'static str {
         match self {
             Compiler::Ptx => concat!("ruda-codegen-ptx ", env!("CARGO_PKG_VERSION")),
             Compiler::Nvrtc => concat!("ruda-codegen-nvrtc ", env!("CARGO_PKG_VERSION")),
+        }
+    }
+
+    /// The compiler's identity for module-cache keys: [`Compiler::version`], and for NVRTC the
+    /// version of the library too (found and asked once per process). An error when NVRTC is
+    /// selected but cannot be found.
+    pub fn identity(self) -> Result<String> {
+        match self {
+            Compiler::Ptx => Ok(self.version().to_string()),
+            Compiler::Nvrtc => {
+                static NVRTC: OnceLock<std::result::Result<(i32, i32), String>> = OnceLock::new();
+                let version = NVRTC.get_or_init(|| ruda_codegen_nvrtc::nvrtc_version().map_err(|e| e.to_string()));
+                match version {
+                    Ok((major, minor)) => Ok(format!("{} with NVRTC {major}.{minor}", self.version())),
+                    Err(message) => Err(RuntimeError::NvrtcUnavailable { message: message.clone() }),
+                }
+            }
         }
     }
 }

@@ -48,9 +48,9 @@ pub enum RuntimeError {
     #[error("RUDA_PTX_VERSION={requested} is lower than {arch} needs (PTX ISA {min} or newer)")]
     PtxVersionTooLow { requested: String, arch: String, min: String },
 
-    /// The NVRTC backend was selected; it is not written yet.
-    #[error("kernel `{kernel}`: the NVRTC backend is not implemented yet (see the compiler-depth issue); use RUDA_CUDA_COMPILER=ptx")]
-    NvrtcNotImplemented { kernel: String },
+    /// `RUDA_CUDA_COMPILER=nvrtc`, and no usable NVRTC library was found.
+    #[error("RUDA_CUDA_COMPILER=nvrtc: {message}; set RUDA_NVRTC, or use RUDA_CUDA_COMPILER=ptx")]
+    NvrtcUnavailable { message: String },
 
     /// The backend could not emit code for the kernel.
     #[error("kernel `{kernel}`: code generation for {target} failed: {message}")]

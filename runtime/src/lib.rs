@@ -35,9 +35,10 @@
 //! | variable | read by | values |
 //! | --- | --- | --- |
 //! | `RUDA_DEVICE` | [`Device::from_env`] | `auto` (default: CUDA device 0 when a driver and a device are present, else the interpreter; the choice and its reason go to stderr once), `cuda` (= `cuda:0`), `cuda:N`, `cpu`. Anything else is an error. |
-//! | `RUDA_CUDA_COMPILER` | [`Device::cuda`], [`Device::from_env`] | `ptx` (default: `ruda-codegen-ptx`), `nvrtc` (selectable; compiling through it is an error until the NVRTC backend lands). Anything else is an error. |
+//! | `RUDA_CUDA_COMPILER` | [`Device::cuda`], [`Device::from_env`] | `ptx` (default: `ruda-codegen-ptx`), `nvrtc` (`ruda-codegen-nvrtc`: IR → CUDA C++ → NVRTC → PTX; module-cache keys then carry NVRTC's version, and NVRTC's PTX ISA label is lowered to the driver's newest when it is higher and no version is forced). Anything else is an error. |
+//! | `RUDA_NVRTC` | the first kernel compiled with `nvrtc` | path to `libnvrtc`; unset: the pinned copy of `scripts/install-cuda-tools.sh`, else the system's `libnvrtc.so.12`, then `libnvrtc.so.13`. Not found: an error listing where it looked. |
 //! | `RUDA_PTX_VERSION` | [`Device::cuda`], [`Device::from_env`] | a PTX ISA version such as `8.0`; unset: the lowest the target and kernel need. An error when higher than the driver accepts or lower than the architecture needs. |
-//! | `RUDA_DUMP_IR` | every module-cache miss on a GPU | a folder: the emitted PTX of each compiled kernel goes to `<folder>/<kernel>-<key fingerprint>.ptx` |
+//! | `RUDA_DUMP_IR` | every module-cache miss on a GPU | a folder: the emitted PTX of each compiled kernel goes to `<folder>/<kernel>-<key fingerprint>.ptx`, with `nvrtc` its CUDA C++ to `<…>.cu` beside it |
 //! | `RUDA_REQUIRE_GPU` | [`require_gpu`] (tests) | `1`: a missing GPU fails GPU tests instead of skipping them |
 //!
 //! When the driver rejects PTX, the error carries the JIT log and the path of the PTX (the

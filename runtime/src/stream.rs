@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ruda_codegen_ptx::emit_ptx;
+use ruda_codegen_nvrtc::{compile_with_source, rewrite_ptx_version};
+use ruda_codegen_ptx::{emit_ptx, PtxVersion};
 use ruda_ir::interp::{self, KernelArg, LaunchConfig};
 use ruda_ir::{AddrSpace, Constant, Kernel, Type};
 
@@ -162,7 +163,7 @@ impl Stream {
             compute_capability: info.compute_capability,
             driver_version: info.driver_version,
             compiler,
-            compiler_version: compiler.version().to_string(),
+            compiler_version: compiler.identity()?,
             ir_hash: kernel.ir_hash(),
             target,
         };
@@ -190,23 +191,34 @@ impl Stream {
     }
 }
 
-/// Compile one kernel for `key` and load it. Writes the PTX to `RUDA_DUMP_IR` when set, and
-/// to a temporary file when the driver rejects it, so that the error can point at it.
+/// Compile one kernel for `key` and load it. Writes the PTX (and the CUDA C++ with NVRTC) to
+/// `RUDA_DUMP_IR` when set, and the PTX to a temporary file when the driver rejects it, so that
+/// the error can point at it.
 fn build_module(core: &CudaCore, kernel: &Kernel, key: &ModuleKey) -> Result<LoadedModule> {
-    let ptx = match key.compiler {
-        Compiler::Ptx => emit_ptx(kernel, &key.target).map_err(|e| RuntimeError::Codegen {
-            kernel: kernel.name.clone(),
-            target: key.target.arch.to_string(),
-            message: e.to_string(),
-        })?,
-        Compiler::Nvrtc => return Err(RuntimeError::NvrtcNotImplemented { kernel: kernel.name.clone() }),
-    };
-    let file_name = format!("{}-{:016x}.ptx", sanitize(&kernel.name), key.fingerprint());
-    let dumped = match env::var(env::RUDA_DUMP_IR) {
-        Some(dir) => Some(write_file(Path::new(&dir), &file_name, &ptx)?),
-        None => None,
+    let codegen = |message: String| RuntimeError::Codegen {
+        kernel: kernel.name.clone(),
+        target: key.target.arch.to_string(),
+        message,
     };
     let max = core.info.max_ptx_version;
+    let (ptx, cuda) = match key.compiler {
+        Compiler::Ptx => (emit_ptx(kernel, &key.target).map_err(|e| codegen(e.to_string()))?, None),
+        Compiler::Nvrtc => {
+            let (cuda, ptx) = compile_with_source(kernel, &key.target).map_err(|e| codegen(e.to_string()))?;
+            (nvrtc_ptx_for_driver(ptx, &key.target, max).map_err(|e| codegen(e.to_string()))?, Some(cuda))
+        }
+    };
+    let stem = format!("{}-{:016x}", sanitize(&kernel.name), key.fingerprint());
+    let file_name = format!("{stem}.ptx");
+    let dumped = match env::var(env::RUDA_DUMP_IR) {
+        Some(dir) => {
+            if let Some(cuda) = &cuda {
+                write_file(Path::new(&dir), &format!("{stem}.cu"), cuda)?;
+            }
+            Some(write_file(Path::new(&dir), &file_name, &ptx)?)
+        }
+        None => None,
+    };
     if let Some(v) = ptx_text_version(&ptx) {
         if v > max {
             return Err(RuntimeError::PtxVersionTooHigh {
@@ -224,6 +236,23 @@ fn build_module(core: &CudaCore, kernel: &Kernel, key: &ModuleKey) -> Result<Loa
         log: f.log,
         ptx_path: dumped.or_else(|| write_file(&std::env::temp_dir().join("ruda-ptx"), &file_name, &ptx).ok()),
     })
+}
+
+/// NVRTC labels its PTX with its own ISA version (8.8 for NVRTC 12.9), which may be newer than
+/// the driver accepts although the C++ backend uses nothing that new. Unless a version was
+/// forced, such PTX is labelled with the driver's newest version instead (when that one knows
+/// the architecture); a PTX feature the driver lacks still fails to load, with the JIT's log.
+fn nvrtc_ptx_for_driver(
+    ptx: String,
+    target: &ruda_codegen_ptx::Target,
+    max: PtxVersion,
+) -> std::result::Result<String, ruda_codegen_nvrtc::NvrtcError> {
+    match ptx_text_version(&ptx) {
+        Some(v) if target.ptx_version.is_none() && v > max && max >= target.arch.min_ptx_version() => {
+            rewrite_ptx_version(&ptx, max)
+        }
+        _ => Ok(ptx),
+    }
 }
 
 fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
@@ -374,4 +403,25 @@ fn launch_cpu(kernel: &Kernel, cfg: &LaunchConfig, args: &[Arg<'_>]) -> Result<(
         .collect();
     interp::run(kernel, cfg, &mut kargs)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ruda_codegen_ptx::{Arch, Target};
+
+    #[test]
+    fn nvrtc_ptx_is_relabelled_for_an_older_driver_unless_a_version_is_forced() {
+        let ptx = "// NVVM\n.version 8.8\n.target sm_80\n".to_string();
+        let relabel = |target: Target, max| nvrtc_ptx_for_driver(ptx.clone(), &target, max).expect("has a .version");
+        // A CUDA 12.4 driver: 8.4 at most.
+        assert_eq!(relabel(Target::new(Arch::Sm80), PtxVersion::new(8, 4)), ptx.replace("8.8", "8.4"));
+        // New enough already.
+        assert_eq!(relabel(Target::new(Arch::Sm80), PtxVersion::new(9, 0)), ptx);
+        // A forced version stands (the launch then fails with its own error).
+        let forced = Target { arch: Arch::Sm80, ptx_version: Some(PtxVersion::new(8, 8)) };
+        assert_eq!(relabel(forced, PtxVersion::new(8, 4)), ptx);
+        // A driver too old for the architecture: left for the version check to report.
+        assert_eq!(relabel(Target::new(Arch::Sm90a), PtxVersion::new(7, 8)), ptx);
+    }
 }

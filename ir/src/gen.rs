@@ -23,14 +23,20 @@
 //!   constant offset plus or minus masked halves; stores go only to the thread's own slots,
 //!   which it may also read back;
 //! - integer divisors are made odd (`x | 1`);
-//! - shared memory is used in exchanges: each thread stores into its own slot, a barrier,
-//!   loads from anywhere, a barrier; all in block-uniform control flow (shared atomics on a
-//!   counter array happen in the storing phase);
+//! - shared memory is zeroed by the kernel first (a GPU does not), then used in exchanges:
+//!   each thread stores into its own slot, a barrier, loads from anywhere, a barrier; all in
+//!   block-uniform control flow (shared atomics on a counter array happen in the storing
+//!   phase);
 //! - warp shuffles (all modes, any lane operand) and votes only in warp-uniform control flow,
 //!   with block sizes a multiple of 32;
-//! - atomics are integer `add`, `min` and `max` (order-independent) into the atomics buffer or
-//!   the shared counters, their old values unused;
+//! - atomics are integer `add`, `min` and `max` into the atomics buffer or the shared
+//!   counters, each kind on 16 bytes of its own (so they commute), their old values unused;
+//! - no float atomics; the approximate float functions are flagged
+//!   ([`GeneratedKernel::uses_approx`]) for engines that compare them within error bounds;
 //! - loop trip counts are small: constants, or a parameter or value masked to a few bits.
+//!
+//! Uniformity is tracked per value (block-uniform in the sense of
+//! [`crate::verify::uniformity`], warp-uniform, or varying) and per point of control flow.
 //!
 //! Zero bytes (and a byte source that has run out) choose the simplest option everywhere, so a
 //! shrinking fuzzer or `proptest` input shrinks toward small kernels.
@@ -261,7 +267,11 @@ pub fn filetest(g: &GeneratedKernel, passes: &str, comment: &str) -> Result<Stri
                 format!("{:#x}", u64::from_le_bytes(word))
             })
             .collect();
-        format!("{elem}[{}] {}", bytes.len() / size, elems.join(" "))
+        // The format fills a buffer from a single element.
+        match elems.iter().all(|e| *e == elems[0]) {
+            true if !elems.is_empty() => format!("{elem}[{}] {}", elems.len(), elems[0]),
+            _ => format!("{elem}[{}] {}", elems.len(), elems.join(" ")),
+        }
     };
     let mut expects = String::new();
     let mut outs = outputs.iter();
@@ -322,9 +332,11 @@ pub fn generate(e: &mut Entropy<'_>, cfg: &GenConfig) -> GeneratedKernel {
         g.buffers.push(Buf { ptr: v, elem, len });
     }
     let out_elems = launch.grid.iter().product::<u32>() * threads * SLOTS * SLOT_BYTES / 8;
+    // One value repeated: what a thread reads from a slot it has not written yet, and short
+    // to write down in a file test.
     let out = b.param("out", Type::Ptr(AddrSpace::Global, U64));
-    let seed = g.e.next_u64();
-    inputs.push(ArgSpec::Buffer { elem: U64, bytes: random_bytes(seed, U64, out_elems) });
+    let fill = const_bits(g.e, U64).to_le_bytes();
+    inputs.push(ArgSpec::Buffer { elem: U64, bytes: fill.repeat(out_elems as usize) });
     if cfg.atomics {
         let acc = b.param("acc", Type::Ptr(AddrSpace::Global, U64));
         let seed = g.e.next_u64();
@@ -1293,7 +1305,7 @@ fn const_bits(e: &mut Entropy<'_>, t: ScalarType) -> u64 {
             1,
             f64::MAX.to_bits(),
             f64::MIN_POSITIVE.to_bits(),
-            9.223372036854775808e18f64.to_bits(),
+            2f64.powi(63).to_bits(),
             65504.0f64.to_bits(),
             ((random & 0xffff) as f64 - 32768.0).to_bits(),
             random,

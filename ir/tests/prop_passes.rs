@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestError, TestRunner};
 use ruda_ir::gen::{filetest, generate, run_generated, Entropy, GenConfig, GeneratedKernel};
 use ruda_ir::passes::{all_passes, run_pipeline, Pass};
-use ruda_ir::{fnv1a64, print_kernel, verify};
+use ruda_ir::{fnv1a64, print_kernel, verify, BinaryOp, Kernel, Op};
 
 /// The generator's input: proptest shrinks it toward fewer and smaller bytes, which the
 /// generator reads as simpler choices.
@@ -56,13 +56,65 @@ fn preserves(bytes: &[u8], passes: &[Box<dyn Pass>]) -> Result<(), String> {
     Ok(())
 }
 
-/// The failure report: the shrunk kernel as a file test, written under `RUDA_BLESS=1`.
-fn report(pipeline: &str, bytes: &[u8], why: &str) -> String {
+/// Shrink a failing input further than proptest's generic shrinking does: zero bytes are
+/// the generator's simplest choices, so find the shortest failing prefix (the rest reads as
+/// zeros), then zero the remaining bytes one by one where the failure persists.
+fn minimize(bytes: &[u8], fails: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    let mut best = bytes.to_vec();
+    let mut len = 0;
+    while len < best.len() && !fails(&best[..len]) {
+        len = (len * 2).max(1);
+    }
+    if len < best.len() {
+        // Binary search below the first failing power of two (a heuristic: failing is not
+        // monotone in the length, so check the result).
+        let (mut lo, mut hi) = (len / 2, len);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if fails(&best[..mid]) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        if fails(&best[..hi]) {
+            best.truncate(hi);
+        } else {
+            best.truncate(len);
+        }
+    }
+    // Zeroing one byte can enable zeroing an earlier one: repeat while it helps.
+    for _ in 0..3 {
+        let mut changed = false;
+        for i in 0..best.len() {
+            if best[i] != 0 {
+                let old = std::mem::replace(&mut best[i], 0);
+                if fails(&best) {
+                    changed = true;
+                } else {
+                    best[i] = old;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    best
+}
+
+/// The shrunk kernel as a file test.
+fn regression(pipeline: &str, bytes: &[u8], why: &str) -> Result<String, String> {
     let g = kernel_from(bytes);
     let comment = format!("Found by ir/tests/prop_passes.rs: {}", why.lines().next().unwrap_or(""));
-    let text = match filetest(&g, pipeline, &comment) {
+    filetest(&g, pipeline, &comment).map_err(|e| format!("(no file test: the kernel fails to run: {e})"))
+}
+
+/// The failure report: the shrunk kernel as a file test, written under `RUDA_BLESS=1`.
+fn report(pipeline: &str, bytes: &[u8], why: &str) -> String {
+    let text = match regression(pipeline, bytes, why) {
         Ok(text) => text,
-        Err(e) => return format!("pipeline `{pipeline}`: {why}\n(no file test: the kernel fails to run: {e})"),
+        Err(e) => return format!("pipeline `{pipeline}`: {why}\n{e}"),
     };
     let mut out = format!("pipeline `{pipeline}`: {why}\n");
     if std::env::var("RUDA_BLESS").is_ok_and(|v| v == "1") {
@@ -90,7 +142,11 @@ fn passes_preserve_interpreter_results() {
         let result = runner.run(&entropy(), |bytes| preserves(&bytes, passes).map_err(TestCaseError::fail));
         match result {
             Ok(()) => {}
-            Err(TestError::Fail(why, bytes)) => failures.push(report(name, &bytes, &why.to_string())),
+            Err(TestError::Fail(why, bytes)) => {
+                let bytes = minimize(&bytes, |b| preserves(b, passes).is_err());
+                let why = preserves(&bytes, passes).err().unwrap_or_else(|| why.to_string());
+                failures.push(report(name, &bytes, &why));
+            }
             Err(e) => failures.push(format!("pipeline `{name}`: {e}")),
         }
     }
@@ -112,4 +168,51 @@ fn a_file_test_for_a_generated_kernel_parses() {
     assert!(header.contains(&";; a comment"));
     let parsed = ruda_ir::parse_kernel(&text).expect("the file parses as a kernel");
     assert_eq!(print_kernel(&parsed), print_kernel(&g.kernel));
+}
+
+/// Turns the first integer `add` into `sub`: a pass these tests must catch.
+struct Broken;
+
+impl Pass for Broken {
+    fn name(&self) -> &'static str {
+        "broken"
+    }
+    fn description(&self) -> &'static str {
+        "a deliberately wrong pass"
+    }
+    fn run(&self, k: &mut Kernel) -> bool {
+        let mut first = None;
+        k.walk(|id, inst| {
+            if let Op::Binary(BinaryOp::Add, a, _) = inst.op {
+                if first.is_none() && k.ty(a).elem().is_int() {
+                    first = Some(id);
+                }
+            }
+        });
+        let Some(id) = first else { return false };
+        if let Op::Binary(op, ..) = &mut k.insts[id.index()].op {
+            *op = BinaryOp::Sub;
+        }
+        true
+    }
+}
+
+#[test]
+fn a_wrong_pass_is_caught_and_shrunk() {
+    let passes: Vec<Box<dyn Pass>> = vec![Box::new(Broken)];
+    let mut runner = TestRunner::new(Config { cases: 64, ..config() });
+    let result = runner.run(&entropy(), |bytes| preserves(&bytes, &passes).map_err(TestCaseError::fail));
+    let Err(TestError::Fail(_, bytes)) = result else { panic!("the wrong pass went unnoticed: {result:?}") };
+    let bytes = minimize(&bytes, |b| preserves(b, &passes).is_err());
+    let why = preserves(&bytes, &passes).expect_err("the minimized input still fails");
+    assert!(why.contains("differs after optimization") || why.contains("optimized kernel fails to run"), "{why}");
+    let text = regression("broken", &bytes, &why).expect("the shrunk kernel runs");
+    // Shrinking leaves little beyond the thread ids, the zeroing of shared memory and the
+    // final stores (about 75 instructions).
+    let kernel = ruda_ir::parse_kernel(&text).expect("parses");
+    let mut insts = 0;
+    kernel.walk(|_, _| insts += 1);
+    assert!(insts < 120, "{insts} instructions after shrinking:\n{text}");
+    assert!(text.len() < 30_000, "{} bytes:\n{text}", text.len());
+    assert!(text.starts_with("; test optimize\n; passes: broken\n; launch grid=1,1,1 block=32,1,1\n"), "{text}");
 }

@@ -134,6 +134,12 @@ fn control_flow_is_structured_cpp() {
         );
     }
     assert!(has("__syncthreads();"), "{c}");
+    // NVVM keeps every loop as the IR has it: the IR's passes decide unrolling.
+    let loops = lines.iter().filter(|l| l.starts_with("for (")).count();
+    assert_eq!(loops, 6, "{c}");
+    for (i, l) in lines.iter().enumerate().filter(|(_, l)| l.starts_with("for (")) {
+        assert_eq!(lines[i - 1], "#pragma unroll 1", "loop without `#pragma unroll 1`: {l}");
+    }
     // Braces balance.
     assert_eq!(c.matches('{').count(), c.matches('}').count());
 }

@@ -146,15 +146,17 @@ impl<'a> Entropy<'a> {
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct GenConfig {
-    /// The kernel's name (also the prefix of its shared arrays' names, so that kernels with
-    /// distinct names can share one PTX module).
+    /// The kernel's name, `[A-Za-z_][A-Za-z0-9_]*` as the verifier requires (also the prefix
+    /// of its shared arrays' names, so that kernels with distinct names can share one PTX
+    /// module).
     pub name: String,
     /// Roughly the most instructions, each counted once per iteration of the loops around it;
     /// kernels are usually smaller.
     pub max_insts: u32,
     /// The deepest nesting of `if` and `for`.
     pub max_depth: u32,
-    /// The most threads per block; block sizes are multiples of 32 up to this (at least 32).
+    /// The most threads per block; block sizes are multiples of 32 up to this (at least 32,
+    /// at most 1024).
     pub max_block_threads: u32,
     /// The most blocks in the grid (at least 1).
     pub max_blocks: u32,
@@ -356,26 +358,37 @@ pub fn generate(e: &mut Entropy<'_>, cfg: &GenConfig) -> GeneratedKernel {
     // Shared memory: arrays with four elements per thread (room for a v4 store each), a
     // dynamic window of the same shape, and the counters atomics update.
     let mut launch = launch;
+    // At most `SHARED_LIMIT` bytes in all, so that a GPU launches the kernel without opting in
+    // to more (and ptxas accepts its static arrays).
     if cfg.shared {
         let len = threads.next_power_of_two() * 4;
-        for i in 0..g.e.below(3) {
-            let elem = g.e.pick(&DATA);
-            let id = b.shared_array(format!("{}_s{i}", cfg.name), elem, len);
-            g.shared.push(SharedBuf { array: Some(id), elem, len });
-        }
-        if g.e.chance(30) {
-            let elem = g.e.pick(&DATA);
-            launch.dynamic_shared_bytes = len * elem.bytes();
-            g.shared.push(SharedBuf { array: None, elem, len });
-        }
+        let mut left = SHARED_LIMIT;
         if cfg.atomics && g.e.chance(50) {
             let id = b.shared_array(format!("{}_counters", cfg.name), U64, COUNTERS);
             g.counters = Some(SharedBuf { array: Some(id), elem: U64, len: COUNTERS });
+            left -= COUNTERS * 8;
+        }
+        for i in 0..g.e.below(3) {
+            let elem = g.e.pick(&DATA);
+            if len * elem.bytes() <= left {
+                left -= len * elem.bytes();
+                let id = b.shared_array(format!("{}_s{i}", cfg.name), elem, len);
+                g.shared.push(SharedBuf { array: Some(id), elem, len });
+            }
+        }
+        if g.e.chance(30) {
+            let elem = g.e.pick(&DATA);
+            // Static arrays are 16-byte aligned, so the dynamic window starts right after them.
+            if len * elem.bytes() <= left {
+                launch.dynamic_shared_bytes = len * elem.bytes();
+                g.shared.push(SharedBuf { array: None, elem, len });
+            }
         }
     }
     if g.e.chance(20) {
         let max = (threads + 32 * g.e.below(4) as u32).min(1024);
-        let min_blocks = g.e.chance(50).then(|| g.e.range(1, 4) as u32);
+        // No more blocks per SM than its 2048 threads can hold.
+        let min_blocks = g.e.chance(50).then(|| g.e.range(1, (2048 / max).clamp(1, 4) as u64) as u32);
         b.launch_bounds(max, min_blocks);
     }
 
@@ -448,6 +461,10 @@ const ATOMIC_KINDS: [(ScalarType, AtomicOp); 11] = [
     (U64, AtomicOp::Max),
     (I64, AtomicOp::Max),
 ];
+/// The most shared memory a kernel uses, static and dynamic: what a GPU gives a block without
+/// opting in to more.
+const SHARED_LIMIT: u32 = 48 * 1024;
+
 /// Elements of the atomics buffer and of the shared counter array (`u64`): 16 bytes for each
 /// kind of atomic, rounded up to a power of two (loads from the counters index with a mask).
 const ACC_LEN: u32 = (2 * ATOMIC_KINDS.len() as u32).next_power_of_two();
@@ -1215,7 +1232,7 @@ impl Gen<'_, '_> {
 /// The launch: 32 to `max_block_threads` threads (a multiple of 32) shaped in up to three
 /// dimensions, 1 to `max_blocks` blocks in one or two.
 fn launch_shape(e: &mut Entropy<'_>, cfg: &GenConfig) -> LaunchConfig {
-    let warps = e.range(1, (cfg.max_block_threads / 32).max(1) as u64) as u32;
+    let warps = e.range(1, (cfg.max_block_threads.min(1024) / 32).max(1) as u64) as u32;
     let threads = warps * 32;
     let (by, bz) = e.pick(&[(1, 1), (1, 1), (2, 1), (4, 1), (2, 2)]);
     let block = [threads / (by * bz), by, bz];

@@ -52,6 +52,7 @@ fn seeded_kernels_verify_and_run() {
 fn other_configurations_verify_and_run() {
     let configs = [
         GenConfig { max_block_threads: 1024, max_blocks: 2, max_insts: 60, ..GenConfig::default() },
+        GenConfig { max_block_threads: 5000, max_blocks: 1, max_insts: 30, ..GenConfig::default() },
         GenConfig { max_depth: 0, ..GenConfig::default() },
         GenConfig { max_depth: 6, max_insts: 400, ..GenConfig::default() },
         GenConfig { shared: false, warp: false, atomics: false, approx: false, ..GenConfig::default() },
@@ -187,6 +188,25 @@ fn each_kind_of_atomic_has_its_own_bytes() {
         });
     }
     assert!(atomics > 100, "{atomics}");
+}
+
+#[test]
+fn large_blocks_fit_the_limits() {
+    // 1024 threads at most, and at most 48 KiB of shared memory (a GPU's default limit).
+    let cfg = GenConfig { max_block_threads: 4096, max_insts: 20, ..GenConfig::default() };
+    let mut arrays = 0;
+    for seed in 0..200 {
+        let g = generate(&mut Entropy::from_seed(seed), &cfg);
+        let threads: u32 = g.launch.block.iter().product();
+        assert!(threads <= 1024, "{:?}", g.launch);
+        let shared = g.kernel.static_shared_bytes().next_multiple_of(16) + g.launch.dynamic_shared_bytes;
+        assert!(shared <= 48 * 1024, "seed {seed}: {shared} bytes of shared memory");
+        if let Some(lb) = g.kernel.launch_bounds {
+            assert!(lb.min_blocks.unwrap_or(1) * lb.max_threads <= 2048, "seed {seed}: {lb:?}");
+        }
+        arrays += g.kernel.shared.len();
+    }
+    assert!(arrays > 100, "{arrays}");
 }
 
 #[test]

@@ -463,7 +463,9 @@ fn kernels_cover_everything_the_verifier_accepts() {
     let cfg = GenConfig::default();
     let mut got = BTreeSet::new();
     for seed in 0..2500 {
-        got.extend(features(&generate(&mut Entropy::from_seed(seed), &cfg).kernel));
+        let g = generate(&mut Entropy::from_seed(seed), &cfg);
+        verify(&g.kernel).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", print_kernel(&g.kernel)));
+        got.extend(features(&g.kernel));
     }
     let missing: Vec<&String> = want.difference(&got).collect();
     assert!(missing.is_empty(), "never generated ({}): {missing:?}", missing.len());

@@ -68,7 +68,7 @@ fn unused_if_results_and_empty_ifs_go() {
             |b| vec![b.sub(x, y), b.xor(x, y)],
         );
         // Only the second result is used; an `if` with no used result and no effect goes.
-        let _ = b.if_else(c, |b| vec![b.add(x, x)], |b| vec![y]);
+        let _ = b.if_else(c, |b| vec![b.add(x, x)], |_| vec![y]);
         vec![r[1]]
     });
     let text = print_kernel(&after);

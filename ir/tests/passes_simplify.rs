@@ -269,3 +269,21 @@ fn predicate_logic_simplifies() {
     // The range check's and the bound check's compares remain, plus `not` for `c ^ true`.
     assert_eq!(count(&after, |o| matches!(o, Op::Binary(..))), 1, "{}", print_kernel(&after));
 }
+
+#[test]
+fn float_division_by_a_power_of_two_becomes_a_multiplication() {
+    for t in [F32, F64] {
+        let c = |v: f64| if t == F32 { Constant::f32(v as f32) } else { Constant::f64(v) };
+        let (_, after) = check_multi(t, "simplify,dce", |b, x, _| {
+            // Powers of two (one with a subnormal reciprocal), and divisors that must stay.
+            let exact = [4096.0, 0.5, -8.0, 2f64.powi(if t == F32 { 127 } else { 1023 })];
+            let inexact = [3.0, 0.1, 0.0, f64::INFINITY, 2f64.powi(if t == F32 { -140 } else { -1060 })];
+            exact.iter().chain(&inexact).map(|&v| {
+                let k = b.constant(c(v));
+                b.div(x, k)
+            }).collect()
+        });
+        let divs = count(&after, |o| matches!(o, Op::Binary(BinaryOp::Div, ..)));
+        assert_eq!(divs, 5, "{t}:\n{}", print_kernel(&after));
+    }
+}

@@ -10,6 +10,7 @@
 //! Float arithmetic canonicalises NaNs (see [`crate::interp`]), so `x*1`, `x/1`, `x+(-0.0)`,
 //! `x-(+0.0)` and `min(x, x)` give back `x` only when `x` cannot be a NaN of another payload:
 //! when an arithmetic operation, a conversion or a non-NaN-or-canonical constant made it.
+//! `x / 2^k` becomes `x * 2^-k` when `2^-k` is representable: both round the same real number.
 //! `x-x`, `x*0` and `x+0.0` stay (NaN, infinities, `-0`). `fma(a, b, -0.0)` is `a*b` and
 //! `fma(a, 1, c)` is `a+c` exactly. `select(c, a, a)`, `extract` of a `vector`,
 //! `ptradd p, 0`, and round trips of bitcasts, pointer casts and integer widenings fold away.
@@ -69,6 +70,28 @@ fn odd_nan(c: Constant) -> bool {
     let frac = c.bits & ((1u64 << frac_bits) - 1);
     let canonical = (1u64 << (exp_bits + frac_bits)) - 1;
     exp == (1 << exp_bits) - 1 && frac != 0 && c.bits != canonical
+}
+
+/// `1 / c` when the float constant `c` is a power of two whose reciprocal is representable:
+/// then `x / c` and `x * (1 / c)` round the same real number, so they agree bit for bit.
+fn exact_reciprocal(c: Constant) -> Option<Constant> {
+    let v = match c.ty {
+        ScalarType::F32 => f32::from_bits(c.bits as u32) as f64,
+        ScalarType::F64 => f64::from_bits(c.bits),
+        _ => return None,
+    };
+    // A power of two: finite, non-zero, normal, no fraction bits (an f64 holds every f32).
+    if !v.is_normal() || v.to_bits() & ((1u64 << 52) - 1) != 0 {
+        return None;
+    }
+    let r = 1.0 / v;
+    if c.ty == ScalarType::F32 {
+        let narrow = r as f32;
+        (narrow as f64 == r).then(|| Constant::f32(narrow))
+    } else {
+        // Exact unless out of range (then the product is not one).
+        (r * v == 1.0).then(|| Constant::f64(r))
+    }
 }
 
 /// `log2(c)` when the integer constant `c` is a power of two (as a bit pattern).
@@ -226,6 +249,10 @@ impl Simplifier<'_> {
                 Sub if keeps_a(self, 0) => Replace(a),
                 Mul | Div if keeps_a(self, float_one(t)) => Replace(a),
                 Min | Max if a == b && self.canonical(a, 6) => Replace(a),
+                Div => match self.c(b).and_then(exact_reciprocal) {
+                    Some(r) => Rewrite(Op::Binary(Mul, a, self.konst(out, r, loc))),
+                    None => Keep,
+                },
                 _ => Keep,
             };
         }

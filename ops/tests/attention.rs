@@ -133,7 +133,7 @@ fn check_varlen(dev: &Device, rng: &mut Rng, dtype: DType, p: &Varlen, causal: b
 fn prefill_varlen_across_head_dims_gqa_ratios_and_dtypes() {
     let dev = device();
     let mut rng = Rng::new(11);
-    // Lengths around the tiles (64 rows × 64 keys at d=64, 32 × 32 at d=128, 16 × 16 at
+    // Lengths around the tiles (64 query rows × 32 keys at d=64, 32 × 16 at d=128, 16 × 8 at
     // d=256), uneven, with q_len < kv_len (chunked prefill) and q_len > kv_len (the leading
     // rows see no key and give zeros).
     let all = vec![(1, 1), (63, 63), (64, 64), (65, 65), (17, 40), (9, 3)];

@@ -10,7 +10,7 @@
 //! dimensions of `q` (pre-scaled by `scale · log2 e`) and of the output accumulator in
 //! registers, as 8 runs of 4 dimensions strided by `4 G` (so a group reads 16-byte runs side by
 //! side and the other groups of the warp read the same addresses, a broadcast). Keys and values
-//! are staged through shared memory as `f32` in tiles of `BC` rows (`BC · D = 4096`: 32 KiB for
+//! are staged through shared memory as `f32` in tiles of `BC` rows (`BC · D = 2048`: 16 KiB for
 //! both), and consumed in chunks of [`CHUNK`] keys: partial dot products, a butterfly sum over
 //! the group's lanes (so every lane holds the same scores bit for bit), masking, then the online
 //! softmax update in the log2 domain (running max `m`, running sum `l`, accumulator rescaled by
@@ -27,7 +27,10 @@ use super::common::{block_reduce, combine, identity, to_f32, Combine};
 /// Threads per block of the flash kernels (prefill and decode).
 pub const THREADS: u32 = 128;
 /// Keys per online-softmax step (scores live in registers for one chunk at a time).
-pub const CHUNK: u32 = 16;
+pub const CHUNK: u32 = 8;
+/// Elements of one staged tile (`BC · D`): K and V tiles take 16 KiB of shared memory, and
+/// each thread has 4 vector loads per tensor in flight (more made ptxas spill on sm_80).
+const TILE_ELEMS: u32 = 2048;
 /// Dimensions of a row each lane owns.
 const DIMS_PER_LANE: u32 = 32;
 /// Head dimensions the flash kernels are built for.
@@ -50,7 +53,7 @@ pub struct Geometry {
 impl Geometry {
     pub fn new(head_dim: u32) -> Geometry {
         let group = head_dim / DIMS_PER_LANE;
-        Geometry { head_dim, group, rows: THREADS / group, keys: 4096 / head_dim }
+        Geometry { head_dim, group, rows: THREADS / group, keys: TILE_ELEMS / head_dim }
     }
 
     /// 4-wide runs of a row each lane owns.
@@ -201,9 +204,12 @@ struct Lane {
     row: Value,
     /// Offset, within a row, of the lane's first dimension (`(tid % G) · 4`).
     dim0: Value,
+    /// Whether any row of the lane's warp is below the limit (else the warp skips the math).
+    warp_live: Value,
 }
 
-fn lane(b: &mut KernelBuilder, geo: &Geometry) -> Lane {
+/// The lane of this thread; block row `r` is row `row_base + r` of a range of `row_limit`.
+fn lane(b: &mut KernelBuilder, geo: &Geometry, row_base: Value, row_limit: Value) -> Lane {
     let tid = b.thread_id_x();
     let shift = u32c(b, geo.group.trailing_zeros());
     let row = b.shr(tid, shift);
@@ -211,7 +217,12 @@ fn lane(b: &mut KernelBuilder, geo: &Geometry) -> Lane {
     let g = b.and(tid, mask);
     let four = u32c(b, 4);
     let dim0 = b.mul(g, four);
-    Lane { row, dim0 }
+    let warp_mask = u32c(b, !31);
+    let warp_first = b.and(tid, warp_mask);
+    let warp_row = b.shr(warp_first, shift);
+    let first = b.add(row_base, warp_row);
+    let warp_live = b.lt(first, row_limit);
+    Lane { row, dim0, warp_live }
 }
 
 /// The row dimension of the lane's run `r`: `dim0 + r · 4G`.
@@ -293,6 +304,40 @@ struct KeySource {
     stride: Value,
 }
 
+/// How the block copies a tile of keys to shared memory: thread `t` takes column run
+/// `t % (D/4)` of tile rows `row0 + r · rows_per_pass`, `r < passes`.
+struct Staging {
+    row0: Value,
+    /// `4 · (t % (D/4))` as u64 (the element offset within a global row).
+    col64: Value,
+    /// Shared index of the thread's first element (`row0 · D + col`).
+    shared0: Value,
+    rows_per_pass: u32,
+    passes: u32,
+    /// `rows_per_pass · key stride` (u64).
+    global_step: Value,
+}
+
+impl Staging {
+    fn new(b: &mut KernelBuilder, geo: &Geometry, stride: Value) -> Staging {
+        let runs_per_row = geo.head_dim / 4;
+        let rows_per_pass = THREADS / runs_per_row;
+        let tid = b.thread_id_x();
+        let shift = u32c(b, runs_per_row.trailing_zeros());
+        let row0 = b.shr(tid, shift);
+        let mask = u32c(b, runs_per_row - 1);
+        let c4 = b.and(tid, mask);
+        let four = u32c(b, 4);
+        let col = b.mul(c4, four);
+        let col64 = to_u64(b, col);
+        let dd = u32c(b, geo.head_dim);
+        let shared0 = b.fma(row0, dd, col);
+        let rpp = b.const_u64(rows_per_pass as u64);
+        let global_step = b.mul(rpp, stride);
+        Staging { row0, col64, shared0, rows_per_pass, passes: geo.keys / rows_per_pass, global_step }
+    }
+}
+
 /// Run the flash loop over keys `[begin, end)` (uniform u32 values) from `q` (the lane's 32
 /// dimensions, pre-scaled into the log2 domain). `mask_score(b, key, s)` returns the score with
 /// masking applied (`-inf` where the lane's row may not attend `key`).
@@ -309,57 +354,61 @@ fn flash_core(
     mask_score: &dyn Fn(&mut KernelBuilder, Value, Value) -> Value,
 ) -> RowState {
     let d = geo.head_dim;
-    let tid = b.thread_id_x();
     let k_s = b.shared_ptr(tiles.0);
     let v_s = b.shared_ptr(tiles.1);
     let bc = u32c(b, geo.keys);
+    let stage = Staging::new(b, geo, src.stride);
     let init = RowState::init(b).to_vec();
     let out = b.for_range(begin, end, bc, &init, |b, k0, carried| {
-        // Stage the tile: BC rows of K and V as f32, zeros past `end`.
-        let runs_per_row = d / 4;
-        for r in 0..(geo.keys * runs_per_row / THREADS) {
-            let e = if r == 0 {
-                tid
-            } else {
-                let off = u32c(b, r * THREADS);
-                b.add(tid, off)
-            };
-            let shift = u32c(b, runs_per_row.trailing_zeros());
-            let j = b.shr(e, shift);
-            let mask = u32c(b, runs_per_row - 1);
-            let c4 = b.and(e, mask);
-            let four = u32c(b, 4);
-            let col = b.mul(c4, four);
-            let key = b.add(k0, j);
+        // Stage the tile: BC rows of K and V as f32, zeros past `end`. Thread t copies run
+        // `t % (D/4)` of rows `t / (D/4) + r · step`: one column per thread, so the addresses
+        // advance by constant strides.
+        let mut key = b.add(k0, stage.row0);
+        let row = mad64(b, key, src.stride, src.base);
+        let mut off = b.add(row, stage.col64);
+        for r in 0..stage.passes {
+            if r > 0 {
+                let step = u32c(b, stage.rows_per_pass);
+                key = b.add(key, step);
+                off = b.add(off, stage.global_step);
+            }
             let ok = b.lt(key, end);
-            let dd = u32c(b, d);
-            let s_idx = b.fma(j, dd, col);
             for (ptr, smem) in [(src.k, k_s), (src.v, v_s)] {
                 let vals = b.if_else(
                     ok,
-                    |b| {
-                        let row = mad64(b, key, src.stride, src.base);
-                        let idx = add64(b, col, row);
-                        load4_f32(b, ptr, idx).to_vec()
-                    },
+                    |b| load4_f32(b, ptr, off).to_vec(),
                     |b| {
                         let z = b.const_f32(0.0);
                         vec![z; 4]
                     },
                 );
                 let v = b.make_vector(&vals);
-                let p = b.ptr_add(smem, s_idx);
+                let p = b.ptr_add(smem, stage.shared0);
+                let p = if r == 0 {
+                    p
+                } else {
+                    let c = u32c(b, r * stage.rows_per_pass * d);
+                    b.ptr_add(p, c)
+                };
                 b.store(p, v);
             }
         }
         b.barrier();
         let chunk = u32c(b, CHUNK);
         let zero = u32c(b, 0);
-        let state = b.for_range(zero, bc, chunk, carried, |b, jc, carried| {
-            let st = RowState::from_slice(carried);
-            let st = chunk_step(b, geo, lane, k_s, v_s, q, k0, jc, st, mask_score);
-            st.to_vec()
-        });
+        // A warp whose rows are all out of range skips the arithmetic (whole warps, so the
+        // shuffles inside still see every lane).
+        let state = b.if_else(
+            lane.warp_live,
+            |b| {
+                b.for_range(zero, bc, chunk, carried, |b, jc, carried| {
+                    let st = RowState::from_slice(carried);
+                    let st = chunk_step(b, geo, lane, k_s, v_s, q, k0, jc, st, mask_score);
+                    st.to_vec()
+                })
+            },
+            |_| carried.to_vec(),
+        );
         // The tiles are overwritten next iteration only after every thread has read them.
         b.barrier();
         state
@@ -383,10 +432,21 @@ fn chunk_step(
 ) -> RowState {
     let d = geo.head_dim;
     let dd = u32c(b, d);
-    let dims: Vec<Value> = (0..geo.runs()).map(|r| run_dim(b, geo, lane, r)).collect();
+    // One base pointer per tile and chunk; every element is then a constant offset from it.
+    let first = b.fma(jc, dd, lane.dim0);
+    let k_base = b.ptr_add(k_s, first);
+    let v_base = b.ptr_add(v_s, first);
+    let at = |b: &mut KernelBuilder, base: Value, jj: u32, r: u32| {
+        let off = jj * d + r * 4 * geo.group;
+        if off == 0 {
+            base
+        } else {
+            let c = u32c(b, off);
+            b.ptr_add(base, c)
+        }
+    };
     // Partial dot products over the lane's dimensions.
     let mut scores = Vec::with_capacity(CHUNK as usize);
-    let mut rows = Vec::with_capacity(CHUNK as usize);
     for jj in 0..CHUNK {
         let j = if jj == 0 {
             jc
@@ -394,16 +454,13 @@ fn chunk_step(
             let c = u32c(b, jj);
             b.add(jc, c)
         };
-        let row = b.mul(j, dd);
-        rows.push(row);
         let mut s = b.const_f32(0.0);
-        for (r, &dim) in dims.iter().enumerate() {
-            let idx = b.add(row, dim);
-            let p = b.ptr_add(k_s, idx);
+        for r in 0..geo.runs() {
+            let p = at(b, k_base, jj, r);
             let kv = b.load_vec(p, 4);
             for e in 0..4u8 {
                 let x = b.extract(kv, e);
-                s = b.fma(q[r * 4 + e as usize], x, s);
+                s = b.fma(q[(r * 4) as usize + e as usize], x, s);
             }
         }
         scores.push((j, s));
@@ -439,13 +496,12 @@ fn chunk_step(
         let ds = b.sub(s, m_use);
         let p = b.ex2(ds);
         l = b.add(l, p);
-        for (r, &dim) in dims.iter().enumerate() {
-            let idx = b.add(rows[jj], dim);
-            let ptr = b.ptr_add(v_s, idx);
+        for r in 0..geo.runs() {
+            let ptr = at(b, v_base, jj as u32, r);
             let vv = b.load_vec(ptr, 4);
             for e in 0..4u8 {
                 let x = b.extract(vv, e);
-                let a = &mut acc[r * 4 + e as usize];
+                let a = &mut acc[(r * 4) as usize + e as usize];
                 *a = b.fma(p, x, *a);
             }
         }
@@ -574,7 +630,7 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
     let q0 = b.mul(tile, br);
     let live = b.lt(q0, q_len);
     b.if_then(live, |b| {
-        let lane = lane(b, &geo);
+        let lane = lane(b, &geo, q0, q_len);
         let qi = b.add(q0, lane.row);
         let row_ok = b.lt(qi, q_len);
         let kv_head = b.div(head, group);
@@ -668,8 +724,8 @@ pub fn attention_decode(cfg: &AttentionDecodeConfig) -> Result<Kernel, VerifyErr
     let stop = b.add(begin, split_len);
     let end = b.min(stop, len);
 
-    let lane = lane(&mut b, &geo);
     let r0 = b.mul(chunk, br);
+    let lane = lane(&mut b, &geo, r0, group);
     let r = b.add(r0, lane.row);
     let row_ok = b.lt(r, group);
     let head_base = b.mul(kv_head, group);

@@ -110,7 +110,7 @@ pub fn registry() -> Vec<Registered> {
     // Decode ops around attention: GEMV for every row tile (vector loads; the scalar-load
     // fallback at 1 and 16 rows), its split-K reduction, RoPE and its KV-cache append at the
     // Qwen head sizes (64, 128, and 256 with a 64-dim partial rotary), the residual-fused RMSNorm,
-    // SwiGLU and the embedding gather.
+    // SwiGLU, the embedding gather, argmax (one pass, or split with its reduction) and sampling.
     for dtype in common::FLOAT_DTYPES {
         for m_tile in gemv::GEMV_M_TILES {
             for split_k in [false, true] {
@@ -146,6 +146,15 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "embedding", move || embedding::embedding(&cfg)));
         }
     }
+    for dtype in common::FLOAT_DTYPES {
+        for partial in [false, true] {
+            let cfg = argmax::ArgmaxConfig { dtype, partial };
+            out.push(Registered::new(cfg.id(), "argmax", move || argmax::argmax(&cfg)));
+        }
+        let cfg = sampling::SamplingConfig { dtype };
+        out.push(Registered::new(cfg.id(), "sampling", move || sampling::sampling(&cfg)));
+    }
+    out.push(Registered::new(argmax::ArgmaxConfig::reduce_id(), "argmax_reduce", argmax::argmax_reduce));
     // End of the decode ops.
     out
 }

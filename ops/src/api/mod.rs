@@ -5,6 +5,7 @@
 //! Float ops accept `F32`, `F16` and `BF16` tensors; inputs must be contiguous and non-empty.
 //! One submodule per op family; everything is re-exported here.
 
+mod argmax;
 mod attention;
 mod elementwise;
 mod embedding;
@@ -14,8 +15,10 @@ mod gemv;
 mod norm;
 mod rope;
 mod rows;
+mod sampling;
 mod swiglu;
 
+pub use argmax::*;
 pub use attention::*;
 pub use elementwise::*;
 pub use embedding::*;
@@ -25,6 +28,7 @@ pub use gemv::*;
 pub use norm::*;
 pub use rope::*;
 pub use rows::*;
+pub use sampling::*;
 pub use swiglu::*;
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
 //! The kernels, each a Rust function from a configuration to an IR [`Kernel`](ruda_ir::Kernel).
 
+pub mod argmax;
 pub mod common;
 pub mod elementwise;
 pub mod embedding;
@@ -9,13 +10,14 @@ pub mod gemv;
 pub mod norm;
 pub mod rope;
 pub mod rows;
+pub mod sampling;
+pub mod swiglu;
 
 pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
 pub use gemm::{gemm_simt, BLayout, GemmConfig};
 pub use norm::{layer_norm, rms_norm, NormConfig};
 pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};
 pub mod attention;
-pub mod swiglu;
 pub use attention::{
     attention_decode, attention_decode_combine, attention_prefill, attention_softmax, AttentionDecodeConfig,
     AttentionPrefillConfig, AttentionSoftmaxConfig,

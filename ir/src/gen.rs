@@ -130,8 +130,8 @@ impl<'a> Entropy<'a> {
         self.below(100) >= 100 - percent.min(100)
     }
 
-    /// One of `items` (the first on zero bytes). `items` must not be empty.
-    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+    /// One of `items` (the first on zero bytes); the generator's lists are never empty.
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.below(items.len() as u64) as usize]
     }
 

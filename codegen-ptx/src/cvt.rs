@@ -9,8 +9,8 @@
 //!   On older targets these are errors naming the op, never a silent approximation.
 //! - `.sat` on an integer conversion is dropped where the source range fits the destination
 //!   (PTX rejects it there) and float-to-integer conversions saturate without it in PTX.
-//! - f16 <-> bf16 conversions do round, yet the IR takes no rounding mode for them (their widths
-//!   are equal); they round to nearest even.
+//! - f16 <-> bf16 conversions round by the mode the IR gives (the verifier requires one):
+//!   f16 -> bf16 through f32 as above, bf16 -> f16 through f32 and `cvt.<rnd>.f16.f32`.
 
 use ruda_ir::{Cvt, InstId, Rounding, ScalarType};
 

@@ -5,6 +5,7 @@
 //! - the `rudac` binary (src/bin/rudac.rs): list, emit and check the registered kernels.
 
 pub mod api;
+pub mod compile_bench;
 pub mod driver;
 pub mod kernels;
 pub mod registry;

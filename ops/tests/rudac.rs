@@ -1,7 +1,7 @@
 //! The `rudac` driver: argument parsing and the output of each command.
 
 use ruda_codegen_ptx::Arch;
-use ruda_ops::driver::{run, Command, EmitKind};
+use ruda_ops::driver::{run, Command, EmitKind, Source};
 
 fn args(s: &str) -> Vec<String> {
     s.split_whitespace().map(String::from).collect()
@@ -20,7 +20,7 @@ fn parses_commands_and_flags() {
     assert_eq!(
         Command::parse(&args("emit add.f32 --target=sm_80 --emit ir")),
         Ok(Command::Emit {
-            id: "add.f32".into(),
+            source: Source::Id("add.f32".into()),
             arch: Arch::Sm80,
             kind: EmitKind::Ir,
             compiler: None,
@@ -61,8 +61,6 @@ fn emit_prints_ptx_or_ir() {
     assert!(ir.starts_with("kernel @rms_norm_bf16_h1024("), "{ir}");
     let e = output("emit no.such.kernel").unwrap_err();
     assert!(e.contains("rudac list"), "{e}");
-    let e = output("emit add.f32 --compiler nvrtc").unwrap_err();
-    assert!(e.contains("not implemented"), "{e}");
     let e = output("emit add.f32 --compiler cuda").unwrap_err();
     assert!(e.contains("accepted values"), "{e}");
 }
@@ -88,4 +86,38 @@ fn ptx_version_from_the_environment() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(why), "{bad}: {err}");
     }
+}
+
+#[test]
+fn emit_a_text_ir_file_and_cuda() {
+    let dir = std::env::temp_dir().join(format!("rudac-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("twice.rir");
+    std::fs::write(
+        &good,
+        "kernel @twice(%0 x: ptr<global,f32>) {\n  %1: u32 = special tid.x\n  %2: ptr<global,f32> = ptradd %0, %1\n  %3: f32 = load %2\n  %4: f32 = add %3, %3\n  store %2, %4\n}\n",
+    )
+    .unwrap();
+    let path = good.display().to_string();
+    let (_, ptx) = output(&format!("emit --file {path} --target sm_80")).unwrap();
+    assert!(ptx.contains(".visible .entry twice(") && ptx.contains("add.rn.f32"), "{ptx}");
+    let (_, ir) = output(&format!("emit --file {path} --emit ir-opt --passes none")).unwrap();
+    assert!(ir.starts_with("kernel @twice("), "{ir}");
+    let (_, cuda) = output(&format!("emit --file {path} --emit cuda")).unwrap();
+    assert!(cuda.contains("extern \"C\" __global__") && cuda.contains("__fadd_rn"), "{cuda}");
+
+    let bad = dir.join("bad.rir");
+    std::fs::write(&bad, "kernel @k(%0 x: ptr<global,f32>) {\n  %1: f32 = frobnicate %0\n}\n").unwrap();
+    let e = output(&format!("emit --file {}", bad.display())).unwrap_err();
+    assert!(e.contains("bad.rir:2:") && e.contains('^'), "{e}");
+    let e = output(&format!("emit --file {}", dir.join("missing.rir").display())).unwrap_err();
+    assert!(e.contains("missing.rir"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn emit_through_nvrtc() {
+    let Some(_) = ruda_codegen_nvrtc::nvrtc_or_skip("emit_through_nvrtc").expect("nvrtc policy") else { return };
+    let (_, ptx) = output("emit add.f32 --compiler nvrtc --target sm_80").unwrap();
+    assert!(ptx.contains(".target sm_80") && ptx.contains(".entry add_f32("), "{ptx}");
 }

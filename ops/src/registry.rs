@@ -82,13 +82,13 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "gemm_simt", move || gemm_simt(&cfg)));
         }
     }
-    // Attention: flash prefill (every dtype, head dim, causal or not, with or without mask and
-    // bias), split-KV decode with its combine, and the fallback's f32 masked softmax.
+    // Attention: flash prefill (every dtype, head dim, causal or not; packed with or without
+    // mask and bias, or over a KV cache), split-KV decode with its combine, and the fallback's f32 masked softmax.
     for dtype in common::FLOAT_DTYPES {
         for head_dim in attention::FLASH_HEAD_DIMS {
             for causal in [false, true] {
-                for masked in [false, true] {
-                    let cfg = AttentionPrefillConfig { dtype, head_dim, causal, masked };
+                for (masked, kv) in [(false, KvSource::Packed), (true, KvSource::Packed), (false, KvSource::Cache)] {
+                    let cfg = AttentionPrefillConfig { dtype, head_dim, causal, masked, kv };
                     out.push(Registered::new(cfg.id(), "attention_prefill", move || attention_prefill(&cfg)));
                 }
             }

@@ -168,6 +168,79 @@ fn prefill_long_sequences_and_sharp_softmax() {
     check_varlen(&dev, &mut rng, DType::F16, &p, false, Some(0.05), 1.0);
 }
 
+/// Rows `0..len` of sequence `b` of a `[B, Hkv, S_max, D]` cache, packed as `[len, Hkv, D]`.
+fn gather_cache(cache: &[f32], b: usize, len: usize, hkv: usize, s_max: usize, d: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len * hkv * d);
+    for j in 0..len {
+        for h in 0..hkv {
+            let at = ((b * hkv + h) * s_max + j) * d;
+            out.extend_from_slice(&cache[at..at + d]);
+        }
+    }
+    out
+}
+
+#[test]
+fn prefill_over_a_kv_cache() {
+    let dev = device();
+    let mut rng = Rng::new(16);
+    // (q_len, seq_len) per sequence: a first prefill (q_len = seq_len), chunks continuing a
+    // cache, a single query (decode through the prefill kernel), a length past the capacity.
+    for (dtype, d, hq, hkv, s_max, lens) in [
+        (DType::BF16, 128, 4, 2, 80, vec![(33usize, 33u32), (5, 70), (1, 17), (20, 95)]),
+        (DType::F32, 64, 7, 1, 40, vec![(40, 40), (9, 12)]),
+        (DType::F16, 256, 2, 1, 24, vec![(17, 24), (3, 3)]),
+    ] {
+        let b = lens.len();
+        let tq: usize = lens.iter().map(|l| l.0).sum();
+        let q = quantize(dtype, &rng.vec(tq * hq * d, -2.0, 2.0));
+        let k = quantize(dtype, &rng.vec(b * hkv * s_max * d, -1.0, 1.0));
+        let v = quantize(dtype, &rng.vec(b * hkv * s_max * d, -1.0, 1.0));
+        let mut cu = vec![0u32];
+        for (ql, _) in &lens {
+            cu.push(cu.last().unwrap() + *ql as u32);
+        }
+        let seq_lens: Vec<u32> = lens.iter().map(|l| l.1).collect();
+        let tensors = (
+            tensor(&dev, dtype, &q, &[tq, hq, d]),
+            tensor(&dev, dtype, &k, &[b, hkv, s_max, d]),
+            tensor(&dev, dtype, &v, &[b, hkv, s_max, d]),
+        );
+        let out = Tensor::empty(&dev, dtype, &[tq, hq, d]).unwrap();
+        api::attention_prefill_cache_into(
+            &dev.default_stream(),
+            &tensors.0,
+            &upload_u32(&dev, &cu),
+            64,
+            &tensors.1,
+            &tensors.2,
+            &upload_u32(&dev, &seq_lens),
+            None,
+            true,
+            &out,
+        )
+        .unwrap();
+        let got = out.to_f32_vec().unwrap();
+        for (bi, &(ql, len)) in lens.iter().enumerate() {
+            let len = (len as usize).min(s_max);
+            let rows = cu[bi] as usize * hq * d..cu[bi + 1] as usize * hq * d;
+            let want = reference(
+                &q[rows.clone()],
+                &gather_cache(&k, bi, len, hkv, s_max, d),
+                &gather_cache(&v, bi, len, hkv, s_max, d),
+                (ql, len),
+                (hq, hkv, d),
+                1.0 / (d as f64).sqrt(),
+                true,
+                &no_extra,
+            );
+            let what = format!("prefill over cache {dtype} d={d} hq={hq} hkv={hkv} seq {bi} ({ql}, {len})");
+            // f32 math, then one rounding to the dtype.
+            assert_close(&what, &got[rows], &want, F32_ABS, rel_tol(dtype));
+        }
+    }
+}
+
 /// Decode against the reference for each sequence's first `seq_lens[b]` cache rows.
 #[allow(clippy::too_many_arguments)]
 fn check_decode(dev: &Device, rng: &mut Rng, dtype: DType, seq_lens: &[u32], s_max: usize, hq: usize, hkv: usize, d: usize, splits: Option<usize>) {
@@ -195,21 +268,10 @@ fn check_decode(dev: &Device, rng: &mut Rng, dtype: DType, seq_lens: &[u32], s_m
     let got = got.to_f32_vec().unwrap();
     for (bi, &len) in seq_lens.iter().enumerate() {
         let len = (len as usize).min(s_max);
-        // The cache rows of this sequence as packed [len, hkv, d].
-        let gather = |src: &[f32]| -> Vec<f32> {
-            let mut out = Vec::with_capacity(len * hkv * d);
-            for j in 0..len {
-                for h in 0..hkv {
-                    let at = ((bi * hkv + h) * s_max + j) * d;
-                    out.extend_from_slice(&src[at..at + d]);
-                }
-            }
-            out
-        };
         let want = reference(
             &q[bi * hq * d..(bi + 1) * hq * d],
-            &gather(&k),
-            &gather(&v),
+            &gather_cache(&k, bi, len, hkv, s_max, d),
+            &gather_cache(&v, bi, len, hkv, s_max, d),
             (1, len),
             (hq, hkv, d),
             1.0 / (d as f64).sqrt(),
@@ -437,6 +499,18 @@ fn varlen_and_decode_errors() {
     assert!(msg(e).contains("at least 1"));
     let e = api::attention_prefill_varlen_into(&stream, &q, &kv, &kv, &cu_q, &cu_k, 6, None, false, &f(&[10, 4, 64], DType::F32));
     assert!(matches!(e, Err(OpError::DType { .. })));
+
+    // Prefill over a cache: the batch comes from cu_seqlens_q; lengths past the cache.
+    let cache_k = f(&[2, 2, 16, 64], DType::BF16);
+    let cache_v = f(&[2, 2, 16, 64], DType::BF16);
+    let e = api::attention_prefill_cache(&q, &upload_u32(&dev, &[0, 10]), None, &cache_k, &cache_v, &upload_u32(&dev, &[3, 16]), None, true);
+    assert!(matches!(e, Err(OpError::Shape { .. })));
+    let e = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[3]), None, true);
+    assert!(matches!(e, Err(OpError::Shape { .. })));
+    let e = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[3, 17]), None, true);
+    assert!(msg(e.unwrap_err()).contains("seq_lens[1] = 17"));
+    let ok = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[4, 16]), None, true).unwrap();
+    assert_eq!(ok.shape(), &[10, 4, 64]);
 
     // Decode.
     let q = f(&[2, 8, 128], DType::F16);

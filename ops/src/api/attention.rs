@@ -14,7 +14,7 @@ use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
 use super::*;
 use crate::kernels::attention::{
     self as kern, decode_workspace_len, AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig, Geometry,
-    FLASH_HEAD_DIMS, SOFTMAX_THREADS, THREADS,
+    KvSource, FLASH_HEAD_DIMS, SOFTMAX_THREADS, THREADS,
 };
 
 /// Options of [`attention`].
@@ -190,11 +190,14 @@ struct PrefillLaunch<'a> {
     scale: f32,
     causal: bool,
     mask_bias: Option<MaskBias<'a>>,
+    /// With [`KvSource::Cache`], `cu_k` holds the sequences' key counts.
+    kv: KvSource,
 }
 
 fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> Result<()> {
     let dtype = p.q.dtype().scalar_type();
-    let cfg = AttentionPrefillConfig { dtype, head_dim: p.head_dim, causal: p.causal, masked: p.mask_bias.is_some() };
+    let masked = p.mask_bias.is_some();
+    let cfg = AttentionPrefillConfig { dtype, head_dim: p.head_dim, causal: p.causal, masked, kv: p.kv };
     let geo = cfg.geometry();
     let tiles = grid_limit(op, "query tiles", p.max_q.div_ceil(geo.rows as usize), i32::MAX as usize)?;
     let heads = grid_limit(op, "query heads", p.q_heads as usize, 65535)?;
@@ -216,6 +219,34 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
     Ok(())
 }
 
+/// Checks of the query side shared by the prefill entry points: `q`, `out` `[T, Hq, D]`,
+/// `cu_seqlens_q` u32 `[batch + 1]`, `max_seqlen_q >= 1`. Returns `(T, Hq, D, batch)`.
+fn check_queries(op: &'static str, q: &Tensor, cu_q: &Tensor, max_q: usize, out: &Tensor) -> Result<(usize, usize, usize, usize)> {
+    float_dtype(op, q)?;
+    for (name, t) in [("q", q), ("out", out)] {
+        contiguous_nonempty(op, name, t)?;
+        expect_dtype(op, name, t, q.dtype())?;
+        expect_rank(op, name, t, 3, "[tokens, heads, head_dim]")?;
+        expect_aligned(op, name, t)?;
+    }
+    expect_shape(op, "out", out, q.shape())?;
+    check_cu_tensor(op, "cu_seqlens_q", cu_q)?;
+    if max_q == 0 {
+        return Err(OpError::InvalidArgument { op, message: "max_seqlen_q must be at least 1".into() });
+    }
+    Ok((q.shape()[0], q.shape()[1], q.shape()[2], cu_q.numel() - 1))
+}
+
+fn check_cu_tensor(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
+    contiguous_nonempty(op, name, t)?;
+    expect_dtype(op, name, t, DType::U32)?;
+    expect_rank(op, name, t, 1, "[batch + 1]")?;
+    if t.numel() < 2 {
+        return Err(OpError::Shape { op, message: format!("`{name}` needs batch + 1 >= 2 entries, has {}", t.numel()) });
+    }
+    Ok(())
+}
+
 /// Checks of the varlen entry point that need no device data; returns the launch.
 #[allow(clippy::too_many_arguments)]
 fn check_varlen<'a>(
@@ -231,38 +262,26 @@ fn check_varlen<'a>(
     causal: bool,
     out: &'a Tensor,
 ) -> Result<PrefillLaunch<'a>> {
-    float_dtype(op, q)?;
-    for (name, t) in [("q", q), ("k", k), ("v", v), ("out", out)] {
+    let (total_q, q_heads, d, batch) = check_queries(op, q, cu_q, max_q, out)?;
+    for (name, t) in [("k", k), ("v", v)] {
         contiguous_nonempty(op, name, t)?;
         expect_dtype(op, name, t, q.dtype())?;
-        expect_rank(op, name, t, 3, "[tokens, heads, head_dim]")?;
+        expect_rank(op, name, t, 3, "[tokens, kv_heads, head_dim]")?;
         expect_aligned(op, name, t)?;
     }
-    let (total_q, q_heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
     let (total_k, kv_heads) = (k.shape()[0], k.shape()[1]);
     expect_shape(op, "k", k, &[total_k, kv_heads, d])?;
     expect_shape(op, "v", v, k.shape())?;
-    expect_shape(op, "out", out, q.shape())?;
     let group = gqa_group(op, q_heads, kv_heads)?;
     let head_dim = flash_head_dim(op, d)?;
-    for (name, t) in [("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)] {
-        contiguous_nonempty(op, name, t)?;
-        expect_dtype(op, name, t, DType::U32)?;
-        expect_rank(op, name, t, 1, "[batch + 1]")?;
-        if t.numel() < 2 {
-            return Err(OpError::Shape { op, message: format!("`{name}` needs batch + 1 >= 2 entries, has {}", t.numel()) });
-        }
-    }
-    if cu_q.numel() != cu_k.numel() {
+    check_cu_tensor(op, "cu_seqlens_k", cu_k)?;
+    if cu_k.numel() != batch + 1 {
         return Err(OpError::Shape {
             op,
-            message: format!("cu_seqlens_q has {} entries, cu_seqlens_k {}", cu_q.numel(), cu_k.numel()),
+            message: format!("cu_seqlens_q has {} entries, cu_seqlens_k {}", batch + 1, cu_k.numel()),
         });
     }
     same_device(op, stream, &[("q", q), ("k", k), ("v", v), ("out", out), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)])?;
-    if max_q == 0 {
-        return Err(OpError::InvalidArgument { op, message: "max_seqlen_q must be at least 1".into() });
-    }
     let scale = resolve_scale(op, scale, d)?;
     let (hq, hkv) = (q_heads * d, kv_heads * d);
     Ok(PrefillLaunch {
@@ -272,7 +291,7 @@ fn check_varlen<'a>(
         out,
         cu_q,
         cu_k,
-        batch: to_u32(op, "batch", cu_q.numel() - 1)?,
+        batch: to_u32(op, "batch", batch)?,
         q_heads: to_u32(op, "query heads", q_heads)?,
         group,
         head_dim,
@@ -284,6 +303,7 @@ fn check_varlen<'a>(
         scale,
         causal,
         mask_bias: None,
+        kv: KvSource::Packed,
     })
 }
 
@@ -354,18 +374,143 @@ pub fn attention_prefill_varlen(
     check_varlen(op, &stream, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.unwrap_or(1), scale, causal, &out)?;
     let longest_q = check_cu(op, "cu_seqlens_q", &cu_seqlens_q.to_vec::<u32>()?, q.shape()[0])?;
     check_cu(op, "cu_seqlens_k", &cu_seqlens_k.to_vec::<u32>()?, k.shape()[0])?;
-    let max_q = match max_seqlen_q {
-        Some(m) if m < longest_q => {
-            return Err(OpError::InvalidArgument {
-                op,
-                message: format!("max_seqlen_q = {m} but a sequence has {longest_q} queries"),
-            })
-        }
-        Some(m) => m,
-        None => longest_q.max(1),
-    };
+    let max_q = resolve_max_q(op, max_seqlen_q, longest_q)?;
     attention_prefill_varlen_into(&stream, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, scale, causal, &out)?;
     Ok(out)
+}
+
+/// Checks of the cache prefill entry point that need no device data; returns the launch.
+#[allow(clippy::too_many_arguments)]
+fn check_prefill_cache<'a>(
+    op: &'static str,
+    stream: &Stream,
+    q: &'a Tensor,
+    cu_q: &'a Tensor,
+    max_q: usize,
+    k_cache: &'a Tensor,
+    v_cache: &'a Tensor,
+    seq_lens: &'a Tensor,
+    scale: Option<f32>,
+    causal: bool,
+    out: &'a Tensor,
+) -> Result<PrefillLaunch<'a>> {
+    let (total_q, q_heads, d, batch) = check_queries(op, q, cu_q, max_q, out)?;
+    for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache)] {
+        contiguous_nonempty(op, name, t)?;
+        expect_dtype(op, name, t, q.dtype())?;
+        expect_rank(op, name, t, 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
+        expect_aligned(op, name, t)?;
+    }
+    let (kv_heads, s_max) = (k_cache.shape()[1], k_cache.shape()[2]);
+    expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
+    expect_shape(op, "v_cache", v_cache, k_cache.shape())?;
+    contiguous_nonempty(op, "seq_lens", seq_lens)?;
+    expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
+    expect_shape(op, "seq_lens", seq_lens, &[batch])?;
+    let group = gqa_group(op, q_heads, kv_heads)?;
+    let head_dim = flash_head_dim(op, d)?;
+    same_device(op, stream, &[("q", q), ("out", out), ("cu_seqlens_q", cu_q)])?;
+    same_device(op, stream, &[("k_cache", k_cache), ("v_cache", v_cache), ("seq_lens", seq_lens)])?;
+    let scale = resolve_scale(op, scale, d)?;
+    Ok(PrefillLaunch {
+        q,
+        k: k_cache,
+        v: v_cache,
+        out,
+        cu_q,
+        cu_k: seq_lens,
+        batch: to_u32(op, "batch", batch)?,
+        q_heads: to_u32(op, "query heads", q_heads)?,
+        group,
+        head_dim,
+        max_q,
+        total_q: to_u32(op, "query tokens", total_q)?,
+        total_k: to_u32(op, "max_seq_len", s_max)?,
+        q_strides: u64s([q_heads * d, d, 0]),
+        k_strides: u64s([d, s_max * d, kv_heads * s_max * d]),
+        scale,
+        causal,
+        mask_bias: None,
+        kv: KvSource::Cache,
+    })
+}
+
+/// Flash attention of packed new queries against a KV cache: `q` `[T, Hq, D]` with sequence
+/// `b` owning rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]`, attending keys `0..seq_lens[b]` of
+/// `k_cache`, `v_cache` `[B, Hkv, S_max, D]` (the layout `rope_kv_cache_into` appends to;
+/// `seq_lens` u32 `[B]` counts the cached keys including the new ones, clamped to `S_max`).
+/// With `causal`, the queries are the last `q_len` positions (aligned to the end), so this is
+/// both a first prefill and a chunked prefill continuing a cache. Other rules as
+/// [`attention_prefill_varlen_into`]; neither allocates nor synchronises.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill_cache_into(
+    stream: &Stream,
+    q: &Tensor,
+    cu_seqlens_q: &Tensor,
+    max_seqlen_q: usize,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    seq_lens: &Tensor,
+    scale: Option<f32>,
+    causal: bool,
+    out: &Tensor,
+) -> Result<()> {
+    let op = "attention_prefill_cache";
+    let launch =
+        check_prefill_cache(op, stream, q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, seq_lens, scale, causal, out)?;
+    launch_prefill(op, stream, &launch)
+}
+
+/// [`attention_prefill_cache_into`] into a new tensor, on the inputs' default stream. Reads
+/// `cu_seqlens_q` and `seq_lens` back to check them (`seq_lens[b] <= S_max`), so it
+/// synchronises; `max_seqlen_q` `None` is the longest query sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill_cache(
+    q: &Tensor,
+    cu_seqlens_q: &Tensor,
+    max_seqlen_q: Option<usize>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    seq_lens: &Tensor,
+    scale: Option<f32>,
+    causal: bool,
+) -> Result<Tensor> {
+    let op = "attention_prefill_cache";
+    let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
+    let stream = q.device().default_stream();
+    let launch = check_prefill_cache(
+        op,
+        &stream,
+        q,
+        cu_seqlens_q,
+        max_seqlen_q.unwrap_or(1),
+        k_cache,
+        v_cache,
+        seq_lens,
+        scale,
+        causal,
+        &out,
+    )?;
+    let longest_q = check_cu(op, "cu_seqlens_q", &cu_seqlens_q.to_vec::<u32>()?, q.shape()[0])?;
+    let s_max = launch.total_k;
+    if let Some((b, len)) = seq_lens.to_vec::<u32>()?.into_iter().enumerate().find(|(_, l)| *l > s_max) {
+        return Err(OpError::InvalidArgument { op, message: format!("seq_lens[{b}] = {len} exceeds the cache's {s_max} positions") });
+    }
+    let max_q = resolve_max_q(op, max_seqlen_q, longest_q)?;
+    attention_prefill_cache_into(&stream, q, cu_seqlens_q, max_q, k_cache, v_cache, seq_lens, scale, causal, &out)?;
+    Ok(out)
+}
+
+/// `max_seqlen_q` as given (at least the longest query sequence), or that longest.
+fn resolve_max_q(op: &'static str, given: Option<usize>, longest_q: usize) -> Result<usize> {
+    match given {
+        Some(m) if m < longest_q => Err(OpError::InvalidArgument {
+            op,
+            message: format!("max_seqlen_q = {m} but a sequence has {longest_q} queries"),
+        }),
+        Some(m) => Ok(m),
+        None => Ok(longest_q.max(1)),
+    }
 }
 
 // ---- decode ----------------------------------------------------------------------------------
@@ -725,6 +870,7 @@ fn flash_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<MaskBias<'_>>) 
         scale: c.scale,
         causal: c.causal,
         mask_bias,
+        kv: KvSource::Packed,
     };
     launch_prefill(op, stream, &launch)?;
     Ok(())

@@ -71,20 +71,34 @@ impl Geometry {
 /// (u64; 0 broadcasts). Element `(seq b, position t, head h, dim d)` of `q` lives at
 /// `(cu_q[b] + t) · q_token + h · q_head + b · q_batch + d`, so a packed `[T, H, D]` tensor has
 /// strides `(H·D, D, 0)` and a batched `[B, H, T, D]` one `(D, T·D, (H-1)·T·D)` with
-/// `cu_q = [0, T, 2T, ...]`. Launch: grid `(ceil(max_q / rows), Hq, batch)`, [`THREADS`] threads.
+/// `cu_q = [0, T, 2T, ...]`. With [`KvSource::Cache`], `cu_k` is `seq_lens` (u32 `[batch]`)
+/// and sequence `b`'s keys are positions `0..seq_lens[b]` (clamped to `total_k`) of its cache
+/// rows: a `[B, Hkv, S_max, D]` cache has strides `(D, S_max·D, Hkv·S_max·D)`.
+/// Launch: grid `(ceil(max_q / rows), Hq, batch)`, [`THREADS`] threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionPrefillConfig {
     pub dtype: ScalarType,
     pub head_dim: u32,
     pub causal: bool,
     pub masked: bool,
+    pub kv: KvSource,
+}
+
+/// Where the prefill kernel finds each sequence's keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvSource {
+    /// Packed rows `cu_k[b]..cu_k[b + 1]` (flash-attn's varlen layout).
+    Packed,
+    /// The first `seq_lens[b]` positions of sequence `b`'s rows of a KV cache.
+    Cache,
 }
 
 impl AttentionPrefillConfig {
     pub fn id(&self) -> String {
         let causal = if self.causal { ".causal" } else { "" };
         let masked = if self.masked { ".masked" } else { "" };
-        format!("attention_prefill.{}.d{}{causal}{masked}", self.dtype, self.head_dim)
+        let cache = if self.kv == KvSource::Cache { ".cache" } else { "" };
+        format!("attention_prefill.{}.d{}{causal}{masked}{cache}", self.dtype, self.head_dim)
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -590,7 +604,7 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
     let v = b.param("v", gptr(cfg.dtype));
     let out = b.param("out", gptr(cfg.dtype));
     let cu_q = b.param("cu_q", gptr(ScalarType::U32));
-    let cu_k = b.param("cu_k", gptr(ScalarType::U32));
+    let cu_k = b.param(if cfg.kv == KvSource::Cache { "seq_lens" } else { "cu_k" }, gptr(ScalarType::U32));
     let mask_ptrs = cfg.masked.then(|| (b.param("mask", gptr(ScalarType::U8)), b.param("bias", gptr(ScalarType::F32))));
     let scale = b.param("scale", Type::F32);
     let total_q = b.param("total_q", Type::U32);
@@ -625,7 +639,14 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
         (start, len)
     };
     let (q_start, q_len) = bounds(&mut b, cu_q, total_q);
-    let (k_start, kv_len) = bounds(&mut b, cu_k, total_k);
+    let (k_start, kv_len) = match cfg.kv {
+        KvSource::Packed => bounds(&mut b, cu_k, total_k),
+        KvSource::Cache => {
+            let p = b.ptr_add(cu_k, seq);
+            let len = b.load(p);
+            (u32c(&mut b, 0), clamp_to(&mut b, len, total_k))
+        }
+    };
     let br = u32c(&mut b, geo.rows);
     let q0 = b.mul(tile, br);
     let live = b.lt(q0, q_len);

@@ -20,5 +20,5 @@ pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig}
 pub mod attention;
 pub use attention::{
     attention_decode, attention_decode_combine, attention_prefill, attention_softmax, AttentionDecodeConfig,
-    AttentionPrefillConfig, AttentionSoftmaxConfig,
+    AttentionPrefillConfig, AttentionSoftmaxConfig, KvSource,
 };

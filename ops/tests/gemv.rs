@@ -39,7 +39,8 @@ fn gemv_matches_reference_across_shapes_and_dtypes() {
     let mut rng = Rng::new(11);
     // (m, n, k): vector loads (k a multiple of 8), scalar loads (k = 1, 17, 4097), every m tile
     // (1, 2, 3 -> 4, 5 -> 8, 16), tails shorter than a chunk group, n not a multiple of 4 warps.
-    let shapes = [(1, 1, 1), (1, 17, 8), (2, 5, 17), (3, 33, 1000), (5, 7, 264), (16, 6, 4097), (1, 9, 4096), (16, 3, 512)];
+    let shapes =
+        [(1, 1, 1), (1, 17, 8), (2, 5, 17), (3, 33, 1000), (5, 7, 264), (16, 6, 4097), (1, 9, 4096), (16, 3, 512)];
     for dtype in FLOAT_DTYPES {
         for (m, n, k) in shapes {
             let x = quantize(dtype, &rng.vec(m * k, -1.0, 1.0));
@@ -102,7 +103,11 @@ fn linear_dispatches_to_gemv_up_to_16_rows() {
             let x = tensor(&dev, dtype, &quantize(dtype, &rng.vec(m * k, -1.0, 1.0)), &[m, k]);
             let via_linear = api::linear(&x, &w).unwrap().to_f32_vec().unwrap();
             if m <= api::GEMV_MAX_M {
-                assert_bits(&format!("linear = gemv {dtype} m={m}"), &via_linear, &api::gemv(&x, &w).unwrap().to_f32_vec().unwrap());
+                assert_bits(
+                    &format!("linear = gemv {dtype} m={m}"),
+                    &via_linear,
+                    &api::gemv(&x, &w).unwrap().to_f32_vec().unwrap(),
+                );
             } else {
                 assert!(api::gemv(&x, &w).is_err(), "gemv takes at most 16 rows");
             }
@@ -128,7 +133,10 @@ fn gemv_errors_name_the_problem() {
     // k = 8 is one chunk, so 2 splits round down to 1 and need no workspace...
     api::gemv_split_k_into(&stream, &x, &w, &out, &small_ws, 2).unwrap();
     // ...but a deep k with too small a workspace is an error naming it.
-    let (xd, wd) = (tensor(&dev, DType::BF16, &[0.5; 2 * 4096], &[2, 4096]), tensor(&dev, DType::BF16, &[0.5; 3 * 4096], &[3, 4096]));
+    let (xd, wd) = (
+        tensor(&dev, DType::BF16, &[0.5; 2 * 4096], &[2, 4096]),
+        tensor(&dev, DType::BF16, &[0.5; 3 * 4096], &[3, 4096]),
+    );
     let err = api::gemv_split_k_into(&stream, &xd, &wd, &out, &small_ws, 2).unwrap_err();
     assert!(err.to_string().contains("workspace"), "{err}");
     let err = api::gemv_split_k_into(&stream, &x, &w, &out, &small_ws, 0).unwrap_err();

@@ -76,7 +76,11 @@ fn rope_matches_hugging_face_bit_for_bit() {
                 let (cos, sin) = hf_cos_sin(theta as f32, rotary_dim, *pos);
                 let span = ti * heads * d..(ti + 1) * heads * d;
                 let want = hf_rope(dtype, &x[span.clone()], heads, d, rotary_dim, &cos, &sin);
-                assert_bits(&format!("rope {dtype} t={t} h={heads} d={d} r={rotary_dim} token {ti}"), &got[span], &want);
+                assert_bits(
+                    &format!("rope {dtype} t={t} h={heads} d={d} r={rotary_dim} token {ti}"),
+                    &got[span],
+                    &want,
+                );
             }
         }
     }

@@ -18,7 +18,10 @@ pub fn embedding_into(stream: &Stream, ids: &Tensor, table: &Tensor, out: &Tenso
     }
     contiguous_nonempty(name, "table", table)?;
     if table.rank() != 2 {
-        return Err(OpError::Shape { op: name, message: format!("`table` must be [vocab, hidden], is {:?}", table.shape()) });
+        return Err(OpError::Shape {
+            op: name,
+            message: format!("`table` must be [vocab, hidden], is {:?}", table.shape()),
+        });
     }
     let (tokens, (vocab, hidden)) = (ids.shape()[0], (table.shape()[0], table.shape()[1]));
     contiguous_nonempty(name, "out", out)?;
@@ -26,8 +29,8 @@ pub fn embedding_into(stream: &Stream, ids: &Tensor, table: &Tensor, out: &Tenso
     expect_dtype(name, "out", out, table.dtype())?;
     same_device(name, stream, &[("ids", ids), ("table", table), ("out", out)])?;
     let size = table.dtype().size();
-    let aligned = |t: &Tensor| (t.offset() * size) % 16 == 0;
-    let vector = (hidden * size) % 16 == 0 && aligned(table) && aligned(out);
+    let aligned = |t: &Tensor| (t.offset() * size).is_multiple_of(16);
+    let vector = (hidden * size).is_multiple_of(16) && aligned(table) && aligned(out);
     let cfg = EmbeddingConfig { dtype, vector };
     let k = kernel(cfg.id(), || crate::kernels::embedding::embedding(&cfg))?;
     let args = [

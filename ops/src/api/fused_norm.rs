@@ -38,7 +38,10 @@ pub fn rms_norm_residual_into(
         &[("x", x), ("residual", residual), ("gamma", gamma), ("out", out), ("residual_out", residual_out)],
     )?;
     if !(eps.is_finite() && eps > 0.0) {
-        return Err(OpError::InvalidArgument { op: name, message: format!("epsilon must be finite and positive, got {eps}") });
+        return Err(OpError::InvalidArgument {
+            op: name,
+            message: format!("epsilon must be finite and positive, got {eps}"),
+        });
     }
     let (rows, hidden) = rows_cols(name, x)?;
     let cfg = FusedNormConfig { dtype, hidden };

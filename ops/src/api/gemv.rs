@@ -50,8 +50,8 @@ fn check(name: &'static str, stream: &Stream, x: &Tensor, w: &Tensor, out: &Tens
     // 16-byte loads need every row start 16-byte aligned: K a multiple of the chunk, and the
     // tensors' first elements aligned (allocations themselves are).
     let chunk = (16 / x.dtype().size()) as u32;
-    let aligned = |t: &Tensor| (t.offset() * t.dtype().size()) % 16 == 0;
-    let loads = if k % chunk == 0 && aligned(x) && aligned(w) { GemvLoads::Vector } else { GemvLoads::Scalar };
+    let aligned = |t: &Tensor| (t.offset() * t.dtype().size()).is_multiple_of(16);
+    let loads = if k.is_multiple_of(chunk) && aligned(x) && aligned(w) { GemvLoads::Vector } else { GemvLoads::Scalar };
     Ok(Gemv { dtype, m, n, k, loads })
 }
 
@@ -79,7 +79,15 @@ pub fn gemv_workspace_len(device: &Device, m: usize, n: usize, k: usize) -> usiz
     }
 }
 
-fn launch(name: &'static str, stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, workspace: Option<&Tensor>, splits: u32) -> Result<()> {
+fn launch(
+    name: &'static str,
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    workspace: Option<&Tensor>,
+    splits: u32,
+) -> Result<()> {
     let g = check(name, stream, x, w, out)?;
     let chunk = match g.loads {
         GemvLoads::Vector => 16 / x.dtype().size() as u32,
@@ -142,7 +150,11 @@ pub(crate) fn gemv_named(
     out: &Tensor,
     workspace: Option<&Tensor>,
 ) -> Result<()> {
-    let (m, n, k) = (x.shape().first().copied().unwrap_or(0), w.shape().first().copied().unwrap_or(0), x.shape().get(1).copied().unwrap_or(0));
+    let (m, n, k) = (
+        x.shape().first().copied().unwrap_or(0),
+        w.shape().first().copied().unwrap_or(0),
+        x.shape().get(1).copied().unwrap_or(0),
+    );
     let mut splits = gemv_splits(stream.device(), n, k);
     // A smaller workspace caps the split count; none (or room for fewer than 2) disables it.
     let room = workspace.map_or(0, |ws| ws.numel() / (m * n).max(1));
@@ -163,7 +175,14 @@ pub fn gemv_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, workspac
 
 /// [`gemv_into`] with an explicit number of K-splits (`splits ≥ 1`; rounded so that each split
 /// covers whole warps of chunks, so fewer may run). `workspace` needs `splits · M · N` `f32`s.
-pub fn gemv_split_k_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, workspace: &Tensor, splits: usize) -> Result<()> {
+pub fn gemv_split_k_into(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    workspace: &Tensor,
+    splits: usize,
+) -> Result<()> {
     if splits == 0 {
         return Err(OpError::InvalidArgument { op: "gemv", message: "splits must be at least 1".into() });
     }
@@ -172,7 +191,11 @@ pub fn gemv_split_k_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, 
 
 /// `x[M, K] · w[N, K]ᵀ` for `M ≤ 16` (allocates the output and any workspace).
 pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (m, n, k) = (x.shape().first().copied().unwrap_or(0), w.shape().first().copied().unwrap_or(0), x.shape().get(1).copied().unwrap_or(0));
+    let (m, n, k) = (
+        x.shape().first().copied().unwrap_or(0),
+        w.shape().first().copied().unwrap_or(0),
+        x.shape().get(1).copied().unwrap_or(0),
+    );
     let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
     let len = gemv_workspace_len(x.device(), m, n, k);
     let ws = if len > 0 { Some(Tensor::empty(x.device(), DType::F32, &[len])?) } else { None };

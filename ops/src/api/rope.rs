@@ -59,17 +59,28 @@ impl RopeTable {
     /// Hugging Face's default RoPE (`rope_type: default`) for `theta` (`rope_theta`).
     pub fn new(device: &Device, theta: f64, rotary_dim: usize, max_positions: usize) -> Result<RopeTable> {
         if !(theta.is_finite() && theta > 0.0) {
-            return Err(OpError::InvalidArgument { op: "rope", message: format!("theta must be finite and positive, got {theta}") });
+            return Err(OpError::InvalidArgument {
+                op: "rope",
+                message: format!("theta must be finite and positive, got {theta}"),
+            });
         }
         if rotary_dim == 0 || rotary_dim % 2 == 1 {
-            return Err(OpError::InvalidArgument { op: "rope", message: format!("rotary_dim must be even and positive, got {rotary_dim}") });
+            return Err(OpError::InvalidArgument {
+                op: "rope",
+                message: format!("rotary_dim must be even and positive, got {rotary_dim}"),
+            });
         }
         RopeTable::from_inv_freq(device, &rope_inv_freq(theta, rotary_dim), 1.0, max_positions)
     }
 
     /// A table from any inverse frequencies (`rotary_dim / 2` of them: scaled variants compute
     /// their own) and the attention scaling Hugging Face multiplies `cos`/`sin` by.
-    pub fn from_inv_freq(device: &Device, inv_freq: &[f32], attention_scaling: f32, max_positions: usize) -> Result<RopeTable> {
+    pub fn from_inv_freq(
+        device: &Device,
+        inv_freq: &[f32],
+        attention_scaling: f32,
+        max_positions: usize,
+    ) -> Result<RopeTable> {
         if inv_freq.is_empty() || max_positions == 0 {
             return Err(OpError::Shape {
                 op: "rope",
@@ -107,11 +118,19 @@ impl RopeTable {
 }
 
 /// Check a `[T, H, D]` input against the table; returns `(dtype, T, H, D)`.
-fn check_heads(name: &'static str, what: &str, t: &Tensor, table: &RopeTable) -> Result<(ruda_ir::ScalarType, u32, u32, u32)> {
+fn check_heads(
+    name: &'static str,
+    what: &str,
+    t: &Tensor,
+    table: &RopeTable,
+) -> Result<(ruda_ir::ScalarType, u32, u32, u32)> {
     let dtype = float_dtype(name, t)?;
     contiguous_nonempty(name, what, t)?;
     if t.rank() != 3 {
-        return Err(OpError::Shape { op: name, message: format!("`{what}` must be [tokens, heads, head_dim], is {:?}", t.shape()) });
+        return Err(OpError::Shape {
+            op: name,
+            message: format!("`{what}` must be [tokens, heads, head_dim], is {:?}", t.shape()),
+        });
     }
     let d = t.shape()[2];
     if d % 2 == 1 {
@@ -124,7 +143,12 @@ fn check_heads(name: &'static str, what: &str, t: &Tensor, table: &RopeTable) ->
         });
     }
     to_u32(name, &format!("elements of `{what}` per token"), t.shape()[1] * d)?;
-    Ok((dtype, to_u32(name, "tokens", t.shape()[0])?, to_u32(name, "heads", t.shape()[1])?, to_u32(name, "head_dim", d)?))
+    Ok((
+        dtype,
+        to_u32(name, "tokens", t.shape()[0])?,
+        to_u32(name, "heads", t.shape()[1])?,
+        to_u32(name, "head_dim", d)?,
+    ))
 }
 
 fn check_positions(name: &'static str, what: &str, t: &Tensor, tokens: u32) -> Result<()> {

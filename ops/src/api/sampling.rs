@@ -44,12 +44,21 @@ impl SamplingParams {
 /// counter, so results do not depend on a request's place in the batch). For a given seed and
 /// offsets the tokens are the same on every run of one backend; across backends they can differ
 /// only where `ex2.approx` rounds differently right at a boundary.
-pub fn sample_into(stream: &Stream, logits: &Tensor, params: &SamplingParams, offsets: &Tensor, out: &Tensor) -> Result<()> {
+pub fn sample_into(
+    stream: &Stream,
+    logits: &Tensor,
+    params: &SamplingParams,
+    offsets: &Tensor,
+    out: &Tensor,
+) -> Result<()> {
     let name = "sample";
     let dtype = float_dtype(name, logits)?;
     contiguous_nonempty(name, "logits", logits)?;
     if logits.rank() != 2 {
-        return Err(OpError::Shape { op: name, message: format!("`logits` must be [rows, vocab], is {:?}", logits.shape()) });
+        return Err(OpError::Shape {
+            op: name,
+            message: format!("`logits` must be [rows, vocab], is {:?}", logits.shape()),
+        });
     }
     let (rows, cols) = (logits.shape()[0], logits.shape()[1]);
     contiguous_nonempty(name, "offsets", offsets)?;
@@ -61,7 +70,10 @@ pub fn sample_into(stream: &Stream, logits: &Tensor, params: &SamplingParams, of
     same_device(name, stream, &[("logits", logits), ("offsets", offsets), ("out", out)])?;
     let SamplingParams { temperature, top_k, top_p, seed } = *params;
     if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(OpError::InvalidArgument { op: name, message: format!("temperature must be finite and >= 0, got {temperature}") });
+        return Err(OpError::InvalidArgument {
+            op: name,
+            message: format!("temperature must be finite and >= 0, got {temperature}"),
+        });
     }
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(OpError::InvalidArgument { op: name, message: format!("top_p must be in (0, 1], got {top_p}") });

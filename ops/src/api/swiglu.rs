@@ -1,6 +1,6 @@
 //! SwiGLU on a fused gate/up projection.
 
-use ruda_runtime::{LaunchConfig, Stream, Tensor, Arg};
+use ruda_runtime::{Arg, LaunchConfig, Stream, Tensor};
 
 use super::*;
 use crate::kernels::swiglu::{SwigluConfig, SWIGLU_MAX_ROW_BLOCKS, SWIGLU_THREADS};
@@ -15,7 +15,10 @@ pub fn swiglu_into(stream: &Stream, gate_up: &Tensor, out: &Tensor) -> Result<()
     contiguous_nonempty(name, "out", out)?;
     let (rows, width) = rows_cols(name, gate_up)?;
     if width % 2 == 1 {
-        return Err(OpError::Shape { op: name, message: format!("`gate_up`'s last axis ({width}) must be even: [gate | up]") });
+        return Err(OpError::Shape {
+            op: name,
+            message: format!("`gate_up`'s last axis ({width}) must be even: [gate | up]"),
+        });
     }
     let mut shape = gate_up.shape().to_vec();
     *shape.last_mut().unwrap_or(&mut 0) = width as usize / 2;

@@ -14,7 +14,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestError, TestRunner};
 use ruda_ir::gen::{filetest, generate, run_generated, Entropy, GenConfig, GeneratedKernel};
-use ruda_ir::passes::{all_passes, run_pipeline, Pass};
+use ruda_ir::passes::{all_passes, default_pipeline, run_pipeline, Pass};
 use ruda_ir::{fnv1a64, print_kernel, verify, BinaryOp, Kernel, Op};
 
 /// The generator's input: proptest shrinks it toward fewer and smaller bytes, which the
@@ -135,7 +135,7 @@ fn report(pipeline: &str, bytes: &[u8], why: &str) -> String {
 fn passes_preserve_interpreter_results() {
     let mut pipelines: Vec<(String, Vec<Box<dyn Pass>>)> =
         all_passes().into_iter().map(|p| (p.name().to_string(), vec![p])).collect();
-    pipelines.push(("default".to_string(), all_passes()));
+    pipelines.push(("default".to_string(), default_pipeline()));
     let mut failures = vec![];
     for (name, passes) in &pipelines {
         let mut runner = TestRunner::new(config());

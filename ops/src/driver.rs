@@ -23,7 +23,7 @@ usage:
       assemble every configuration with `ptxas -v` and print registers, spills, shared memory;
       exits non-zero when any fails, or spills through the direct PTX backend
   rudac passes
-      the optimisation passes, in default-pipeline order
+      the optimisation passes, and the default pipeline
   rudac bench-compile [--target sm_90]
       time IR build, passes, PTX emission, NVRTC and ptxas for every configuration
 
@@ -251,6 +251,7 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             for pass in ruda_ir::passes::all_passes() {
                 writeln!(out, "{:<12} {}", pass.name(), pass.description()).map_err(io)?;
             }
+            writeln!(out, "default pipeline: {}", ruda_ir::passes::DEFAULT_PIPELINE.join(",")).map_err(io)?;
             Ok(true)
         }
         Command::Emit { source, arch, kind, compiler, passes } => {

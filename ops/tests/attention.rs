@@ -137,7 +137,8 @@ fn prefill_varlen_across_head_dims_gqa_ratios_and_dtypes() {
     // d=256), uneven, with q_len < kv_len (chunked prefill) and q_len > kv_len (the leading
     // rows see no key and give zeros).
     let all = vec![(1, 1), (63, 63), (64, 64), (65, 65), (17, 40), (9, 3)];
-    let short = vec![(1, 1), (33, 65), (17, 16), (9, 3)];
+    // Also a sequence without queries and one without keys (its queries give zeros).
+    let short = vec![(1, 1), (33, 65), (0, 5), (17, 16), (9, 3), (3, 0)];
     // (d, hq, hkv, lengths, dtype): GQA ratios 8, 7, 1 and 2 (with 2 KV heads).
     let cases = [
         (64, 8, 1, &all, DType::BF16),

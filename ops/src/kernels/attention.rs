@@ -5,11 +5,13 @@
 //! # The flash kernels
 //!
 //! One block of [`THREADS`] threads handles a tile of `BR` query rows of one head of one
-//! sequence (decode: the query heads of one GQA group, for one split of the keys). Each query
-//! row belongs to a group of `G = D / 32` consecutive lanes; each lane keeps 32 of the row's
-//! dimensions of `q` (pre-scaled by `scale · log2 e`) and of the output accumulator in
-//! registers, as 8 runs of 4 dimensions strided by `4 G` (so a group reads 16-byte runs side by
-//! side and the other groups of the warp read the same addresses, a broadcast). Keys and values
+//! sequence (decode: the query heads of one GQA group, for one split of the keys). Each pair of
+//! query rows belongs to a group of `G = D / 16` consecutive lanes; each lane keeps 16 of each
+//! row's dimensions of `q` (pre-scaled by `scale · log2 e`) and of the output accumulator in
+//! registers, as 4 runs of 4 dimensions strided by `4 G` (so a group reads 16-byte runs side by
+//! side and the other groups of the warp read the same addresses, a broadcast). Every K or V
+//! element a lane reads from shared memory feeds both of its rows, halving shared traffic,
+//! which bounds a SIMT attention. Keys and values
 //! are staged through shared memory as `f32` in tiles of `BC` rows (`BC · D = 2048`: 16 KiB for
 //! both), and consumed in chunks of [`CHUNK`] keys: partial dot products, a butterfly sum over
 //! the group's lanes (so every lane holds the same scores bit for bit), masking, then the online
@@ -27,12 +29,15 @@ use super::common::{block_reduce, combine, identity, to_f32, Combine};
 /// Threads per block of the flash kernels (prefill and decode).
 pub const THREADS: u32 = 128;
 /// Keys per online-softmax step (scores live in registers for one chunk at a time).
-pub const CHUNK: u32 = 8;
+pub const CHUNK: u32 = 4;
 /// Elements of one staged tile (`BC · D`): K and V tiles take 16 KiB of shared memory, and
 /// each thread has 4 vector loads per tensor in flight (more made ptxas spill on sm_80).
 const TILE_ELEMS: u32 = 2048;
-/// Dimensions of a row each lane owns.
-const DIMS_PER_LANE: u32 = 32;
+/// Query rows per lane: each K or V element read from shared memory feeds this many FMAs.
+const ROWS_PER_LANE: u32 = 2;
+/// Dimensions of each of its rows a lane owns (`ROWS_PER_LANE · DIMS_PER_ROW = 32` registers of
+/// `q` and of the accumulator).
+const DIMS_PER_ROW: u32 = 16;
 /// Head dimensions the flash kernels are built for.
 pub const FLASH_HEAD_DIMS: [u32; 3] = [64, 128, 256];
 /// Threads per block of the fallback softmax.
@@ -42,7 +47,7 @@ pub const SOFTMAX_THREADS: u32 = 256;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub head_dim: u32,
-    /// Lanes per query row.
+    /// Lanes sharing a pair of query rows (each owning 16 of the row's dimensions).
     pub group: u32,
     /// Query rows per block.
     pub rows: u32,
@@ -52,13 +57,13 @@ pub struct Geometry {
 
 impl Geometry {
     pub fn new(head_dim: u32) -> Geometry {
-        let group = head_dim / DIMS_PER_LANE;
-        Geometry { head_dim, group, rows: THREADS / group, keys: TILE_ELEMS / head_dim }
+        let group = head_dim / DIMS_PER_ROW;
+        Geometry { head_dim, group, rows: THREADS / group * ROWS_PER_LANE, keys: TILE_ELEMS / head_dim }
     }
 
     /// 4-wide runs of a row each lane owns.
     fn runs(&self) -> u32 {
-        DIMS_PER_LANE / 4
+        DIMS_PER_ROW / 4
     }
 }
 
@@ -212,10 +217,12 @@ fn store4_from_f32(b: &mut KernelBuilder, ptr: Value, index: Value, vals: &[Valu
 
 // ---- the shared flash core -------------------------------------------------------------------
 
-/// Where the calling lane sits: its query row in the block and its place in the row's group.
+const RL: usize = ROWS_PER_LANE as usize;
+
+/// Where the calling lane sits: its query rows in the block and its place in their group.
 struct Lane {
-    /// Row of the block this lane works on (`tid / G`).
-    row: Value,
+    /// Rows of the block this lane works on (`(tid / G) · RL + i`).
+    rows: [Value; RL],
     /// Offset, within a row, of the lane's first dimension (`(tid % G) · 4`).
     dim0: Value,
     /// Whether any row of the lane's warp is below the limit (else the warp skips the math).
@@ -226,37 +233,46 @@ struct Lane {
 fn lane(b: &mut KernelBuilder, geo: &Geometry, row_base: Value, row_limit: Value) -> Lane {
     let tid = b.thread_id_x();
     let shift = u32c(b, geo.group.trailing_zeros());
-    let row = b.shr(tid, shift);
+    let pair = b.shr(tid, shift);
+    let rl = u32c(b, ROWS_PER_LANE);
+    let row0 = b.mul(pair, rl);
+    let rows = std::array::from_fn(|i| if i == 0 { row0 } else { offset(b, row0, i as u32) });
     let mask = u32c(b, geo.group - 1);
     let g = b.and(tid, mask);
     let four = u32c(b, 4);
     let dim0 = b.mul(g, four);
     let warp_mask = u32c(b, !31);
     let warp_first = b.and(tid, warp_mask);
-    let warp_row = b.shr(warp_first, shift);
+    let warp_pair = b.shr(warp_first, shift);
+    let warp_row = b.mul(warp_pair, rl);
     let first = b.add(row_base, warp_row);
     let warp_live = b.lt(first, row_limit);
-    Lane { row, dim0, warp_live }
+    Lane { rows, dim0, warp_live }
+}
+
+/// `v + c` (u32; `v` itself when `c` is 0).
+#[track_caller]
+fn offset(b: &mut KernelBuilder, v: Value, c: u32) -> Value {
+    if c == 0 {
+        return v;
+    }
+    let c = u32c(b, c);
+    b.add(v, c)
 }
 
 /// The row dimension of the lane's run `r`: `dim0 + r · 4G`.
 fn run_dim(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, r: u32) -> Value {
-    if r == 0 {
-        return lane.dim0;
-    }
-    let off = u32c(b, r * 4 * geo.group);
-    b.add(lane.dim0, off)
+    offset(b, lane.dim0, r * 4 * geo.group)
 }
 
-/// The lane's 32 dimensions of a row at `ptr + row_offset` (u64) as f32, or zeros where `ok` is
+/// The lane's dimensions of a row at `ptr + row_offset` (u64) as f32, or zeros where `ok` is
 /// false (the row is then never read).
 fn load_row(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, ptr: Value, row_offset: Value, ok: Value) -> Vec<Value> {
-    let runs = geo.runs();
     b.if_else(
         ok,
         |b| {
-            let mut vals = Vec::with_capacity(DIMS_PER_LANE as usize);
-            for r in 0..runs {
+            let mut vals = Vec::with_capacity(DIMS_PER_ROW as usize);
+            for r in 0..geo.runs() {
                 let d = run_dim(b, geo, lane, r);
                 let idx = add64(b, d, row_offset);
                 vals.extend(load4_f32(b, ptr, idx));
@@ -265,7 +281,7 @@ fn load_row(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, ptr: Value, row_
         },
         |b| {
             let z = b.const_f32(0.0);
-            vec![z; DIMS_PER_LANE as usize]
+            vec![z; DIMS_PER_ROW as usize]
         },
     )
 }
@@ -275,7 +291,7 @@ fn u32c_64(b: &mut KernelBuilder, v: u64) -> Value {
     b.const_u64(v)
 }
 
-/// Store the lane's 32 dimensions of a row at `ptr + row_offset` (u64).
+/// Store the lane's dimensions of a row at `ptr + row_offset` (u64).
 fn store_row(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, ptr: Value, row_offset: Value, vals: &[Value]) {
     for r in 0..geo.runs() {
         let d = run_dim(b, geo, lane, r);
@@ -284,29 +300,39 @@ fn store_row(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, ptr: Value, row
     }
 }
 
-/// The online-softmax state of one lane: running max and sum (log2 domain) and its 32
-/// accumulator dimensions.
+/// The online-softmax state of one of a lane's rows: running max and sum (log2 domain) and
+/// the lane's accumulator dimensions.
 struct RowState {
     m: Value,
     l: Value,
     acc: Vec<Value>,
 }
 
+const STATE_LEN: usize = 2 + DIMS_PER_ROW as usize;
+
 impl RowState {
     fn init(b: &mut KernelBuilder) -> RowState {
         let m = b.const_f32(f32::NEG_INFINITY);
         let l = b.const_f32(0.0);
         let z = b.const_f32(0.0);
-        RowState { m, l, acc: vec![z; DIMS_PER_LANE as usize] }
+        RowState { m, l, acc: vec![z; DIMS_PER_ROW as usize] }
     }
-    fn to_vec(&self) -> Vec<Value> {
-        let mut v = vec![self.m, self.l];
-        v.extend(&self.acc);
-        v
-    }
-    fn from_slice(v: &[Value]) -> RowState {
-        RowState { m: v[0], l: v[1], acc: v[2..].to_vec() }
-    }
+}
+
+/// The lane's row states flattened into loop-carried values, and back.
+fn flatten(states: &[RowState]) -> Vec<Value> {
+    states
+        .iter()
+        .flat_map(|st| {
+            let mut v = vec![st.m, st.l];
+            v.extend(&st.acc);
+            v
+        })
+        .collect()
+}
+
+fn unflatten(v: &[Value]) -> Vec<RowState> {
+    v.chunks(STATE_LEN).map(|c| RowState { m: c[0], l: c[1], acc: c[2..].to_vec() }).collect()
 }
 
 /// The key/value source of the flash core.
@@ -352,9 +378,15 @@ impl Staging {
     }
 }
 
-/// Run the flash loop over keys `[begin, end)` (uniform u32 values) from `q` (the lane's 32
-/// dimensions, pre-scaled into the log2 domain). `mask_score(b, key, s)` returns the score with
-/// masking applied (`-inf` where the lane's row may not attend `key`).
+/// Masking of one score: `(b, row i of the lane, key, tile column j, s)` → the score, or `-inf`
+/// where that row may not attend `key`.
+type MaskScore<'a> = &'a dyn Fn(&mut KernelBuilder, usize, Value, Value, Value) -> Value;
+
+/// Extra per-tile staging `(b, k0)`, run by every thread before the tile's barrier.
+type StageExtra<'a> = Option<&'a dyn Fn(&mut KernelBuilder, Value)>;
+
+/// Run the flash loop over keys `[begin, end)` (uniform u32 values) for the lane's rows, whose
+/// `q` dimensions (pre-scaled into the log2 domain) are `q[i]`.
 #[allow(clippy::too_many_arguments)]
 fn flash_core(
     b: &mut KernelBuilder,
@@ -362,18 +394,19 @@ fn flash_core(
     lane: &Lane,
     tiles: (SharedId, SharedId),
     src: &KeySource,
-    q: &[Value],
+    q: &[Vec<Value>],
     begin: Value,
     end: Value,
-    mask_score: &dyn Fn(&mut KernelBuilder, Value, Value) -> Value,
-) -> RowState {
+    mask_score: MaskScore<'_>,
+    stage_extra: StageExtra<'_>,
+) -> Vec<RowState> {
     let d = geo.head_dim;
     let k_s = b.shared_ptr(tiles.0);
     let v_s = b.shared_ptr(tiles.1);
     let bc = u32c(b, geo.keys);
     let stage = Staging::new(b, geo, src.stride);
-    let init = RowState::init(b).to_vec();
-    let out = b.for_range(begin, end, bc, &init, |b, k0, carried| {
+    let init: Vec<RowState> = (0..RL).map(|_| RowState::init(b)).collect();
+    let out = b.for_range(begin, end, bc, &flatten(&init), |b, k0, carried| {
         // Stage the tile: BC rows of K and V as f32, zeros past `end`. Thread t copies run
         // `t % (D/4)` of rows `t / (D/4) + r · step`: one column per thread, so the addresses
         // advance by constant strides.
@@ -382,8 +415,7 @@ fn flash_core(
         let mut off = b.add(row, stage.col64);
         for r in 0..stage.passes {
             if r > 0 {
-                let step = u32c(b, stage.rows_per_pass);
-                key = b.add(key, step);
+                key = offset(b, key, stage.rows_per_pass);
                 off = b.add(off, stage.global_step);
             }
             let ok = b.lt(key, end);
@@ -407,6 +439,9 @@ fn flash_core(
                 b.store(p, v);
             }
         }
+        if let Some(extra) = stage_extra {
+            extra(b, k0);
+        }
         b.barrier();
         let chunk = u32c(b, CHUNK);
         let zero = u32c(b, 0);
@@ -416,9 +451,8 @@ fn flash_core(
             lane.warp_live,
             |b| {
                 b.for_range(zero, bc, chunk, carried, |b, jc, carried| {
-                    let st = RowState::from_slice(carried);
-                    let st = chunk_step(b, geo, lane, k_s, v_s, q, k0, jc, st, mask_score);
-                    st.to_vec()
+                    let st = unflatten(carried);
+                    flatten(&chunk_step(b, geo, lane, (k_s, v_s), q, k0, jc, st, mask_score))
                 })
             },
             |_| carried.to_vec(),
@@ -427,7 +461,7 @@ fn flash_core(
         b.barrier();
         state
     });
-    RowState::from_slice(&out)
+    unflatten(&out)
 }
 
 /// One chunk of `CHUNK` keys starting at tile row `jc` (tile starting at key `k0`).
@@ -436,14 +470,13 @@ fn chunk_step(
     b: &mut KernelBuilder,
     geo: &Geometry,
     lane: &Lane,
-    k_s: Value,
-    v_s: Value,
-    q: &[Value],
+    (k_s, v_s): (Value, Value),
+    q: &[Vec<Value>],
     k0: Value,
     jc: Value,
-    st: RowState,
-    mask_score: &dyn Fn(&mut KernelBuilder, Value, Value) -> Value,
-) -> RowState {
+    st: Vec<RowState>,
+    mask_score: MaskScore<'_>,
+) -> Vec<RowState> {
     let d = geo.head_dim;
     let dd = u32c(b, d);
     // One base pointer per tile and chunk; every element is then a constant offset from it.
@@ -459,68 +492,83 @@ fn chunk_step(
             b.ptr_add(base, c)
         }
     };
-    // Partial dot products over the lane's dimensions.
-    let mut scores = Vec::with_capacity(CHUNK as usize);
+    // Partial dot products over the lane's dimensions, each K element used by every row.
+    let mut scores: Vec<Vec<Value>> = vec![Vec::with_capacity(CHUNK as usize); RL];
     for jj in 0..CHUNK {
-        let j = if jj == 0 {
-            jc
-        } else {
-            let c = u32c(b, jj);
-            b.add(jc, c)
-        };
-        let mut s = b.const_f32(0.0);
+        let zero = b.const_f32(0.0);
+        let mut s = [zero; RL];
         for r in 0..geo.runs() {
             let p = at(b, k_base, jj, r);
             let kv = b.load_vec(p, 4);
             for e in 0..4u8 {
                 let x = b.extract(kv, e);
-                s = b.fma(q[(r * 4) as usize + e as usize], x, s);
+                for (i, si) in s.iter_mut().enumerate() {
+                    *si = b.fma(q[i][(r * 4) as usize + e as usize], x, *si);
+                }
             }
         }
-        scores.push((j, s));
-    }
-    // Butterfly over the group: every lane of the group ends with the same sums.
-    let mut masked = Vec::with_capacity(CHUNK as usize);
-    for (j, mut s) in scores {
-        let mut m = geo.group / 2;
-        while m >= 1 {
-            let other = b.shfl_xor(s, m);
-            s = b.add(s, other);
-            m /= 2;
+        for (i, si) in s.into_iter().enumerate() {
+            scores[i].push(si);
         }
-        let key = b.add(k0, j);
-        masked.push(mask_score(b, key, s));
     }
-    // Online softmax update.
-    let mut cmax = masked[0];
-    for &s in &masked[1..] {
-        cmax = b.max(cmax, s);
+    // Butterfly over the group (every lane of the group ends with the same sums), masking,
+    // and each row's online-softmax rescale.
+    let mut probs = Vec::with_capacity(RL);
+    let mut next = Vec::with_capacity(RL);
+    for (i, (row_scores, st)) in scores.into_iter().zip(st).enumerate() {
+        let mut masked = Vec::with_capacity(CHUNK as usize);
+        for (jj, mut s) in row_scores.into_iter().enumerate() {
+            let mut m = geo.group / 2;
+            while m >= 1 {
+                let other = b.shfl_xor(s, m);
+                s = b.add(s, other);
+                m /= 2;
+            }
+            let j = offset(b, jc, jj as u32);
+            let key = b.add(k0, j);
+            masked.push(mask_score(b, i, key, j, s));
+        }
+        let mut cmax = masked[0];
+        for &s in &masked[1..] {
+            cmax = b.max(cmax, s);
+        }
+        let m_new = b.max(st.m, cmax);
+        let ninf = b.const_f32(f32::NEG_INFINITY);
+        let none = b.eq(m_new, ninf);
+        let zero_f = b.const_f32(0.0);
+        // With nothing attended yet, shift by 0 so that ex2(-inf - 0) = 0 instead of NaN.
+        let m_use = b.select(none, zero_f, m_new);
+        let dm = b.sub(st.m, m_use);
+        let alpha = b.ex2(dm);
+        let mut l = b.mul(st.l, alpha);
+        let acc: Vec<Value> = st.acc.iter().map(|&a| b.mul(a, alpha)).collect();
+        let p: Vec<Value> = masked
+            .iter()
+            .map(|&s| {
+                let ds = b.sub(s, m_use);
+                let p = b.ex2(ds);
+                l = b.add(l, p);
+                p
+            })
+            .collect();
+        probs.push(p);
+        next.push(RowState { m: m_new, l, acc });
     }
-    let m_new = b.max(st.m, cmax);
-    let ninf = b.const_f32(f32::NEG_INFINITY);
-    let none = b.eq(m_new, ninf);
-    let zero_f = b.const_f32(0.0);
-    // With nothing attended yet, shift by 0 so that ex2(-inf - 0) = 0 instead of NaN.
-    let m_use = b.select(none, zero_f, m_new);
-    let dm = b.sub(st.m, m_use);
-    let alpha = b.ex2(dm);
-    let mut l = b.mul(st.l, alpha);
-    let mut acc: Vec<Value> = st.acc.iter().map(|&a| b.mul(a, alpha)).collect();
-    for (jj, &s) in masked.iter().enumerate() {
-        let ds = b.sub(s, m_use);
-        let p = b.ex2(ds);
-        l = b.add(l, p);
+    // acc += p · v, each V element used by every row.
+    for jj in 0..CHUNK as usize {
         for r in 0..geo.runs() {
             let ptr = at(b, v_base, jj as u32, r);
             let vv = b.load_vec(ptr, 4);
             for e in 0..4u8 {
                 let x = b.extract(vv, e);
-                let a = &mut acc[(r * 4) as usize + e as usize];
-                *a = b.fma(p, x, *a);
+                for (i, st) in next.iter_mut().enumerate() {
+                    let a = &mut st.acc[(r * 4) as usize + e as usize];
+                    *a = b.fma(probs[i][jj], x, *a);
+                }
             }
         }
     }
-    RowState { m: m_new, l, acc }
+    next
 }
 
 /// Declare the two f32 tiles.
@@ -529,12 +577,25 @@ fn tiles(b: &mut KernelBuilder, geo: &Geometry) -> (SharedId, SharedId) {
     (b.shared_array("k_tile", ScalarType::F32, n), b.shared_array("v_tile", ScalarType::F32, n))
 }
 
-/// Load the lane's q dimensions and scale them into the log2 domain.
-fn load_q(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, q: Value, offset: Value, ok: Value, scale: Value) -> Vec<Value> {
+/// Load the lane's q dimensions of a row and scale them into the log2 domain.
+#[allow(clippy::too_many_arguments)]
+fn load_q(
+    b: &mut KernelBuilder,
+    geo: &Geometry,
+    lane: &Lane,
+    q: Value,
+    offset: Value,
+    ok: Value,
+    scale_log2: Value,
+) -> Vec<Value> {
     let raw = load_row(b, geo, lane, q, offset, ok);
+    raw.iter().map(|&x| b.mul(x, scale_log2)).collect()
+}
+
+/// `scale · log2 e`: scores then live in the log2 domain of `ex2`.
+fn log2_scale(b: &mut KernelBuilder, scale: Value) -> Value {
     let log2e = b.const_f32(std::f32::consts::LOG2_E);
-    let s = b.mul(scale, log2e);
-    raw.iter().map(|&x| b.mul(x, s)).collect()
+    b.mul(scale, log2e)
 }
 
 /// `acc / l`, or zeros when `l = 0` (nothing attended).
@@ -552,6 +613,79 @@ struct MaskBias {
     bias: Value,
     mask_strides: [Value; 4],
     bias_strides: [Value; 4],
+}
+
+/// Row stride of the staged bias tile: `BC + 1`, so that the groups of a warp, which read
+/// different rows of one column, hit different banks.
+fn bias_stride(geo: &Geometry) -> u32 {
+    geo.keys + 1
+}
+
+/// Stage, for the block's query rows (those below `q_len`) and the tile's `BC` keys,
+/// `bias · log2 e` where the mask allows the pair and `-inf` where it does not, into `tile`
+/// (f32, rows of [`bias_stride`]). Keys past `kv_len` are staged as `-inf` without reading mask
+/// or bias, whose offsets are clamped to element 0 so every load stays in bounds; rows past
+/// `q_len` are not staged (their scores are discarded).
+#[allow(clippy::too_many_arguments)]
+fn stage_mask_bias(
+    b: &mut KernelBuilder,
+    geo: &Geometry,
+    mb: &MaskBias,
+    tile: SharedId,
+    (seq, head): (Value, Value),
+    (q0, q_len): (Value, Value),
+    (k0, kv_len): (Value, Value),
+) {
+    let tid = b.thread_id_x();
+    let smem = b.shared_ptr(tile);
+    let z64 = u32c_64(b, 0);
+    let base = |b: &mut KernelBuilder, st: &[Value; 4]| {
+        let a = mad64(b, seq, st[0], z64);
+        mad64(b, head, st[1], a)
+    };
+    let mask_base = base(b, &mb.mask_strides);
+    let bias_base = base(b, &mb.bias_strides);
+    let log2e = b.const_f32(std::f32::consts::LOG2_E);
+    let ninf = b.const_f32(f32::NEG_INFINITY);
+    let cols_shift = u32c(b, geo.keys.trailing_zeros());
+    let cols_mask = u32c(b, geo.keys - 1);
+    let stride = u32c(b, bias_stride(geo));
+    // Only the rows that exist (a loop with a run-time bound, so it stays a loop: unrolled, its
+    // independent global loads would all be in flight at once and exhaust the registers).
+    let left = b.sub(q_len, q0);
+    let br = u32c(b, geo.rows);
+    let rows = b.min(left, br);
+    let bc = u32c(b, geo.keys);
+    let elems = b.mul(rows, bc);
+    let step = u32c(b, THREADS);
+    b.for_each(tid, elems, step, |b, e| {
+        let i = b.shr(e, cols_shift);
+        let j = b.and(e, cols_mask);
+        let qi = b.add(q0, i);
+        let key = b.add(k0, j);
+        let valid = b.lt(key, kv_len);
+        let at = |b: &mut KernelBuilder, base: Value, st: &[Value; 4]| {
+            let a = mad64(b, qi, st[2], base);
+            let a = mad64(b, key, st[3], a);
+            b.select(valid, a, z64)
+        };
+        let mi = at(b, mask_base, &mb.mask_strides);
+        let bi = at(b, bias_base, &mb.bias_strides);
+        let mp = b.ptr_add(mb.mask, mi);
+        let m = b.load(mp);
+        let bp = b.ptr_add(mb.bias, bi);
+        let bias = b.load(bp);
+        let x = b.mul(bias, log2e);
+        // PTX compares no 8-bit integers: widen first.
+        let m = b.cvt(m, ScalarType::U32);
+        let zero = u32c(b, 0);
+        let allowed = b.ne(m, zero);
+        let ok = b.and(valid, allowed);
+        let x = b.select(ok, x, ninf);
+        let s_idx = b.fma(i, stride, j);
+        let p = b.ptr_add(smem, s_idx);
+        b.store(p, x);
+    });
 }
 
 /// The u64 element offset `b·s0 + h·s1 + i·s2` of a (sequence, head, query) row.
@@ -620,6 +754,7 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
     });
     b.launch_bounds(THREADS, None);
     let tiles = tiles(&mut b, &geo);
+    let bias_tile = cfg.masked.then(|| b.shared_array("bias_tile", ScalarType::F32, geo.rows * bias_stride(&geo)));
 
     let tile = b.block_id_x();
     let head = b.block_id_y();
@@ -628,8 +763,7 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
     let bounds = |b: &mut KernelBuilder, cu: Value, total: Value| {
         let p0 = b.ptr_add(cu, seq);
         let start = b.load(p0);
-        let one = u32c(b, 1);
-        let next = b.add(seq, one);
+        let next = offset(b, seq, 1);
         let p1 = b.ptr_add(cu, next);
         let stop = b.load(p1);
         let start = clamp_to(b, start, total);
@@ -652,8 +786,6 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
     let live = b.lt(q0, q_len);
     b.if_then(live, |b| {
         let lane = lane(b, &geo, q0, q_len);
-        let qi = b.add(q0, lane.row);
-        let row_ok = b.lt(qi, q_len);
         let kv_head = b.div(head, group);
         // Row offsets: (start + t) · token + head · head_stride + seq · batch.
         let seq_head_base = |b: &mut KernelBuilder, strides: &[Value; 3], h: Value| {
@@ -662,9 +794,23 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
             mad64(b, seq, strides[2], a)
         };
         let q_base = seq_head_base(b, &q_strides, head);
-        let q_pos = b.add(q_start, qi);
-        let q_row = mad64(b, q_pos, q_strides[0], q_base);
-        let qv = load_q(b, &geo, &lane, q, q_row, row_ok, scale);
+        let s2 = log2_scale(b, scale);
+        // Per row of the lane: its index, whether it exists, its q offset, its q.
+        let mut rows = Vec::with_capacity(RL);
+        for &r in &lane.rows {
+            let qi = b.add(q0, r);
+            let ok = b.lt(qi, q_len);
+            let pos = b.add(q_start, qi);
+            let at = mad64(b, pos, q_strides[0], q_base);
+            let qv = load_q(b, &geo, &lane, q, at, ok, s2);
+            let qi_plus_kv = b.add(qi, kv_len);
+            // The row's first element in the staged bias tile.
+            let bias_row = bias_tile.map(|_| {
+                let stride = u32c(b, bias_stride(&geo));
+                b.mul(r, stride)
+            });
+            rows.push((ok, at, qv, qi_plus_kv, bias_row));
+        }
         let k_base = seq_head_base(b, &k_strides, kv_head);
         let k_base = mad64(b, k_start, k_strides[0], k_base);
         let src = KeySource { k, v, base: k_base, stride: k_strides[0] };
@@ -680,30 +826,42 @@ pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyE
         } else {
             kv_len
         };
-        let rows_mb = mb.as_ref().map(|mb| {
-            (mb_row(b, &mb.mask_strides, seq, head, qi), mb_row(b, &mb.bias_strides, seq, head, qi))
-        });
-        let qi_plus_kv = b.add(qi, kv_len);
-        let mask_score = |b: &mut KernelBuilder, key: Value, s: Value| {
+        let mask_score = |b: &mut KernelBuilder, i: usize, key: Value, j: Value, s: Value| {
+            let (row_ok, _, _, qi_plus_kv, bias_row) = &rows[i];
             let in_seq = b.lt(key, kv_len);
-            let mut valid = b.and(row_ok, in_seq);
+            let mut valid = b.and(*row_ok, in_seq);
             if cfg.causal {
                 let kq = b.add(key, q_len);
-                let c = b.le(kq, qi_plus_kv);
+                let c = b.le(kq, *qi_plus_kv);
                 valid = b.and(valid, c);
             }
-            match (&mb, rows_mb) {
-                (Some(mb), Some((mrow, brow))) => apply_mask_bias(b, mb, mrow, brow, key, valid, s),
-                _ => {
-                    let ninf = b.const_f32(f32::NEG_INFINITY);
-                    b.select(valid, s, ninf)
+            // Staged `bias · log2 e`, or -inf where the mask forbids the pair.
+            let s = match (bias_tile, bias_row) {
+                (Some(t), Some(row)) => {
+                    let base = b.shared_ptr(t);
+                    let p = b.ptr_add(base, *row);
+                    let p = b.ptr_add(p, j);
+                    let x = b.load(p);
+                    b.add(s, x)
                 }
+                _ => s,
+            };
+            let ninf = b.const_f32(f32::NEG_INFINITY);
+            b.select(valid, s, ninf)
+        };
+        let stage = |b: &mut KernelBuilder, k0: Value| {
+            if let (Some(mb), Some(t)) = (&mb, bias_tile) {
+                stage_mask_bias(b, &geo, mb, t, (seq, head), (q0, q_len), (k0, kv_len));
             }
         };
+        let qs: Vec<Vec<Value>> = rows.iter().map(|r| r.2.clone()).collect();
         let zero = u32c(b, 0);
-        let st = flash_core(b, &geo, &lane, tiles, &src, &qv, zero, end, &mask_score);
-        let o = normalize(b, &st);
-        b.if_then(row_ok, |b| store_row(b, &geo, &lane, out, q_row, &o));
+        let extra: StageExtra<'_> = if cfg.masked { Some(&stage) } else { None };
+        let states = flash_core(b, &geo, &lane, tiles, &src, &qs, zero, end, &mask_score, extra);
+        for (st, (ok, at, ..)) in states.iter().zip(&rows) {
+            let o = normalize(b, st);
+            b.if_then(*ok, |b| store_row(b, &geo, &lane, out, *at, &o));
+        }
     });
     b.finish()
 }
@@ -745,55 +903,64 @@ pub fn attention_decode(cfg: &AttentionDecodeConfig) -> Result<Kernel, VerifyErr
     let stop = b.add(begin, split_len);
     let end = b.min(stop, len);
 
+    // The block's rows are query heads `chunk · BR ..` of the GQA group of `kv_head`.
     let r0 = b.mul(chunk, br);
     let lane = lane(&mut b, &geo, r0, group);
-    let r = b.add(r0, lane.row);
-    let row_ok = b.lt(r, group);
     let head_base = b.mul(kv_head, group);
-    let head = b.add(head_base, r);
     let q_heads = b.mul(kv_heads, group);
     let dd = u32c_64(&mut b, d as u64);
-    // q[seq, head, :]
-    let qrow = b.fma(seq, q_heads, head);
     let z64 = b.const_u64(0);
-    let q_row = mad64(&mut b, qrow, dd, z64);
-    let qv = load_q(&mut b, &geo, &lane, q, q_row, row_ok, scale);
+    let s2 = log2_scale(&mut b, scale);
+    let mut rows = Vec::with_capacity(RL);
+    for &lr in &lane.rows {
+        let r = b.add(r0, lr);
+        let ok = b.lt(r, group);
+        let head = b.add(head_base, r);
+        // q[seq, head, :]
+        let qrow = b.fma(seq, q_heads, head);
+        let at = mad64(&mut b, qrow, dd, z64);
+        let qv = load_q(&mut b, &geo, &lane, q, at, ok, s2);
+        rows.push((ok, head, qv));
+    }
     // cache[seq, kv_head, j, :] = ((seq · Hkv + kv_head) · S_max + j) · D
     let sh = b.fma(seq, kv_heads, kv_head);
     let base = mad64(&mut b, sh, s_max, z64);
     let base = b.mul(base, dd);
     let src = KeySource { k, v, base, stride: dd };
-    let mask_score = |b: &mut KernelBuilder, key: Value, s: Value| {
+    let mask_score = |b: &mut KernelBuilder, i: usize, key: Value, _j: Value, s: Value| {
         let in_split = b.lt(key, end);
-        let valid = b.and(row_ok, in_split);
+        let valid = b.and(rows[i].0, in_split);
         let ninf = b.const_f32(f32::NEG_INFINITY);
         b.select(valid, s, ninf)
     };
-    let st = flash_core(&mut b, &geo, &lane, tiles, &src, &qv, begin, end, &mask_score);
-    // Workspace row (seq, head, split).
-    b.if_then(row_ok, |b| {
-        let sq = b.fma(seq, q_heads, head);
-        let wrow = b.fma(sq, splits, split);
-        let z = b.const_u64(0);
-        let acc_off = mad64(b, wrow, dd, z);
-        store_row(b, &geo, &lane, ws, acc_off, &st.acc);
-        let zero = u32c(b, 0);
-        let first = b.eq(lane.dim0, zero);
-        b.if_then(first, |b| {
-            // Stats region after all accumulators: total rows = batch · Hq · splits.
-            let bh = b.mul(batch, q_heads);
-            let rows = b.mul(bh, splits);
-            let acc_len = mad64(b, rows, dd, z);
-            let two = b.const_u64(2);
-            let st_off = mad64(b, wrow, two, acc_len);
-            let pm = b.ptr_add(ws, st_off);
-            b.store(pm, st.m);
-            let one64 = b.const_u64(1);
-            let st_off1 = b.add(st_off, one64);
-            let pl = b.ptr_add(ws, st_off1);
-            b.store(pl, st.l);
+    let qs: Vec<Vec<Value>> = rows.iter().map(|r| r.2.clone()).collect();
+    let states = flash_core(&mut b, &geo, &lane, tiles, &src, &qs, begin, end, &mask_score, None);
+    // Workspace row (seq, head, split): accumulator, then (max, sum) in the stats region after
+    // all accumulators (batch · Hq · splits rows).
+    let bh = b.mul(batch, q_heads);
+    let total_rows = b.mul(bh, splits);
+    let acc_len = mad64(&mut b, total_rows, dd, z64);
+    for (st, (ok, head, _)) in states.iter().zip(&rows) {
+        b.if_then(*ok, |b| {
+            let sq = b.fma(seq, q_heads, *head);
+            let wrow = b.fma(sq, splits, split);
+            let z = b.const_u64(0);
+            let acc_off = mad64(b, wrow, dd, z);
+            store_row(b, &geo, &lane, ws, acc_off, &st.acc);
+            let zero = u32c(b, 0);
+            let first = b.eq(lane.dim0, zero);
+            b.if_then(first, |b| {
+                let two = b.const_u64(2);
+                let st_off = mad64(b, wrow, two, acc_len);
+                let pm = b.ptr_add(ws, st_off);
+                b.store(pm, st.m);
+                let one64 = b.const_u64(1);
+                let st_off1 = b.add(st_off, one64);
+                let pl = b.ptr_add(ws, st_off1);
+                b.store(pl, st.l);
+            });
         });
-    });
+    }
     b.finish()
 }
 

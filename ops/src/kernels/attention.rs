@@ -9,15 +9,20 @@
 //! query rows belongs to a group of `G = D / 16` consecutive lanes; each lane keeps 16 of each
 //! row's dimensions of `q` (pre-scaled by `scale · log2 e`) and of the output accumulator in
 //! registers, as 4 runs of 4 dimensions strided by `4 G` (so a group reads 16-byte runs side by
-//! side and the other groups of the warp read the same addresses, a broadcast). Every K or V
-//! element a lane reads from shared memory feeds both of its rows, halving shared traffic,
-//! which bounds a SIMT attention. Keys and values
+//! side and the other groups of the warp read the same addresses, a broadcast). Keys and values
 //! are staged through shared memory as `f32` in tiles of `BC` rows (`BC · D = 2048`: 16 KiB for
-//! both), and consumed in chunks of [`CHUNK`] keys: partial dot products, a butterfly sum over
-//! the group's lanes (so every lane holds the same scores bit for bit), masking, then the online
-//! softmax update in the log2 domain (running max `m`, running sum `l`, accumulator rescaled by
-//! `ex2(m_old - m_new)`) and `acc += p · v`. Statistics and accumulation are `f32` whatever the
-//! input dtype; `ex2` is PTX's approximate one, so results are compared with tolerances.
+//! both); every element a lane reads from there feeds both of its rows, which halves the
+//! shared-memory traffic that bounds a SIMT attention. A tile is consumed in chunks of
+//! [`CHUNK`] keys: partial dot products, a butterfly sum over the group's lanes (so every lane
+//! holds the same scores bit for bit), masking, then the online softmax update in the log2
+//! domain (running max `m`, running sum `l`, accumulator rescaled by `ex2(m_old - m_new)`) and
+//! `acc += p · v`. With a mask or bias, `bias · log2 e` (or `-inf` where the mask forbids) is
+//! staged per tile too, as a `BR × BC` f32 tile. Statistics and accumulation are `f32`
+//! whatever the input dtype; `ex2` is PTX's approximate one, so results are compared with
+//! tolerances.
+//!
+//! Tiles and chunks are sized so that every configuration stays within 128 registers without
+//! spills (`rudac check`), i.e. four blocks of 128 threads per SM.
 //!
 //! A row without any key to attend (all masked, an empty sequence, a decode split past the
 //! sequence's end) has `l = 0` and produces zeros.

@@ -59,6 +59,10 @@ struct Case {
     specials: bool,
 }
 
+fn f32_bits(x: f32) -> u64 {
+    x.to_bits() as u64
+}
+
 /// The number after `prefix` in a dotted id (`d128` in `attention_decode.f16.d128`).
 fn id_number(id: &str, prefix: char) -> Option<u32> {
     id.split('.').find_map(|p| p.strip_prefix(prefix).and_then(|n| n.parse().ok()))
@@ -87,6 +91,8 @@ fn case(r: &Registered) -> Option<Case> {
             let d = id_number(&r.id, 'd')? as u64;
             c.indices.insert("cu_q", vec![0, 5, 17]);
             c.indices.insert("cu_k", vec![0, 9, 30]);
+            // The KV-cache variant's key counts.
+            c.indices.insert("seq_lens", vec![9, 21]);
             s.extend([("total_q", 17), ("total_k", 30), ("group", 1)]);
             s.extend([("q_token", 2 * d), ("q_head", d), ("q_batch", 0), ("k_token", 2 * d), ("k_head", d), ("k_batch", 0)]);
             s.extend([("mask_batch", 0), ("mask_head", 0), ("mask_query", 32), ("mask_key", 1)]);
@@ -129,6 +135,17 @@ fn case(r: &Registered) -> Option<Case> {
         }
         "embedding" => {
             s.extend([("vocab", 50), ("hidden", 96)]);
+        }
+        "argmax" => {
+            let partial = r.id.contains("partial");
+            s.extend([("cols", 700), ("cols_per_split", if partial { 256 } else { 700 })]);
+            c.grid = [3, if partial { 3 } else { 1 }, 1];
+        }
+        "argmax_reduce" => {
+            s.insert("splits", 3);
+        }
+        "sampling" => {
+            s.extend([("cols", 700), ("scale", f32_bits(1.4)), ("top_k", 50), ("top_p", f32_bits(0.9)), ("seed", 1234)]);
         }
         _ => return None,
     }
@@ -396,6 +413,18 @@ fn dump_direct(c: &Config, arch: Arch) -> String {
     path.display().to_string()
 }
 
+/// Write NVRTC's PTX of `c` for `arch` when NVRTC is present; its path.
+fn dump_nvrtc(c: &Config, arch: Arch) -> String {
+    let path = dump_dir().join(format!("{}.nvrtc.{arch}.ptx", c.id));
+    match ruda_codegen_nvrtc::compile_to_ptx(&c.kernel, &Target::new(arch)) {
+        Ok(ptx) => {
+            let _ = std::fs::write(&path, ptx);
+            path.display().to_string()
+        }
+        Err(e) => format!("(no NVRTC PTX: {e})"),
+    }
+}
+
 /// The interpreter against the direct PTX of every distinct lowering among the targets; how
 /// many lowerings ran.
 fn check_direct(c: &Config) -> Result<usize, String> {
@@ -413,8 +442,8 @@ fn check_direct(c: &Config) -> Result<usize, String> {
             Ok(got) => compare(&c.inputs, &got, &c.want),
         };
         if let Some(v) = verdict {
-            let direct = dump_direct(c, arch);
-            return Err(format!("`{}` through the PTX backend for {arch}: {v}\n  PTX: {direct}", c.id));
+            let (direct, nvrtc) = (dump_direct(c, arch), dump_nvrtc(c, arch));
+            return Err(format!("`{}` through the PTX backend for {arch}: {v}\n  PTX: {direct} and {nvrtc}", c.id));
         }
     }
     Ok(seen.len())

@@ -235,8 +235,18 @@ impl<'a> Worker<'a> {
         }
         let t = (0..self.n).find(|&t| self.state[t] == State::Warp).unwrap_or(0);
         let lo = t - t % 32;
-        let other = (lo..(lo + 32).min(self.n)).find(|&u| self.state[u] != State::Warp);
-        let why = other.map_or_else(String::new, |u| format!("; {}", describe(u)));
+        let why = self.warp_inst(t).and_then(|(op, m)| {
+            let mask = self.reg(t, m) as u32;
+            (0..32).filter(|k| mask & (1 << k) != 0).map(|k| lo + k).find_map(|u| match self.state[u] {
+                State::Warp if self.compatible(u, &op, mask) => None,
+                State::Warp => {
+                    let line = self.l.prog.code.get(self.pc[u] as usize).map_or(0, |i| i.line);
+                    Some(format!("; lane {} of its member mask {mask:#010x} waits at another warp operation (line {line})", u - lo))
+                }
+                _ => Some(format!("; {}", describe(u))),
+            })
+        });
+        let why = why.unwrap_or_default();
         self.fault(t, FaultKind::Deadlock, format!("deadlock: a warp operation cannot complete{why}"))
     }
 
@@ -282,6 +292,7 @@ impl<'a> Worker<'a> {
                 ));
             }
             let mut ready = true;
+            let mut group = bit;
             for k in 0..32 {
                 if mask & (1 << k) == 0 {
                     continue;
@@ -298,21 +309,10 @@ impl<'a> Worker<'a> {
                     ));
                 }
                 match self.state[u] {
-                    State::Warp => {
-                        let Some((other, other_mask)) = self.warp_inst(u) else { continue };
-                        if !other.same_kind(&op) || self.reg(u, other_mask) as u32 != mask {
-                            return Err(self.fault(
-                                t,
-                                FaultKind::Deadlock,
-                                format!(
-                                    "lanes {} and {k} meet at different warp operations (lines {} and {})",
-                                    t - lo,
-                                    self.l.prog.code[self.pc[t] as usize].line,
-                                    self.l.prog.code[self.pc[u] as usize].line
-                                ),
-                            ));
-                        }
-                    }
+                    // A lane at another warp operation may still complete it with its own
+                    // group first; if nothing can, the block reports a deadlock.
+                    State::Warp if self.compatible(u, &op, mask) => group |= 1 << k,
+                    State::Warp => ready = false,
                     State::Exit { line } => {
                         return Err(self.fault(
                             t,
@@ -323,13 +323,19 @@ impl<'a> Worker<'a> {
                     State::Bar { .. } | State::Run => ready = false,
                 }
             }
-            considered |= mask;
+            // Lanes of this group need not be looked at again; the others lead their own.
+            considered |= group;
             if ready {
                 self.complete(lo, mask)?;
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// Whether lane `u` waits at a warp operation that can complete together with `op`.
+    fn compatible(&self, u: usize, op: &WarpOp, mask: u32) -> bool {
+        self.warp_inst(u).is_some_and(|(other, m)| other.same_kind(op) && self.reg(u, m) as u32 == mask)
     }
 
     fn complete(&mut self, lo: usize, mask: u32) -> Result<(), Fault> {

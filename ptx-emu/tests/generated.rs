@@ -71,7 +71,15 @@ fn check_direct(c: &Checked) -> Result<(), String> {
             Ok(got) => compare(c, &got),
         };
         if let Some(v) = verdict {
-            return Err(format!("seed {} through the PTX backend for {arch}: {v}\n  PTX (and .rir): {}", c.seed, dump(c, "direct", arch, &ptx)));
+            let nvrtc = match ruda_codegen_nvrtc::compile_to_ptx(&c.g.kernel, &Target::new(arch)) {
+                Ok(n) => dump(c, "nvrtc", arch, &n),
+                Err(e) => format!("(no NVRTC PTX: {e})"),
+            };
+            return Err(format!(
+                "seed {} through the PTX backend for {arch}: {v}\n  PTX (and .rir): {} and {nvrtc}",
+                c.seed,
+                dump(c, "direct", arch, &ptx)
+            ));
         }
     }
     Ok(())

@@ -316,6 +316,12 @@ fn to_bhtd(packed: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f32> {
     out
 }
 
+/// A mask for [`check_dense`]: its data, its shape, and whether `(batch, head, query, key)` may
+/// attend.
+type MaskCase<'a> = (&'a [u8], &'a [usize], &'a dyn Fn(usize, usize, usize, usize) -> bool);
+/// A bias for [`check_dense`]: its data, its shape, and its value at `(batch, head, query, key)`.
+type BiasCase<'a> = (&'a [f32], &'a [usize], &'a dyn Fn(usize, usize, usize, usize) -> f64);
+
 /// The contract entry point on `[B, H, T, D]` data for one strategy, compared with the reference.
 #[allow(clippy::too_many_arguments)]
 fn check_dense(
@@ -325,8 +331,8 @@ fn check_dense(
     (b, hq, hkv, t, s, d): (usize, usize, usize, usize, usize, usize),
     causal: bool,
     strategy: AttentionStrategy,
-    mask: Option<(&[u8], &[usize], &dyn Fn(usize, usize, usize, usize) -> bool)>,
-    bias: Option<(&[f32], &[usize], &dyn Fn(usize, usize, usize, usize) -> f64)>,
+    mask: Option<MaskCase<'_>>,
+    bias: Option<BiasCase<'_>>,
 ) {
     let q = quantize(dtype, &rng.vec(b * t * hq * d, -2.0, 2.0));
     let k = quantize(dtype, &rng.vec(b * s * hkv * d, -1.0, 1.0));
@@ -397,13 +403,13 @@ fn attention_contract_strategies_agree_with_reference() {
 fn attention_mask_and_bias() {
     let dev = device();
     let mut rng = Rng::new(15);
-    let (b, hq, hkv, t, s, d) = (2, 2, 1, 21, 37, 64);
+    let (b, hq, hkv, t, s, d): (usize, usize, usize, usize, usize, usize) = (2, 2, 1, 21, 37, 64);
     // Key padding mask [B, 1, 1, S]: sequence 0 sees its first 30 keys, sequence 1 all of them.
     let pad: Vec<u8> = (0..b * s).map(|x| u8::from(x / s == 1 || x % s < 30)).collect();
     let pad_ok = |bi: usize, _h: usize, _i: usize, j: usize| bi == 1 || j < 30;
     // A [T, S] pattern that masks query 3 entirely (its output must be zeros).
-    let pattern: Vec<u8> = (0..t * s).map(|x| u8::from(x / s != 3 && (x * 7) % 5 != 0)).collect();
-    let pattern_ok = |_b: usize, _h: usize, i: usize, j: usize| i != 3 && ((i * s + j) * 7) % 5 != 0;
+    let pattern: Vec<u8> = (0..t * s).map(|x| u8::from(x / s != 3 && !(x * 7).is_multiple_of(5))).collect();
+    let pattern_ok = |_b: usize, _h: usize, i: usize, j: usize| i != 3 && !((i * s + j) * 7).is_multiple_of(5);
     // Per-head bias [1, H, T, S] (ALiBi-like slopes plus noise).
     let bias: Vec<f32> = (0..hq * t * s).map(|x| -((x / (t * s) + 1) as f32) * 0.1 * ((x % s) as f32) + ((x * 13 % 7) as f32) * 0.3).collect();
     let bias_at = |_b: usize, h: usize, i: usize, j: usize| bias[(h * t + i) * s + j] as f64;

@@ -107,7 +107,7 @@ fn flash_head_dim(op: &'static str, d: usize) -> Result<u32> {
 
 /// The flash kernels read and write 4 elements at a time.
 fn vector_aligned(t: &Tensor) -> bool {
-    t.offset() % 4 == 0
+    t.offset().is_multiple_of(4)
 }
 
 fn expect_aligned(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
@@ -128,7 +128,7 @@ fn expect_rank(op: &'static str, name: &str, t: &Tensor, rank: usize, layout: &s
 }
 
 fn gqa_group(op: &'static str, q_heads: usize, kv_heads: usize) -> Result<u32> {
-    if kv_heads == 0 || q_heads % kv_heads != 0 {
+    if kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
         return Err(OpError::Shape {
             op,
             message: format!("query heads ({q_heads}) must be a multiple of key/value heads ({kv_heads})"),

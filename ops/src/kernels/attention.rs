@@ -498,7 +498,7 @@ fn chunk_step(
         }
     };
     // Partial dot products over the lane's dimensions, each K element used by every row.
-    let mut scores: Vec<Vec<Value>> = vec![Vec::with_capacity(CHUNK as usize); RL];
+    let mut scores: Vec<Vec<Value>> = (0..RL).map(|_| Vec::with_capacity(CHUNK as usize)).collect();
     for jj in 0..CHUNK {
         let zero = b.const_f32(0.0);
         let mut s = [zero; RL];
@@ -566,9 +566,9 @@ fn chunk_step(
             let vv = b.load_vec(ptr, 4);
             for e in 0..4u8 {
                 let x = b.extract(vv, e);
-                for (i, st) in next.iter_mut().enumerate() {
+                for (st, p) in next.iter_mut().zip(&probs) {
                     let a = &mut st.acc[(r * 4) as usize + e as usize];
-                    *a = b.fma(probs[i][jj], x, *a);
+                    *a = b.fma(p[jj], x, *a);
                 }
             }
         }

@@ -139,7 +139,7 @@ fn prefill_varlen_across_head_dims_gqa_ratios_and_dtypes() {
     let all = vec![(1, 1), (63, 63), (64, 64), (65, 65), (17, 40), (9, 3)];
     // Also a sequence without queries and one without keys (its queries give zeros).
     let short = vec![(1, 1), (33, 65), (0, 5), (17, 16), (9, 3), (3, 0)];
-    // (d, hq, hkv, lengths, dtype): GQA ratios 8, 1, 7, 1 and 2 (with 2 KV heads), 8.
+    // (d, hq, hkv, lengths, dtype): GQA ratios 1, 2, 7 and 8 over the head dims and dtypes.
     let cases = [
         (64, 8, 1, &all, DType::BF16),
         (64, 1, 1, &short, DType::F16),

@@ -14,6 +14,13 @@ pub(crate) const SHARED_WINDOW: u64 = 0x8000_0000_0000_0000;
 pub(crate) const LOCAL_WINDOW: u64 = 0xC000_0000_0000_0000;
 /// The buffer index of the first module-level `.global`/`.const` variable.
 pub(crate) const MODULE_VAR_INDEX: u64 = 1 << 20;
+/// Limits that keep absurd declarations from exhausting host memory: per-thread registers
+/// (slots), local bytes per thread (CUDA's limit), parameter bytes (PTX's), and module-level
+/// variables.
+const MAX_SLOTS: u32 = 1 << 20;
+const MAX_LOCAL_BYTES: u64 = 512 * 1024;
+const MAX_PARAM_BYTES: u32 = 32764;
+const MAX_MODULE_VAR_BYTES: u64 = 256 << 20;
 /// Dynamic shared memory starts at a multiple of this.
 const DYN_ALIGN: u32 = ruda_ir::DYNAMIC_SHARED_ALIGN;
 
@@ -252,6 +259,10 @@ pub(crate) fn decode(m: &Module) -> DResult<(Vec<Program>, Vec<ModuleVar>)> {
                 Some(Some(n)) => n,
                 Some(None) => v.init.len() as u64,
             };
+            let bytes = (elem as u64).saturating_mul(count);
+            if bytes > MAX_MODULE_VAR_BYTES {
+                return unsupported(v.line, format!("`{}` has {bytes} bytes; at most {MAX_MODULE_VAR_BYTES} are modelled", v.name));
+            }
             let mut init = init_bytes(v, elem)?;
             init.resize((elem as u64 * count) as usize, 0);
             let address = (MODULE_VAR_INDEX + vars.len() as u64 + 1) << 40;
@@ -372,21 +383,21 @@ impl<'m> Decoder<'m> {
                     v.init.len() as u64
                 }
             };
-            let bytes = elem as u64 * count;
+            let bytes = (elem as u64).saturating_mul(count);
             match v.space.as_str() {
                 "shared" => {
                     if v.is_extern {
                         externs.push(v.name.clone());
                         continue;
                     }
-                    offset = offset.next_multiple_of(align);
+                    offset = offset.saturating_add(align - 1) / align * align;
                     self.syms.insert(v.name.clone(), Sym::Shared(offset));
-                    offset += bytes;
+                    offset = offset.saturating_add(bytes);
                 }
                 "local" => {
-                    local = local.next_multiple_of(align);
+                    local = local.saturating_add(align - 1) / align * align;
                     self.syms.insert(v.name.clone(), Sym::Local(local));
-                    local += bytes;
+                    local = local.saturating_add(bytes);
                 }
                 "global" | "const" => {
                     return unsupported(v.line, format!("function-scope .{} variable `{}`", v.space, v.name))
@@ -394,8 +405,11 @@ impl<'m> Decoder<'m> {
                 other => return unsupported(v.line, format!("a .{other} variable inside a function")),
             }
         }
-        if offset > u32::MAX as u64 || local > u32::MAX as u64 {
-            return malformed(self.f.line, "shared or local memory exceeds 4 GiB");
+        if offset > u32::MAX as u64 {
+            return malformed(self.f.line, "shared memory exceeds 4 GiB");
+        }
+        if local > MAX_LOCAL_BYTES {
+            return unsupported(self.f.line, format!("{local} bytes of local memory per thread (at most {MAX_LOCAL_BYTES})"));
         }
         self.static_shared = offset as u32;
         self.dyn_offset = (offset as u32).next_multiple_of(DYN_ALIGN);
@@ -403,15 +417,22 @@ impl<'m> Decoder<'m> {
             self.syms.insert(name, Sym::Shared(self.dyn_offset as u64));
         }
         self.local_bytes = local as u32;
-        let mut p = 0u32;
+        let mut p = 0u64;
         for decl in &self.f.params {
             let elem = ptx_type_bytes(&decl.ty, decl.line)?;
-            let size = elem * decl.len.unwrap_or(1) as u32;
-            let align = decl.align.unwrap_or(elem).max(1);
+            let size = (elem as u64).saturating_mul(decl.len.unwrap_or(1));
+            let align = decl.align.unwrap_or(elem).max(1) as u64;
             p = p.next_multiple_of(align);
-            self.syms.insert(decl.name.clone(), Sym::Param(p as u64));
-            self.params.push(ParamSlot { name: decl.name.clone(), ty: decl.ty.clone(), offset: p, size });
+            if p.saturating_add(size) > MAX_PARAM_BYTES as u64 {
+                return unsupported(decl.line, format!("parameters beyond {MAX_PARAM_BYTES} bytes"));
+            }
+            self.syms.insert(decl.name.clone(), Sym::Param(p));
+            self.params.push(ParamSlot { name: decl.name.clone(), ty: decl.ty.clone(), offset: p as u32, size: size as u32 });
             p += size;
+        }
+        let p = p as u32;
+        if p > MAX_PARAM_BYTES {
+            return unsupported(self.f.line, format!("{p} bytes of parameters (at most {MAX_PARAM_BYTES})"));
         }
         self.param_bytes = p;
         Ok(())
@@ -431,6 +452,13 @@ impl<'m> Decoder<'m> {
                         return unsupported(*line, format!("registers of type .{ty}"));
                     }
                     for decl in regs {
+                        let count = match decl {
+                            RegDecl::Range(_, n) => *n,
+                            RegDecl::One(_) => 1,
+                        };
+                        if self.slots.saturating_add(count) > MAX_SLOTS {
+                            return unsupported(*line, format!("more than {MAX_SLOTS} registers"));
+                        }
                         match decl {
                             RegDecl::Range(prefix, n) => {
                                 for i in 0..*n {

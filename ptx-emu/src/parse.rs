@@ -422,7 +422,7 @@ impl<'s> Parser<'_, 's> {
             let n = self.uint("an array length")?;
             self.expect(Tok::RBracket)?;
             len = Some(Some(match len {
-                Some(Some(m)) => m * n,
+                Some(Some(m)) => m.saturating_mul(n),
                 _ => n,
             }));
         }

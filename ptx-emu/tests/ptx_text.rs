@@ -233,6 +233,16 @@ fn unsupported_and_malformed_text_name_the_line() {
             other => panic!("{body}: expected unsupported, got {other:?}"),
         }
     }
+    // Declarations too large to emulate are refused, not allocated.
+    for (decl, what) in [
+        (".local .align 4 .b8 big[1048576];", "bytes of local memory per thread"),
+        (".reg .b32 %many<2000000>;", "registers"),
+    ] {
+        match Module::parse(&module(decl)) {
+            Err(EmuError::Unsupported { message, .. }) => assert!(message.contains(what), "{message:?}"),
+            other => panic!("{decl}: expected unsupported, got {other:?}"),
+        }
+    }
     match Module::parse(&module("add.u32 %r1, %r2;")) {
         Err(EmuError::Parse { line: 19, message }) => assert!(message.contains("takes 3 operands"), "{message}"),
         other => panic!("{other:?}"),

@@ -28,6 +28,16 @@ def rms_norm(x, g, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * g).to(x.dtype)
 
 
+def sdpa(q, k, v, causal):
+    # GQA: PyTorch >= 2.5 takes enable_gqa; older versions need the KV heads repeated.
+    try:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    except TypeError:
+        rep = q.shape[1] // k.shape[1]
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal)
+
+
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
@@ -48,6 +58,24 @@ def main():
     b = torch.rand(big * hidden, device=dev, dtype=bf)
     problems.append(("add_bf16", [big * hidden], lambda: a + b))
     problems.append(("silu_bf16", [big * hidden], lambda: torch.nn.functional.silu(a)))
+    f = torch.nn.functional
+    for t in ((64,) if quick else (1024, 4096)):
+        hq, hkv, d = 16, 8, 128
+        q = torch.rand(1, hq, t, d, device=dev, dtype=bf)
+        k = torch.rand(1, hkv, t, d, device=dev, dtype=bf)
+        v = torch.rand(1, hkv, t, d, device=dev, dtype=bf)
+        problems.append(("attention_prefill_bf16", [t, hq, hkv, d],
+                         lambda q=q, k=k, v=v: sdpa(q, k, v, True)))
+    b, hq, hkv, d, s_len = 8, 16, 8, 128, (64 if quick else 4096)
+    qd = torch.rand(b, hq, 1, d, device=dev, dtype=bf)
+    kc = torch.rand(b, hkv, s_len, d, device=dev, dtype=bf)
+    vc = torch.rand(b, hkv, s_len, d, device=dev, dtype=bf)
+    problems.append(("attention_decode_bf16", [b, hq, hkv, d, s_len], lambda: sdpa(qd, kc, vc, False)))
+    r = torch.rand(big, hidden, device=dev, dtype=bf)
+    problems.append(("rms_norm_residual_bf16", [big, hidden], lambda: rms_norm(x + r, g.to(bf), 1e-6)))
+    vocab = 1000 if quick else 151936
+    logits = torch.rand(1, vocab, device=dev, dtype=bf)
+    problems.append(("argmax_bf16", [1, vocab], lambda: torch.argmax(logits, dim=-1)))
     for name, shape, fn in problems:
         print(json.dumps({"op": name, "shape": shape, "torch_ms": round(timed(fn, iters), 6)}), flush=True)
 

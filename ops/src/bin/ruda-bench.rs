@@ -83,6 +83,60 @@ fn problems(device: &Device, quick: bool) -> Result<Vec<Problem>, Box<dyn std::e
             run: Box::new(move |s| api::silu_into(s, &x, &y)),
         });
     }
+    // Prefill attention, Qwen3-0.6B-like heads (16 query, 8 KV, D = 128), causal, one sequence.
+    for t in if quick { vec![64] } else { vec![1024, 4096] } {
+        let (hq, hkv, d) = (16, 8, 128);
+        let q = random_bf16(device, &[t, hq, d], 8)?;
+        let k = random_bf16(device, &[t, hkv, d], 9)?;
+        let v = random_bf16(device, &[t, hkv, d], 10)?;
+        // Two tensors: the CPU device does not let one buffer be two arguments.
+        let cu_q = Tensor::from_slice(device, &[0u32, t as u32], &[2])?;
+        let cu_k = Tensor::from_slice(device, &[0u32, t as u32], &[2])?;
+        let o = Tensor::empty(device, DType::BF16, &[t, hq, d])?;
+        out.push(Problem {
+            name: "attention_prefill_bf16",
+            shape: vec![t, hq, hkv, d],
+            run: Box::new(move |s| api::attention_prefill_varlen_into(s, &q, &k, &v, &cu_q, &cu_k, t, None, true, &o)),
+        });
+    }
+    // Decode attention: 8 sequences of 4096 cached tokens, the same heads.
+    {
+        let (b, hq, hkv, d, s_len) = (8, 16, 8, 128, if quick { 64 } else { 4096 });
+        let q = random_bf16(device, &[b, hq, d], 11)?;
+        let kc = random_bf16(device, &[b, hkv, s_len, d], 12)?;
+        let vc = random_bf16(device, &[b, hkv, s_len, d], 13)?;
+        let lens = Tensor::from_slice(device, &vec![s_len as u32; b], &[b])?;
+        let ws = api::DecodeWorkspace::new(&q, api::decode_splits(b, hq, hkv, d, s_len))?;
+        let o = Tensor::empty(device, DType::BF16, &[b, hq, d])?;
+        out.push(Problem {
+            name: "attention_decode_bf16",
+            shape: vec![b, hq, hkv, d, s_len],
+            run: Box::new(move |s| api::attention_decode_into(s, &q, &kc, &vc, &lens, None, &ws, &o)),
+        });
+    }
+    {
+        let x = random_bf16(device, &[big, hidden], 14)?;
+        let r = random_bf16(device, &[big, hidden], 15)?;
+        let g = Tensor::from_slice(device, &vec![1.0f32; hidden], &[hidden])?;
+        let (y, r_out) = (Tensor::empty(device, DType::BF16, &[big, hidden])?, Tensor::empty(device, DType::BF16, &[big, hidden])?);
+        out.push(Problem {
+            name: "rms_norm_residual_bf16",
+            shape: vec![big, hidden],
+            run: Box::new(move |s| api::rms_norm_residual_into(s, &x, &r, &g, 1e-6, &y, &r_out)),
+        });
+    }
+    {
+        let vocab = if quick { 1000 } else { 151_936 };
+        let logits = random_bf16(device, &[1, vocab], 16)?;
+        let ids = Tensor::empty(device, DType::U32, &[1])?;
+        let ws_len = api::argmax_workspace_len(device, 1, vocab);
+        let ws = Tensor::empty(device, DType::U64, &[ws_len.max(1)])?;
+        out.push(Problem {
+            name: "argmax_bf16",
+            shape: vec![1, vocab],
+            run: Box::new(move |s| api::argmax_into(s, &logits, &ids, (ws_len > 0).then_some(&ws))),
+        });
+    }
     Ok(out)
 }
 

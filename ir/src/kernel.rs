@@ -343,7 +343,9 @@ named_enum!(
 /// float, float to integer, integer to float, and f16 <-> bf16; `sat` clamps integer results to
 /// the destination range. Float-to-integer conversions always saturate, and NaN becomes 0
 /// except from `f64` or into a 64-bit integer, where it becomes `1 << (bits - 1)` of the
-/// destination (the PTX ISA's rule, confirmed on an H200).
+/// destination (the PTX ISA's rule, confirmed on an H200). Arithmetic and rounding conversions
+/// produce the canonical NaN; a float converted to its own type without rounding (a move) and
+/// bf16 widened to f32 (a shift) keep a NaN's payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Cvt {
     pub to: ScalarType,

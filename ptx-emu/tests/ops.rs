@@ -234,17 +234,15 @@ fn cvt_inputs(slots: u32) -> Vec<Input> {
     inputs
 }
 
-/// Conversions whose NaN results differ between the PTX backend and the interpreter (reported
-/// to the lead; [`nan_payloads_of_moves_and_bf16_widening`] shows it): a float converted to
-/// its own type without rounding is a `mov`, and bf16 to f32 a shift, both of which keep a
-/// NaN's payload, while the interpreter returns the canonical NaN.
-fn known_divergence(from: ScalarType, cvt: Cvt) -> bool {
+/// Conversions that keep a NaN's payload (everywhere: the interpreter, and the backends' `mov`
+/// and shift): a float converted to its own type without rounding, and bf16 to f32.
+fn keeps_nan_payload(from: ScalarType, cvt: Cvt) -> bool {
     (from.is_float() && from == cvt.to && cvt.rounding.is_none()) || (from == ScalarType::BF16 && cvt.to == ScalarType::F32)
 }
 
 #[test]
 fn every_conversion_matches_the_interpreter() {
-    let convs: Vec<_> = conversions().into_iter().filter(|(f, c)| !known_divergence(*f, *c)).collect();
+    let convs = conversions();
     assert!(convs.len() > 400, "only {} conversions", convs.len());
     let sm80: Vec<_> = convs.iter().copied().filter(|(f, c)| !needs_sm90(*f, *c)).collect();
     let (k, slots) = cvt_kernel("cvt_sm80", &sm80);
@@ -457,9 +455,8 @@ fn shuffles_and_votes_match() {
 }
 
 #[test]
-#[ignore = "the interpreter canonicalises these NaNs, the PTX backend's mov and shift keep them"]
 fn nan_payloads_of_moves_and_bf16_widening() {
-    let convs: Vec<_> = conversions().into_iter().filter(|(f, c)| known_divergence(*f, *c)).collect();
+    let convs: Vec<_> = conversions().into_iter().filter(|(f, c)| keeps_nan_payload(*f, *c)).collect();
     assert_eq!(convs.len(), 5);
     let (k, slots) = cvt_kernel("cvt_same", &convs);
     check(&k, &launch(), &cvt_inputs(slots), &[Arch::Sm80]);

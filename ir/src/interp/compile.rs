@@ -698,6 +698,12 @@ impl Lower<'_> {
                 }
                 expect(&[Type::Scalar(to)])?;
                 let rounding = mode.unwrap_or(Rounding::Rn);
+                // A float converted to its own type without rounding is a move in PTX: NaN
+                // payloads survive.
+                if from == to && from.is_float() && mode.is_none() {
+                    push(Kind::Copy { d: d(), a: self.s(*a) });
+                    return Ok(());
+                }
                 let conv = match (Fmt::of(from), Fmt::of(to)) {
                     (None, None) => Conv::IntInt { from, to, sat: cvt.sat },
                     (Some(from), None) => Conv::FloatInt { from, to, mode: rounding },

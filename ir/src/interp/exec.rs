@@ -350,7 +350,8 @@ fn cvt(conv: Conv, m: Mask<'_>, d: &mut [u64], a: &[u64]) {
         Conv::FloatFloat { from: Fmt::F16, to: Fmt::F32, .. } => {
             map1(m, d, a, |x| half::f16::from_bits(x as u16).to_f32().canon())
         }
-        Conv::FloatFloat { from: Fmt::BF16, to: Fmt::F32, .. } => map1(m, d, a, |x| f32::from_bits((x as u32) << 16).canon()),
+        // Exact, and a NaN keeps its payload: the backends widen bf16 with a shift.
+        Conv::FloatFloat { from: Fmt::BF16, to: Fmt::F32, .. } => map1(m, d, a, |x| (x & 0xffff) << 16),
         Conv::FloatFloat { from: Fmt::F32, to: Fmt::F16, mode: Some(Rn) } => map1(m, d, a, |x| {
             let v = f32::from_lane(x);
             if v.is_nan() {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use ruda_codegen_ptx::{emit_ptx, Arch, Target};
 use ruda_ir::interp::{self, KernelArg, LaunchConfig};
-use ruda_ir::{Constant, Kernel, Op, ScalarType, Type};
+use ruda_ir::{Constant, Kernel, ScalarType, Type};
 use ruda_ptx_emu::{run_ptx_with, Arg, Module, Options};
 
 /// A kernel argument's initial value.
@@ -232,20 +232,3 @@ pub fn bytes_of(t: ScalarType, vals: &[u64]) -> Vec<u8> {
     vals.iter().flat_map(|v| v.to_le_bytes()[..size].to_vec()).collect()
 }
 
-/// The first conversion in `k` whose NaN results differ between the PTX backend and the
-/// interpreter (reported; see `ops.rs`): a float converted to its own type without rounding
-/// (a `mov` in PTX) or bf16 to f32 (a shift), which keep a NaN's payload where the interpreter
-/// gives the canonical NaN.
-pub fn known_divergence(k: &Kernel) -> Option<String> {
-    let mut found = None;
-    k.walk(|_, inst| {
-        if let Op::Cvt(a, cvt) = &inst.op {
-            let from = k.ty(*a).elem();
-            let same = from.is_float() && from == cvt.to && cvt.rounding.is_none();
-            if found.is_none() && (same || (from == ScalarType::BF16 && cvt.to == ScalarType::F32)) {
-                found = Some(format!("cvt {from} -> {}", cvt.to));
-            }
-        }
-    });
-    found
-}

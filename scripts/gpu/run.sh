@@ -12,8 +12,7 @@ results=${1:?usage: run.sh RESULTS_DIR}
 mkdir -p "$results/logs"
 bundle=scripts/gpu/bundle
 [ -d "$bundle/tests" ] || { echo "run.sh: no $bundle; run scripts/gpu/bundle.sh first" >&2; exit 2; }
-# The NVRTC backend is not written yet (compiler-depth issue); add `nvrtc` here when it is.
-compilers=${RUDA_GPU_COMPILERS:-ptx}
+compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
 
 export RUDA_REQUIRE_GPU=1 RUDA_DEVICE=cuda RUDA_INTERP_THREADS=8
 {

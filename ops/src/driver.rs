@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
-use ruda_ir::Kernel;
+use ruda_ir::interp::KernelArg;
+use ruda_ir::{Constant, Kernel, ScalarType};
 use ruda_runtime::Compiler;
 
 use crate::registry::{find, registry, Registered};
+use crate::sample::{checksum, file_problem, sample_problem, Problem, SampleArg};
 
 pub const USAGE: &str = "\
 usage:
@@ -26,6 +28,18 @@ usage:
       the optimisation passes, and the default pipeline
   rudac bench-compile [--target sm_90]
       time IR build, passes, PTX emission, NVRTC and ptxas for every configuration
+  rudac run ID|--file F.rir --engine interp|ptx-emu|cuda [--compiler ptx|nvrtc]
+                             [--target sm_90] [--seed N] [--input NAME=FILE|VALUE]...
+      run one configuration (after the default passes) on its sample problem, inputs drawn
+      from the seed (default 0), and print `checksum=<16 hex digits> time_ms=<f>`: FNV-1a 64
+      over every buffer argument after the run, concatenated in parameter order. interp is
+      the IR interpreter; ptx-emu emulates the PTX of --compiler for --target on the CPU
+      (they print the same checksum); cuda runs on GPU 0 through the runtime, which picks the
+      target (its checksum is informational: approximate math may differ in the last bits).
+      --input NAME=FILE replaces buffer parameter NAME with the raw little-endian bytes of
+      FILE (the same size); --input NAME=VALUE sets scalar parameter NAME (an integer, a float,
+      0x<bits>, true/false). A --file kernel runs one block of its launch bound (256 threads
+      without one) with default scalars (16, 0.125).
 
 P is `default` (the default), `none`, or pass names separated by commas (`fold,cse,dce`).
 
@@ -62,6 +76,32 @@ pub enum Command {
     Check { archs: Vec<Arch>, compiler: Option<String>, passes: String },
     Passes,
     BenchCompile { arch: Arch },
+    Run(RunArgs),
+}
+
+/// Where `rudac run` runs a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// The IR interpreter.
+    Interp,
+    /// The PTX emulator, on the PTX of the chosen compiler.
+    PtxEmu,
+    /// CUDA device 0 through the runtime.
+    Cuda,
+}
+
+/// The arguments of `rudac run`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunArgs {
+    pub source: Source,
+    pub engine: Engine,
+    /// `--compiler` (ptx-emu and cuda only; else `RUDA_CUDA_COMPILER`, else ptx).
+    pub compiler: Option<String>,
+    /// `--target` (ptx-emu only; default sm_90).
+    pub arch: Option<Arch>,
+    pub seed: u64,
+    /// `--input NAME=FILE|VALUE`, in order.
+    pub inputs: Vec<(String, String)>,
 }
 
 fn parse_arch(s: &str) -> Result<Arch, String> {
@@ -95,6 +135,7 @@ impl Command {
             "check" => &["--target", "--compiler", "--passes"],
             "passes" => &[],
             "bench-compile" => &["--target"],
+            "run" => &["--engine", "--compiler", "--target", "--seed", "--input", "--file"],
             other => return Err(format!("unknown command `{other}`")),
         };
         if let Some((f, _)) = flags.iter().find(|(f, _)| !allowed.contains(&f.as_str())) {
@@ -136,6 +177,7 @@ impl Command {
                 no_positional("passes")?;
                 Ok(Command::Passes)
             }
+            "run" => parse_run(&positional, &flags).map(Command::Run),
             "bench-compile" => {
                 no_positional("bench-compile")?;
                 Ok(Command::BenchCompile { arch: parse_arch(flag("--target").as_deref().unwrap_or("sm_90"))? })
@@ -150,6 +192,53 @@ impl Command {
             }
         }
     }
+}
+
+/// `rudac run`'s flags (already checked against the allowed ones).
+fn parse_run(positional: &[String], flags: &[(String, Option<String>)]) -> Result<RunArgs, String> {
+    let flag = |name: &str| flags.iter().find(|(f, _)| f == name).and_then(|(_, v)| v.clone());
+    for name in ["--engine", "--compiler", "--target", "--seed", "--file"] {
+        if flags.iter().filter(|(f, _)| f == name).count() > 1 {
+            return Err(format!("`rudac run` takes {name} once"));
+        }
+    }
+    let source = match (positional, flag("--file")) {
+        ([id], None) => Source::Id(id.clone()),
+        ([], Some(file)) => Source::File(PathBuf::from(file)),
+        _ => return Err("`rudac run` takes one kernel id (see `rudac list`) or --file F.rir".into()),
+    };
+    let engine = match flag("--engine").as_deref() {
+        Some("interp") => Engine::Interp,
+        Some("ptx-emu") => Engine::PtxEmu,
+        Some("cuda") => Engine::Cuda,
+        Some(other) => return Err(format!("unknown --engine `{other}`; expected interp, ptx-emu or cuda")),
+        None => return Err("`rudac run` needs --engine interp|ptx-emu|cuda".into()),
+    };
+    let compiler = flag("--compiler");
+    if compiler.is_some() && engine == Engine::Interp {
+        return Err("--compiler does not apply to --engine interp (it runs the IR)".into());
+    }
+    let arch = flag("--target").map(|t| parse_arch(&t)).transpose()?;
+    if arch.is_some() && engine != Engine::PtxEmu {
+        return Err(format!(
+            "--target applies to --engine ptx-emu only ({})",
+            if engine == Engine::Cuda { "on CUDA the runtime picks the device's target" } else { "the interpreter runs the IR" }
+        ));
+    }
+    let seed = match flag("--seed") {
+        None => 0,
+        Some(s) => s.parse().map_err(|_| format!("--seed `{s}` is not an unsigned 64-bit integer"))?,
+    };
+    let mut inputs: Vec<(String, String)> = Vec::new();
+    for (_, v) in flags.iter().filter(|(f, _)| f == "--input") {
+        let v = v.as_deref().unwrap_or_default();
+        let (name, value) = v.split_once('=').filter(|(n, _)| !n.is_empty()).ok_or_else(|| format!("--input `{v}`: expected NAME=FILE or NAME=VALUE"))?;
+        if inputs.iter().any(|(n, _)| n == name) {
+            return Err(format!("--input `{name}` given twice"));
+        }
+        inputs.push((name.to_string(), value.to_string()));
+    }
+    Ok(RunArgs { source, engine, compiler, arch, seed, inputs })
 }
 
 /// The compiler: the flag, else `RUDA_CUDA_COMPILER`, else `ptx`.
@@ -268,7 +357,180 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
         }
         Command::Check { archs, compiler, passes } => check(archs, resolve_compiler(compiler)?, passes, out),
         Command::BenchCompile { arch } => crate::compile_bench::bench_compile(*arch, out),
+        Command::Run(args) => {
+            let (checksum, ms) = run_sample(args)?;
+            writeln!(out, "checksum={checksum:016x} time_ms={ms:.3}").map_err(io)?;
+            Ok(true)
+        }
     }
+}
+
+/// `rudac run`: the checksum of the output buffers and the launch's wall time in ms.
+pub fn run_sample(args: &RunArgs) -> Result<(u64, f64), String> {
+    let kernel = load(&args.source)?;
+    let mut problem = match &args.source {
+        Source::Id(id) => {
+            let reg = find(id).ok_or_else(|| format!("no registered kernel `{id}` (see `rudac list`)"))?;
+            sample_problem(reg.family, id, &kernel, args.seed)?
+        }
+        Source::File(_) => file_problem(&kernel, args.seed)?,
+    };
+    // As the op library launches it.
+    let kernel = optimize(kernel, "default")?;
+    for (name, value) in &args.inputs {
+        set_input(&mut problem, &kernel.name, name, value)?;
+    }
+    let mut ms = 0.0;
+    let buffers = match args.engine {
+        Engine::Interp => problem.run_with(|a| {
+            let started = Instant::now();
+            let r = ruda_ir::interp::run(&kernel, &problem.launch, a);
+            ms = started.elapsed().as_secs_f64() * 1e3;
+            r.map_err(|e| format!("the interpreter: {e}"))
+        })?,
+        Engine::PtxEmu => {
+            let compiler = resolve_compiler(&args.compiler)?;
+            let arch = args.arch.unwrap_or(Arch::Sm90);
+            let what = format!("the PTX emulator ({} PTX for {arch})", compiler.name());
+            let ptx = compile(&kernel, arch, compiler)?;
+            let module = ruda_ptx_emu::Module::parse(&ptx).map_err(|e| format!("{what}: {e}"))?;
+            problem.run_with(|a| {
+                let mut emu_args: Vec<ruda_ptx_emu::Arg<'_>> = a
+                    .iter_mut()
+                    .map(|a| match a {
+                        KernelArg::Buffer(b) => ruda_ptx_emu::Arg::Buffer(b),
+                        KernelArg::Scalar(c) => ruda_ptx_emu::Arg::Scalar(*c),
+                    })
+                    .collect();
+                let started = Instant::now();
+                let r = module.launch(&kernel.name, &problem.launch, &mut emu_args, &ruda_ptx_emu::Options::default());
+                ms = started.elapsed().as_secs_f64() * 1e3;
+                r.map_err(|e| format!("{what}: {e}"))
+            })?
+        }
+        Engine::Cuda => {
+            let (buffers, t) = run_cuda(&kernel, &problem, resolve_compiler(&args.compiler)?)?;
+            ms = t;
+            buffers
+        }
+    };
+    Ok((checksum(&buffers), ms))
+}
+
+/// Apply `--input name=value` to `problem`: a buffer's contents from the file `value`, or a
+/// scalar's value.
+fn set_input(problem: &mut Problem, kernel: &str, name: &str, value: &str) -> Result<(), String> {
+    let names: Vec<&str> = problem.args.iter().map(|a| a.name()).collect();
+    let known = names.join(", ");
+    let arg = problem
+        .args
+        .iter_mut()
+        .find(|a| a.name() == name)
+        .ok_or_else(|| format!("--input {name}: kernel `{kernel}` has no parameter `{name}` (its parameters: {known})"))?;
+    match arg {
+        SampleArg::Buffer { elem, bytes, .. } => {
+            let data = std::fs::read(value).map_err(|e| format!("--input {name}: {value}: {e}"))?;
+            if data.len() != bytes.len() {
+                return Err(format!(
+                    "--input {name}: {value} has {} bytes; buffer parameter `{name}` ({elem}) takes exactly {} bytes",
+                    data.len(),
+                    bytes.len()
+                ));
+            }
+            *bytes = data;
+        }
+        SampleArg::Scalar { value: c, .. } => {
+            *c = parse_scalar(c.ty, value).map_err(|e| format!("--input {name}={value}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// A scalar argument from the command line: an integer (decimal, in the type's range), a
+/// float (rounded to nearest), `0x<bits>` for either, or true/false for `pred`.
+fn parse_scalar(ty: ScalarType, text: &str) -> Result<Constant, String> {
+    let bits = ty.bits();
+    let fits = |v: u64| bits >= 64 || v >> bits == 0;
+    if let Some(hex) = text.strip_prefix("0x") {
+        let v = u64::from_str_radix(hex, 16).map_err(|_| format!("`{text}` is not a hexadecimal number"))?;
+        return if fits(v) { Ok(Constant::new(ty, v)) } else { Err(format!("0x{hex} does not fit in {ty}")) };
+    }
+    match ty {
+        ScalarType::Pred => match text {
+            "true" | "1" => Ok(Constant::pred(true)),
+            "false" | "0" => Ok(Constant::pred(false)),
+            _ => Err("expected true or false".into()),
+        },
+        _ if ty.is_float() => {
+            let v: f64 = text.parse().map_err(|_| format!("`{text}` is not a number (for {ty})"))?;
+            Ok(match ty {
+                ScalarType::F16 => Constant::new(ty, half::f16::from_f64(v).to_bits() as u64),
+                ScalarType::BF16 => Constant::new(ty, half::bf16::from_f64(v).to_bits() as u64),
+                ScalarType::F32 => Constant::f32(v as f32),
+                _ => Constant::f64(v),
+            })
+        }
+        _ => {
+            let v: i128 = text.parse().map_err(|_| format!("`{text}` is not an integer (for {ty})"))?;
+            let (lo, hi) = if ty.is_signed_int() {
+                (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+            } else {
+                (0, (1i128 << bits) - 1)
+            };
+            if v < lo || v > hi {
+                return Err(format!("{v} is out of range for {ty} ({lo}..={hi})"));
+            }
+            Ok(Constant::new(ty, v as u64))
+        }
+    }
+}
+
+/// Run on CUDA device 0: a warm-up launch (compiling and loading the module) on one copy of
+/// the inputs, then the timed launch on a fresh copy; its buffers read back.
+fn run_cuda(kernel: &Kernel, problem: &Problem, compiler: Compiler) -> Result<(Vec<Vec<u8>>, f64), String> {
+    use ruda_runtime::{Arg, DType, Device, RuntimeError, Tensor};
+    let cuda = |e: RuntimeError| format!("--engine cuda: {e}");
+    let version = std::env::var("RUDA_PTX_VERSION").ok();
+    let ptx_version = ruda_runtime::parse_ptx_version(version.as_deref()).map_err(cuda)?;
+    let device = Device::cuda_with(0, compiler, ptx_version).map_err(|e| match e {
+        RuntimeError::CudaUnavailable { request, source } => {
+            format!("--engine cuda needs a CUDA GPU: {request}: {source}; --engine interp and ptx-emu run on any machine")
+        }
+        other => cuda(other),
+    })?;
+    // The buffer arguments, in parameter order.
+    let upload = || -> Result<Vec<Tensor>, String> {
+        let mut tensors = Vec::new();
+        for a in &problem.args {
+            if let SampleArg::Buffer { name, elem, bytes } = a {
+                let dtype = DType::from_scalar_type(*elem)
+                    .ok_or_else(|| format!("--engine cuda: buffer parameter `{name}` of {elem} has no memory form"))?;
+                tensors.push(Tensor::from_bytes(&device, dtype, &[bytes.len() / dtype.size()], bytes).map_err(cuda)?);
+            }
+        }
+        Ok(tensors)
+    };
+    let launch = |tensors: &[Tensor]| -> Result<(), String> {
+        let mut it = tensors.iter();
+        let args: Vec<Arg<'_>> = problem
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                SampleArg::Scalar { value, .. } => Some(Arg::Scalar(*value)),
+                SampleArg::Buffer { .. } => it.next().map(Arg::Tensor),
+            })
+            .collect();
+        let stream = device.default_stream();
+        stream.launch(kernel, problem.launch, &args).map_err(cuda)?;
+        stream.synchronize().map_err(cuda)
+    };
+    launch(&upload()?)?;
+    let tensors = upload()?;
+    let started = Instant::now();
+    launch(&tensors)?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let buffers = tensors.iter().map(|t| t.to_bytes().map_err(cuda)).collect::<Result<Vec<_>, _>>()?;
+    Ok((buffers, ms))
 }
 
 /// One row of `rudac check`.

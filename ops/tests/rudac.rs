@@ -1,7 +1,7 @@
 //! The `rudac` driver: argument parsing and the output of each command.
 
 use ruda_codegen_ptx::Arch;
-use ruda_ops::driver::{run, Command, EmitKind, Source};
+use ruda_ops::driver::{run, Command, EmitKind, Engine, RunArgs, Source};
 
 fn args(s: &str) -> Vec<String> {
     s.split_whitespace().map(String::from).collect()
@@ -30,6 +30,17 @@ fn parses_commands_and_flags() {
     assert_eq!(
         Command::parse(&args("check --target sm_80,sm_90a")),
         Ok(Command::Check { archs: vec![Arch::Sm80, Arch::Sm90a], compiler: None, passes: "default".into() })
+    );
+    assert_eq!(
+        Command::parse(&args("run gemv.f16.m4 --engine ptx-emu --compiler nvrtc --target sm_80 --seed 9 --input x=x.bin --input k=7")),
+        Ok(Command::Run(RunArgs {
+            source: Source::Id("gemv.f16.m4".into()),
+            engine: Engine::PtxEmu,
+            compiler: Some("nvrtc".into()),
+            arch: Some(Arch::Sm80),
+            seed: 9,
+            inputs: vec![("x".into(), "x.bin".into()), ("k".into(), "7".into())],
+        }))
     );
     for bad in ["", "frob", "list extra", "emit", "emit a b", "emit add.f32 --target sm_70", "check --emit ir", "emit x --emit sass", "check --target", "emit add.f32 --passes bogus"] {
         let e = Command::parse(&args(bad)).expect_err(bad);
@@ -120,4 +131,176 @@ fn emit_through_nvrtc() {
     let Some(_) = ruda_codegen_nvrtc::nvrtc_or_skip("emit_through_nvrtc").expect("nvrtc policy") else { return };
     let (_, ptx) = output("emit add.f32 --compiler nvrtc --target sm_80").unwrap();
     assert!(ptx.contains(".target sm_80") && ptx.contains(".entry add_f32("), "{ptx}");
+}
+
+/// `rudac run`'s checksum, parsed from its one output line.
+fn run_checksum(cmd: &str) -> Result<u64, String> {
+    let (ok, text) = output(cmd)?;
+    assert!(ok, "{cmd}");
+    let line = text.strip_suffix('\n').expect("one line");
+    let (sum, time) = line.split_once(' ').expect("two fields");
+    let sum = sum.strip_prefix("checksum=").expect("checksum=");
+    assert_eq!(sum.len(), 16, "{line}");
+    let ms: f64 = time.strip_prefix("time_ms=").expect("time_ms=").parse().expect("a number");
+    assert!(ms >= 0.0, "{line}");
+    Ok(u64::from_str_radix(sum, 16).expect("hex"))
+}
+
+/// Ids of different families: elementwise with special values, a norm, GEMV, RoPE with its
+/// positions, attention decode with sequence lengths, sampling.
+const RUN_IDS: [&str; 6] =
+    ["add.f16", "rms_norm.bf16.h1024", "gemv.f32.m4.splitk", "rope.f16.d64", "attention_decode.bf16.d64", "sampling.f32"];
+
+#[test]
+fn run_prints_the_same_checksum_on_interp_and_ptx_emu() {
+    for id in RUN_IDS {
+        for seed in [0, 3] {
+            let want = run_checksum(&format!("run {id} --engine interp --seed {seed}")).unwrap();
+            for target in ["sm_80", "sm_90"] {
+                let got = run_checksum(&format!("run {id} --engine ptx-emu --compiler ptx --target {target} --seed {seed}")).unwrap();
+                assert_eq!(got, want, "{id} seed {seed}: ptx-emu (direct PTX, {target}) against interp");
+            }
+        }
+        let seeds: Vec<u64> = [0, 1].map(|s| run_checksum(&format!("run {id} --engine interp --seed {s}")).unwrap()).to_vec();
+        assert_ne!(seeds[0], seeds[1], "{id}: seeds 0 and 1 give the same checksum");
+    }
+    // The default seed is 0.
+    assert_eq!(run_checksum("run add.f16 --engine interp").unwrap(), run_checksum("run add.f16 --engine interp --seed 0").unwrap());
+}
+
+#[test]
+fn run_through_nvrtc_prints_the_interpreters_checksum() {
+    let Some(_) = ruda_codegen_nvrtc::nvrtc_or_skip("run_through_nvrtc").expect("nvrtc policy") else { return };
+    // NVRTC takes seconds per large kernel: the small ones.
+    for id in ["add.f16", "rms_norm.bf16.h1024", "rope.f16.d64"] {
+        let want = run_checksum(&format!("run {id} --engine interp --seed 5")).unwrap();
+        let got = run_checksum(&format!("run {id} --engine ptx-emu --compiler nvrtc --target sm_80 --seed 5")).unwrap();
+        assert_eq!(got, want, "{id}: ptx-emu (NVRTC PTX) against interp");
+    }
+}
+
+#[test]
+fn every_registered_configuration_has_a_sample_problem() {
+    let mut sampler = ruda_ops::sample::Sampler::default();
+    for r in ruda_ops::registry::registry() {
+        let kernel = r.build().unwrap_or_else(|e| panic!("`{}`: {e}", r.id));
+        let p = sampler.problem(Some((r.family, &r.id)), &kernel, 0).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.args.len(), kernel.params.len(), "{}", r.id);
+    }
+    let kernel = ruda_ops::registry::find("add.f32").unwrap().build().unwrap();
+    let e = ruda_ops::sample::sample_problem("no_such_family", "x.f32", &kernel, 0).unwrap_err();
+    assert!(e.contains("no_such_family") && e.contains("x.f32"), "{e}");
+}
+
+/// A scratch folder for one test.
+fn scratch(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("rudac-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn run_with_input_files_and_scalars() {
+    use ruda_ops::sample::{checksum, sample_problem, SampleArg, BUFFER_BYTES};
+    let dir = scratch("inputs");
+    // `b` of add.f32 replaced by 0, 1, 2, ...: the checksum must be that of the same problem
+    // run here.
+    let b: Vec<u8> = (0..BUFFER_BYTES / 4).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let file = dir.join("b.bin");
+    std::fs::write(&file, &b).unwrap();
+    let given = run_checksum(&format!("run add.f32 --engine interp --seed 2 --input b={}", file.display())).unwrap();
+    let default = run_checksum("run add.f32 --engine interp --seed 2").unwrap();
+    assert_ne!(given, default, "--input b changed nothing");
+    let emu = run_checksum(&format!("run add.f32 --engine ptx-emu --seed 2 --input b={}", file.display())).unwrap();
+    assert_eq!(emu, given);
+
+    let mut kernel = ruda_ops::registry::find("add.f32").unwrap().build().unwrap();
+    let mut p = sample_problem("elementwise", "add.f32", &kernel, 2).unwrap();
+    for a in &mut p.args {
+        if let SampleArg::Buffer { name, bytes, .. } = a {
+            if name == "b" {
+                bytes.clone_from(&b);
+            }
+        }
+    }
+    ruda_ir::passes::optimize(&mut kernel).unwrap();
+    let bufs = p.run_with(|args| ruda_ir::interp::run(&kernel, &p.launch, args)).unwrap();
+    assert_eq!(checksum(&bufs), given);
+
+    // A scalar: `n` (700 by default) in decimal and in hex.
+    let n5 = run_checksum("run add.f32 --engine interp --seed 2 --input n=5").unwrap();
+    assert_ne!(n5, default);
+    assert_eq!(run_checksum("run add.f32 --engine interp --seed 2 --input n=0x5").unwrap(), n5);
+    assert_eq!(run_checksum("run add.f32 --engine interp --seed 2 --input n=700").unwrap(), default);
+
+    let short = dir.join("short.bin");
+    std::fs::write(&short, [0u8; 12]).unwrap();
+    for (cmd, why) in [
+        (format!("run add.f32 --engine interp --input b={}", short.display()), "takes exactly 262144 bytes"),
+        (format!("run add.f32 --engine interp --input b={}", dir.join("none.bin").display()), "none.bin"),
+        ("run add.f32 --engine interp --input zz=1".into(), "no parameter `zz` (its parameters: a, b, out, n)"),
+        ("run add.f32 --engine interp --input n=-1".into(), "out of range for u32"),
+        ("run add.f32 --engine interp --input n=1.5".into(), "not an integer"),
+        ("run add.f32 --engine interp --input n=0x100000000".into(), "does not fit in u32"),
+        ("run add.f32 --engine interp --input n=1 --input n=2".into(), "given twice"),
+        ("run add.f32 --engine interp --input n".into(), "NAME=FILE or NAME=VALUE"),
+    ] {
+        let e = output(&cmd).unwrap_err();
+        assert!(e.contains(why), "{cmd}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_a_text_ir_file() {
+    let dir = scratch("file");
+    let path = dir.join("twice.rir");
+    std::fs::write(
+        &path,
+        "kernel @twice(%0 x: ptr<global,f32>) {\n  %1: u32 = special tid.x\n  %2: ptr<global,f32> = ptradd %0, %1\n  %3: f32 = load %2\n  %4: f32 = add %3, %3\n  store %2, %4\n}\n",
+    )
+    .unwrap();
+    let interp = run_checksum(&format!("run --file {} --engine interp", path.display())).unwrap();
+    let emu = run_checksum(&format!("run --file {} --engine ptx-emu --target sm_80", path.display())).unwrap();
+    assert_eq!(interp, emu);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_errors() {
+    for (cmd, why) in [
+        ("run no.such.kernel --engine interp", "rudac list"),
+        ("run add.f32", "needs --engine"),
+        ("run add.f32 --engine gpu", "unknown --engine `gpu`"),
+        ("run add.f32 --engine interp --target sm_80", "--target applies to --engine ptx-emu only"),
+        ("run add.f32 --engine cuda --target sm_80", "picks the device's target"),
+        ("run add.f32 --engine interp --compiler nvrtc", "--compiler does not apply"),
+        ("run add.f32 --engine ptx-emu --compiler cuda", "accepted values"),
+        ("run add.f32 --engine interp --seed -1", "--seed `-1`"),
+        ("run --file /nonexistent/k.rir --engine interp", "/nonexistent/k.rir"),
+        ("run --engine interp", "one kernel id"),
+    ] {
+        let e = output(cmd).unwrap_err();
+        assert!(e.contains(why), "{cmd}: {e}");
+    }
+}
+
+#[test]
+fn run_on_cuda_needs_a_gpu() {
+    let out = rudac("", "run add.f32 --engine cuda");
+    if ruda_runtime::probe_driver().is_ok() {
+        // A GPU machine: the line, with an informational checksum.
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("checksum="));
+        return;
+    }
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--engine cuda needs a CUDA GPU") && err.contains("CUDA device 0"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // The binary prints the line on stdout for the engines that run anywhere.
+    let out = rudac("", "run add.f32 --engine interp");
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.starts_with("checksum=") && line.contains(" time_ms=") && line.ends_with('\n'), "{line}");
 }

@@ -1,4 +1,4 @@
-//! `rudac`: list, emit and check RUDA's registered kernel configurations.
+//! `rudac`: list, emit, check and run RUDA's registered kernel configurations.
 
 use std::process::ExitCode;
 

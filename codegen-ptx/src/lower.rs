@@ -48,6 +48,7 @@ pub(crate) fn lower(k: &Kernel, arch: Arch, names: &Names) -> Result<Lowered, Co
         last_loc: None,
         pending_loc: None,
         needs: Vec::new(),
+        addressing: Addressing::plan(k),
     };
     l.params()?;
     l.region(k.body)?;
@@ -67,6 +68,106 @@ pub(crate) struct Lower<'a> {
     last_loc: Option<(usize, u32, u32)>,
     pending_loc: Option<Loc>,
     needs: Vec<Need>,
+    addressing: Addressing,
+}
+
+/// `[reg+imm]` addressing: memory instructions whose address is `ptradd(q, constant)` address
+/// `[q+bytes]` instead, and the `ptradd`s (and constant indices) that this leaves unused are
+/// not emitted.
+struct Addressing {
+    /// Per instruction: the base pointer and byte offset its folded address uses.
+    folded: Vec<Option<(Value, i64)>>,
+    /// Per instruction: whether it is left out (its only uses were folded away).
+    skip: Vec<bool>,
+}
+
+impl Addressing {
+    fn plan(k: &Kernel) -> Addressing {
+        let n = k.values.len();
+        let mut def: Vec<Option<InstId>> = vec![None; n];
+        let mut order = Vec::new();
+        let mut uses = vec![0u32; n];
+        let mut stack = vec![k.body];
+        while let Some(r) = stack.pop() {
+            let region = k.region(r);
+            for &id in &region.insts {
+                let op = &k.inst(id).op;
+                for v in &k.inst(id).results {
+                    def[v.index()] = Some(id);
+                }
+                for v in op.operands() {
+                    uses[v.index()] += 1;
+                }
+                stack.extend(op.regions());
+                order.push(id);
+            }
+            for y in &region.yields {
+                uses[y.index()] += 1;
+            }
+        }
+        let op_of = |v: Value| def[v.index()].map(|id| &k.inst(id).op);
+        let mut folded = vec![None; k.insts.len()];
+        // Uses of each value that no emitted instruction reads.
+        let mut gone = vec![0u32; n];
+        for &id in &order {
+            let (ptr, lanes) = match &k.inst(id).op {
+                Op::Load { ptr, lanes } => (*ptr, *lanes as usize),
+                Op::Store { ptr, value } => (*ptr, k.ty(*value).lanes() as usize),
+                Op::Atomic { ptr, .. } => (*ptr, 1),
+                _ => continue,
+            };
+            let Some(Op::PtrAdd(q, i)) = op_of(ptr) else { continue };
+            let (Some(Op::Const(c)), Type::Ptr(space, elem)) = (op_of(*i), k.ty(ptr)) else { continue };
+            // Addresses wrap at the pointer width, as `ptr_add`'s arithmetic does.
+            let offset = c.as_i64().wrapping_mul(elem.bytes() as i64);
+            let fits = space.pointer_bits() == 32
+                || Lower::pieces(elem, lanes).iter().all(|p| i32::try_from(offset.wrapping_add(p.2 as i64)).is_ok());
+            if fits {
+                folded[id.index()] = Some((*q, offset));
+                gone[ptr.index()] += 1;
+            }
+        }
+        let mut skip = vec![false; k.insts.len()];
+        for &id in &order {
+            let inst = k.inst(id);
+            if let (Op::PtrAdd(_, i), [v]) = (&inst.op, inst.results.as_slice()) {
+                if uses[v.index()] == gone[v.index()] && uses[v.index()] > 0 {
+                    skip[id.index()] = true;
+                    gone[i.index()] += 1;
+                }
+            }
+        }
+        for &id in &order {
+            let inst = k.inst(id);
+            if let (Op::Const(_), [v]) = (&inst.op, inst.results.as_slice()) {
+                skip[id.index()] = uses[v.index()] == gone[v.index()] && uses[v.index()] > 0;
+            }
+        }
+        Addressing { folded, skip }
+    }
+}
+
+/// A memory operand: `[reg]`, `[reg+8]`, `[reg+-8]`.
+#[derive(Clone, Copy)]
+struct Address {
+    reg: Reg,
+    offset: i64,
+    /// 32-bit address spaces, where offsets wrap at 32 bits.
+    narrow: bool,
+}
+
+impl Address {
+    /// The operand for the piece `bytes` further on.
+    fn at(self, bytes: u32) -> String {
+        let mut offset = self.offset.wrapping_add(bytes as i64);
+        if self.narrow {
+            offset = offset as i32 as i64;
+        }
+        match offset {
+            0 => format!("[{}]", self.reg),
+            _ => format!("[{}+{offset}]", self.reg),
+        }
+    }
 }
 
 /// Separates the operands of an instruction.
@@ -310,6 +411,9 @@ impl<'a> Lower<'a> {
     fn inst(&mut self, id: InstId) -> Result<(), CodegenError> {
         let k = self.k;
         let inst = k.inst(id);
+        if self.addressing.skip.get(id.index()).copied().unwrap_or(false) {
+            return Ok(());
+        }
         self.loc(inst.loc.as_ref());
         let res = &inst.results;
         match &inst.op {
@@ -363,9 +467,9 @@ impl<'a> Lower<'a> {
                 let name = self.names.dyn_shared.clone();
                 self.ins("mov.u32", format!("{d}, {name}"));
             }
-            Op::Load { ptr, lanes } => self.load(*ptr, *lanes, res)?,
-            Op::Store { ptr, value } => self.store(*ptr, *value)?,
-            Op::Atomic { op, ptr, value, compare } => self.atomic(*op, *ptr, *value, *compare, res)?,
+            Op::Load { ptr, lanes } => self.load(id, *ptr, *lanes, res)?,
+            Op::Store { ptr, value } => self.store(id, *ptr, *value)?,
+            Op::Atomic { op, ptr, value, compare } => self.atomic(id, *op, *ptr, *value, *compare, res)?,
             Op::Barrier => self.ins("bar.sync", "0"),
             Op::Shfl { mode, value, lane } => {
                 let (a, b) = (self.one(*value)?, self.one(*lane)?);
@@ -635,11 +739,17 @@ impl<'a> Lower<'a> {
         Ok(())
     }
 
-    fn mem_ptr(&self, ptr: Value) -> Result<(AddrSpace, ScalarType, Reg), CodegenError> {
-        match self.k.ty(ptr) {
-            Type::Ptr(space, elem) => Ok((space, elem, self.one(ptr)?)),
-            other => Err(CodegenError::Internal(format!("memory access through {other}"))),
-        }
+    /// The space, element type and address of memory instruction `id` accessing `ptr`.
+    fn mem_ptr(&self, id: InstId, ptr: Value) -> Result<(AddrSpace, ScalarType, Address), CodegenError> {
+        let Type::Ptr(space, elem) = self.k.ty(ptr) else {
+            return Err(CodegenError::Internal(format!("memory access through {}", self.k.ty(ptr))));
+        };
+        let narrow = space.pointer_bits() == 32;
+        let address = match self.addressing.folded.get(id.index()).copied().flatten() {
+            Some((q, offset)) => Address { reg: self.one(q)?, offset, narrow },
+            None => Address { reg: self.one(ptr)?, offset: 0, narrow },
+        };
+        Ok((space, elem, address))
     }
 
     /// Split a vector access into pieces of at most 16 bytes (PTX has no `.v4` of 64-bit
@@ -653,55 +763,49 @@ impl<'a> Lower<'a> {
         }
     }
 
-    fn address(reg: Reg, offset: u32) -> String {
-        if offset == 0 {
-            format!("[{reg}]")
-        } else {
-            format!("[{reg}+{offset}]")
-        }
-    }
-
-    fn load(&mut self, ptr: Value, lanes: u8, res: &[Value]) -> Result<(), CodegenError> {
-        let (space, elem, a) = self.mem_ptr(ptr)?;
+    fn load(&mut self, id: InstId, ptr: Value, lanes: u8, res: &[Value]) -> Result<(), CodegenError> {
+        let (space, elem, a) = self.mem_ptr(id, ptr)?;
         let [v] = res else { return Err(CodegenError::Internal("`load` defines one value".into())) };
         let d = self.def(*v)?;
         let ty = mem_type(elem);
         if lanes == 1 {
-            self.ins(&format!("ld.{space}.{ty}"), format!("{}, [{a}]", d[0]));
+            self.ins(&format!("ld.{space}.{ty}"), format!("{}, {}", d[0], a.at(0)));
             return Ok(());
         }
         for (first, n, offset) in Self::pieces(elem, d.len()) {
             let regs = RegList(&d[first..first + n]);
-            self.ins(&format!("ld.{space}.v{n}.{ty}"), format!("{regs}, {}", Self::address(a, offset)));
+            self.ins(&format!("ld.{space}.v{n}.{ty}"), format!("{regs}, {}", a.at(offset)));
         }
         Ok(())
     }
 
-    fn store(&mut self, ptr: Value, value: Value) -> Result<(), CodegenError> {
-        let (space, elem, a) = self.mem_ptr(ptr)?;
+    fn store(&mut self, id: InstId, ptr: Value, value: Value) -> Result<(), CodegenError> {
+        let (space, elem, a) = self.mem_ptr(id, ptr)?;
         let s = self.regs.of(value)?.to_vec();
         let ty = mem_type(elem);
         if let [one] = s.as_slice() {
-            self.ins(&format!("st.{space}.{ty}"), format!("[{a}], {one}"));
+            self.ins(&format!("st.{space}.{ty}"), format!("{}, {one}", a.at(0)));
             return Ok(());
         }
         for (first, n, offset) in Self::pieces(elem, s.len()) {
             let regs = RegList(&s[first..first + n]);
-            self.ins(&format!("st.{space}.v{n}.{ty}"), format!("{}, {regs}", Self::address(a, offset)));
+            self.ins(&format!("st.{space}.v{n}.{ty}"), format!("{}, {regs}", a.at(offset)));
         }
         Ok(())
     }
 
     fn atomic(
         &mut self,
+        id: InstId,
         op: AtomicOp,
         ptr: Value,
         value: Value,
         compare: Option<Value>,
         res: &[Value],
     ) -> Result<(), CodegenError> {
-        let (space, elem, a) = self.mem_ptr(ptr)?;
+        let (space, elem, a) = self.mem_ptr(id, ptr)?;
         let b = self.one(value)?;
+        let a = a.at(0);
         let d = self.def1(res)?;
         let ty = match op {
             AtomicOp::Add | AtomicOp::Min | AtomicOp::Max => elem.name().to_string(),
@@ -712,9 +816,9 @@ impl<'a> Lower<'a> {
             // PTX: `atom.cas d, [a], b, c` stores c where the old value equals b.
             Some(c) => {
                 let c = self.one(c)?;
-                self.ins(&m, format!("{d}, [{a}], {c}, {b}"));
+                self.ins(&m, format!("{d}, {a}, {c}, {b}"));
             }
-            None => self.ins(&m, format!("{d}, [{a}], {b}")),
+            None => self.ins(&m, format!("{d}, {a}, {b}")),
         }
         Ok(())
     }

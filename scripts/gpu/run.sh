@@ -52,6 +52,14 @@ if command -v ptxas >/dev/null; then
   echo "rudac check exit $?" >> "$results/rudac-check.txt"
 fi
 
+# `rudac run` on CUDA beside the interpreter (checksums are informational on CUDA: approximate
+# instructions may differ in the last bits).
+for id in rms_norm.bf16.h1024 softmax.f32 gemm_simt.bf16.nt attention_decode.bf16.d128; do
+  for engine in "interp" "cuda --compiler ptx" "cuda --compiler nvrtc"; do
+    echo "$id $engine: $("$bundle/bin/rudac" run "$id" --engine $engine 2>&1 | tail -1)"
+  done
+done > "$results/rudac-run.txt"
+
 # The PTX backend's lowering of every op and conversion, bit for bit against exact arithmetic.
 mkdir -p "$results/gpucheck"
 timeout 300 python3 "$bundle/gpucheck/run.py" "$results/gpucheck" > "$results/logs/gpucheck_run.log" 2>&1 \
@@ -62,3 +70,4 @@ timeout 300 "$bundle/bin/ruda-bench" > "$results/bench_ruda.jsonl" 2> "$results/
 timeout 300 python3 bench/baseline.py > "$results/bench_torch.jsonl" 2> "$results/logs/bench_torch.log"
 python3 scripts/gpu/summarize.py "$results"
 tail -n 3 "$results/gpucheck.txt" "$results/rudac-check.txt" 2>/dev/null
+cat "$results/rudac-run.txt"

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 eval "$(scripts/install-cuda-tools.sh --print-env)"
 export RUDA_REQUIRE_PTXAS=1 RUDA_REQUIRE_NVRTC=1
+# The differential test runs every registered configuration's NVRTC PTX in the emulator too.
+export RUDA_DIFF_NVRTC=all
 
 cargo build --locked --workspace --all-targets
 # The fuzz targets are their own workspace: build them so a change that breaks them shows here.

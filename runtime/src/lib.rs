@@ -39,11 +39,14 @@
 //! | `RUDA_NVRTC` | the first kernel compiled with `nvrtc` | path to `libnvrtc`; unset: the pinned copy of `scripts/install-cuda-tools.sh`, else the system's `libnvrtc.so.12`, then `libnvrtc.so.13`. Not found: an error listing where it looked. |
 //! | `RUDA_PTX_VERSION` | [`Device::cuda`], [`Device::from_env`] | a PTX ISA version such as `8.0`; unset: the lowest the target and kernel need. An error when higher than the driver accepts or lower than the architecture needs. |
 //! | `RUDA_DUMP_IR` | every module-cache miss on a GPU | a folder: the emitted PTX of each compiled kernel goes to `<folder>/<kernel>-<key fingerprint>.ptx`, with `nvrtc` its CUDA C++ to `<…>.cu` beside it |
+//! | `RUDA_AUTOTUNE` | [`AutotuneMode::from_env`], [`Autotuner::for_device`] | `on` (default on CUDA: the first call of a tunable op for a new key benchmarks its candidates), `off` (each op's heuristic default). Always off on the CPU device. Anything else is an error. |
+//! | `RUDA_CACHE_DIR` | [`cache_dir_from_env`] | the folder for RUDA's caches; autotuning results go to `<folder>/autotune/<device fingerprint>.json`. Unset: `$XDG_CACHE_HOME/ruda`, then `$HOME/.cache/ruda`. |
 //! | `RUDA_REQUIRE_GPU` | [`require_gpu`] (tests) | `1`: a missing GPU fails GPU tests instead of skipping them |
 //!
 //! When the driver rejects PTX, the error carries the JIT log and the path of the PTX (the
 //! `RUDA_DUMP_IR` copy, else one written under the system temporary folder, `ruda-ptx/`).
 
+mod autotune;
 mod buffer;
 mod cache;
 mod cuda;
@@ -56,6 +59,10 @@ mod stream;
 mod target;
 mod tensor;
 
+pub use autotune::{
+    alignment_class, bucket, cache_dir, cache_dir_from_env, measure_on_stream, median, AutotuneMode, Autotuner, CacheFile,
+    Candidate, CandidateResult, CandidateSet, Choice, DeviceFingerprint, TuneEntry, TuneKey, RUDA_AUTOTUNE, RUDA_CACHE_DIR,
+};
 pub use buffer::Buffer;
 pub use cache::{CacheStats, ModuleCache, ModuleKey};
 pub use cuda::CudaDeviceInfo;

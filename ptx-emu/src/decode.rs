@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::num::{Approx, Fmt, IntTy, Rnd};
+use crate::num::{Approx, Fmt, IntFmt, Rounding};
 use crate::parse::{AddrBase, Function, Imm, Inst as PInst, Module, Operand, RegDecl, Stmt, VarDecl};
 use crate::program::*;
 
@@ -104,20 +104,20 @@ impl PType {
     }
 
     /// The integer view: `.s` types signed, `.b`/`.u` unsigned, `.pred` one bit.
-    fn int(self) -> Option<IntTy> {
+    fn int(self) -> Option<IntFmt> {
         match self {
-            PType::B(n) | PType::U(n) => Some(IntTy { bits: n, signed: false }),
-            PType::S(n) => Some(IntTy { bits: n, signed: true }),
-            PType::Pred => Some(IntTy { bits: 1, signed: false }),
+            PType::B(n) | PType::U(n) => Some(IntFmt { bits: n, signed: false }),
+            PType::S(n) => Some(IntFmt { bits: n, signed: true }),
+            PType::Pred => Some(IntFmt { bits: 1, signed: false }),
             _ => None,
         }
     }
 
     /// How a result of this type is written to a (possibly wider) register.
-    fn write(self) -> IntTy {
+    fn write(self) -> IntFmt {
         match self {
-            PType::S(n) => IntTy { bits: n, signed: true },
-            other => IntTy { bits: other.bits(), signed: false },
+            PType::S(n) => IntFmt { bits: n, signed: true },
+            other => IntFmt { bits: other.bits(), signed: false },
         }
     }
 
@@ -1358,10 +1358,10 @@ impl<'m> Decoder<'m> {
         };
         let (to, from) = (*to, *from);
         let r = |s: &str| match s.trim_end_matches('i') {
-            "rn" => Some(Rnd::Rn),
-            "rz" => Some(Rnd::Rz),
-            "rm" => Some(Rnd::Rm),
-            "rp" => Some(Rnd::Rp),
+            "rn" => Some(Rounding::Rn),
+            "rz" => Some(Rounding::Rz),
+            "rm" => Some(Rounding::Rm),
+            "rp" => Some(Rounding::Rp),
             _ => None,
         };
         let integral = rnd.is_some_and(|s| s.ends_with('i'));
@@ -1371,7 +1371,7 @@ impl<'m> Decoder<'m> {
         let rounding = rnd.and_then(r);
         // Packed conversions: `cvt.rn.f16x2.f32 d, a, b`.
         if matches!(to, PType::F16x2 | PType::BF16x2) {
-            if from != PType::F32 || rounding != Some(Rnd::Rn) || integral || sat || ftz {
+            if from != PType::F32 || rounding != Some(Rounding::Rn) || integral || sat || ftz {
                 return self.unsup(format!("`{}`", i.mnemonic));
             }
             let o = self.operands(i, 3)?;
@@ -1405,15 +1405,17 @@ impl<'m> Decoder<'m> {
             }
             (_, Some(f), _, Some(t)) => {
                 let narrowing = t.bits() < f.bits() || (t.bits() == f.bits() && t != f);
+                // As in `ruda_ir::interp::num::float_to_float`: a mode on equal types rounds to
+                // an integral value; `None` converts exactly.
                 let rnd = match (rounding, narrowing, integral) {
-                    (Some(r), _, true) if t == f => r,
+                    (Some(r), _, true) if t == f => Some(r),
                     (Some(_), _, true) => return self.err("integral rounding needs equal float types"),
-                    (Some(r), true, false) => r,
+                    (Some(r), true, false) => Some(r),
                     (None, true, _) => return self.err(format!("`{}`: narrowing needs a rounding modifier", i.mnemonic)),
                     (Some(_), false, false) => return self.err(format!("`{}`: widening takes no rounding", i.mnemonic)),
-                    (None, false, _) => Rnd::Rn,
+                    (None, false, _) => None,
                 };
-                Conv::FloatFloat { from: f, to: t, rnd, integral, ftz, sat, relu }
+                Conv::FloatFloat { from: f, to: t, rnd, ftz, sat, relu }
             }
             _ => return self.unsup(format!("`{}`", i.mnemonic)),
         };

@@ -68,7 +68,7 @@ pub(crate) fn thread_of(block: [u32; 3], t: u32) -> [u32; 3] {
 }
 
 #[inline(always)]
-fn canon(t: IntTy, v: u64) -> u64 {
+fn canon(t: IntFmt, v: u64) -> u64 {
     if t.signed {
         let s = 64 - t.bits;
         (((v << s) as i64) >> s) as u64
@@ -77,7 +77,7 @@ fn canon(t: IntTy, v: u64) -> u64 {
     }
 }
 
-const U32T: IntTy = IntTy { bits: 32, signed: false };
+const U32T: IntFmt = IntFmt { bits: 32, signed: false };
 
 impl<'a> Worker<'a> {
     pub(crate) fn new(l: &'a Launch<'a>) -> Worker<'a> {
@@ -420,7 +420,7 @@ impl<'a> Worker<'a> {
                         });
                     }
                 }
-                let t = if signed { IntTy { bits: 32, signed: true } } else { U32T };
+                let t = if signed { IntFmt { bits: 32, signed: true } } else { U32T };
                 for (&k, wop) in members.iter().zip(&ops) {
                     if let WarpOp::Redux { d, .. } = *wop {
                         self.set(lo + k, d, canon(t, acc.unwrap_or(0) as u64));
@@ -487,7 +487,7 @@ impl<'a> Worker<'a> {
                 },
                 Op::MulWide { t: ty, d, a, b } => {
                     let v = ty.value(g!(a)) * ty.value(g!(b));
-                    g!(d) = canon(IntTy { bits: ty.bits * 2, signed: ty.signed }, v as u64);
+                    g!(d) = canon(IntFmt { bits: ty.bits * 2, signed: ty.signed }, v as u64);
                 }
                 Op::IMad { op, t: ty, d, a, b, c } => {
                     g!(d) = match op {
@@ -497,7 +497,7 @@ impl<'a> Worker<'a> {
                             canon(ty, hi.wrapping_add(g!(c)))
                         }
                         Mad::Wide => {
-                            let wide = IntTy { bits: ty.bits * 2, signed: ty.signed };
+                            let wide = IntFmt { bits: ty.bits * 2, signed: ty.signed };
                             let v = ty.value(g!(a)) * ty.value(g!(b)) + wide.value(g!(c));
                             canon(wide, v as u64)
                         }
@@ -567,7 +567,7 @@ impl<'a> Worker<'a> {
                 }
                 Op::Selp { t: ty, d, a, b, c } => g!(d) = canon(ty, if g!(c) != 0 { g!(a) } else { g!(b) }),
                 Op::Slct { t: ty, float_sel, d, a, b, c } => {
-                    let take_a = if float_sel { f32of(g!(c)) >= 0.0 } else { g!(c) as u32 as i32 >= 0 };
+                    let take_a = if float_sel { f32::from_lane(g!(c)) >= 0.0 } else { g!(c) as u32 as i32 >= 0 };
                     g!(d) = canon(ty, if take_a { g!(a) } else { g!(b) });
                 }
                 Op::FBin { op, f, ftz, sat, d, a, b } => g!(d) = fbin(op, f, ftz, sat, g!(a), g!(b)),
@@ -575,11 +575,11 @@ impl<'a> Worker<'a> {
                     g!(d) = match f {
                         FTy::F32 => {
                             let fl = |x: u64| if ftz { flush(x, Fmt::F32) } else { x };
-                            let v = f32c(f32of(fl(g!(a))).mul_add(f32of(fl(g!(b))), f32of(fl(g!(c)))));
+                            let v = f32::from_lane(fl(g!(a))).mul_add(f32::from_lane(fl(g!(b))), f32::from_lane(fl(g!(c)))).canon();
                             finish32(v, ftz, sat)
                         }
                         FTy::F64 => {
-                            let v = f64c(f64of(g!(a)).mul_add(f64of(g!(b)), f64of(g!(c))));
+                            let v = f64::from_lane(g!(a)).mul_add(f64::from_lane(g!(b)), f64::from_lane(g!(c))).canon();
                             if sat {
                                 clamp01(v, Fmt::F64)
                             } else {
@@ -591,8 +591,8 @@ impl<'a> Worker<'a> {
                 Op::FUn { op, f, ftz, d, a } => g!(d) = fun(op, f, ftz, g!(a)),
                 Op::Testp { op, f, d, a } => {
                     let (fmt, x) = match f {
-                        FTy::F32 => (Fmt::F32, f32of(g!(a)) as f64),
-                        FTy::F64 => (Fmt::F64, f64of(g!(a))),
+                        FTy::F32 => (Fmt::F32, f32::from_lane(g!(a)) as f64),
+                        FTy::F64 => (Fmt::F64, f64::from_lane(g!(a))),
                     };
                     g!(d) = match op {
                         0 => x.is_finite(),
@@ -606,7 +606,7 @@ impl<'a> Worker<'a> {
                 Op::Cvt { conv, d, a } => g!(d) = cvt(conv, g!(a)),
                 Op::CvtPack { to, relu, d, a, b } => {
                     let one = |x: u64| {
-                        let v = float_to_float(x, Fmt::F32, to, Rnd::Rn, false);
+                        let v = float_to_float(x, Fmt::F32, to, Some(Rounding::Rn));
                         if relu {
                             relu_of(v, to)
                         } else {
@@ -640,7 +640,7 @@ impl<'a> Worker<'a> {
                             Err(m) => fault!(FaultKind::Memory, m),
                         }
                     }
-                    let ty = IntTy { bits: size as u32 * 8, signed };
+                    let ty = IntFmt { bits: size as u32 * 8, signed };
                     for k in 0..n as usize {
                         g!(ds[k]) = canon(ty, vals[k]);
                     }
@@ -672,7 +672,7 @@ impl<'a> Worker<'a> {
                         Ok(old) => {
                             let wt = match ty {
                                 AtomTy::Int(i) => i,
-                                AtomTy::Float(f) => IntTy { bits: f.bits(), signed: false },
+                                AtomTy::Float(f) => IntFmt { bits: f.bits(), signed: false },
                             };
                             g!(d) = canon(wt, old);
                         }
@@ -761,7 +761,7 @@ fn combine(bop: BoolOp, x: bool, y: bool) -> bool {
     }
 }
 
-fn ibin(op: IBin, t: IntTy, a: u64, b: u64) -> Option<u64> {
+fn ibin(op: IBin, t: IntFmt, a: u64, b: u64) -> Option<u64> {
     let w = t.bits;
     let (x, y) = (t.value(a), t.value(b));
     let v = match op {
@@ -827,7 +827,7 @@ fn ibin(op: IBin, t: IntTy, a: u64, b: u64) -> Option<u64> {
     Some(canon(t, v))
 }
 
-fn iun(op: IUn, t: IntTy, a: u64) -> u64 {
+fn iun(op: IUn, t: IntFmt, a: u64) -> u64 {
     let w = t.bits;
     let m = t.mask();
     match op {
@@ -855,7 +855,7 @@ fn iun(op: IUn, t: IntTy, a: u64) -> u64 {
     }
 }
 
-fn bfe(t: IntTy, a: u64, b: u64, c: u64) -> u64 {
+fn bfe(t: IntFmt, a: u64, b: u64, c: u64) -> u64 {
     let w = t.bits as u64;
     let (pos, len) = (b & 0xff, c & 0xff);
     let sbit = if !t.signed || len == 0 { 0 } else { (a >> (pos + len - 1).min(w - 1)) & 1 };
@@ -937,9 +937,9 @@ fn compare(cmp: Cmp, t: CmpTy, a: u64, b: u64) -> bool {
         }
         CmpTy::F32 { ftz } => {
             let fl = |x: u64| if ftz { flush(x, Fmt::F32) } else { x };
-            fcmp(cmp, f32of(fl(a)) as f64, f32of(fl(b)) as f64)
+            fcmp(cmp, f32::from_lane(fl(a)) as f64, f32::from_lane(fl(b)) as f64)
         }
-        CmpTy::F64 => fcmp(cmp, f64of(a), f64of(b)),
+        CmpTy::F64 => fcmp(cmp, f64::from_lane(a), f64::from_lane(b)),
     }
 }
 
@@ -955,7 +955,7 @@ fn clamp01(bits: u64, fmt: Fmt) -> u64 {
         Decoded::Nan | Decoded::Zero(_) | Decoded::Inf(true) | Decoded::Finite { neg: true, .. } => 0,
         Decoded::Inf(false) => one,
         Decoded::Finite { .. } => {
-            if to_f64(bits, fmt) >= 1.0 {
+            if float_to_f64(bits, fmt) >= 1.0 {
                 one
             } else {
                 bits
@@ -978,35 +978,35 @@ fn fbin(op: FBin, f: FTy, ftz: bool, sat: bool, a: u64, b: u64) -> u64 {
         FTy::F32 => {
             let fl = |x: u64| if ftz { flush(x, Fmt::F32) } else { x };
             let (xa, xb) = (fl(a & 0xffff_ffff), fl(b & 0xffff_ffff));
-            let (x, y) = (f32of(xa), f32of(xb));
+            let (x, y) = (f32::from_lane(xa), f32::from_lane(xb));
             let v = match op {
-                FBin::Add => f32c(x + y),
-                FBin::Sub => f32c(x - y),
-                FBin::Mul => f32c(x * y),
-                FBin::Div | FBin::DivApprox => f32c(x / y),
-                FBin::Min => fmin32(x, y),
-                FBin::Max => fmax32(x, y),
-                FBin::MinNan if x.is_nan() || y.is_nan() => F32_NAN,
-                FBin::MaxNan if x.is_nan() || y.is_nan() => F32_NAN,
-                FBin::MinNan => fmin32(x, y),
-                FBin::MaxNan => fmax32(x, y),
+                FBin::Add => (x + y).canon(),
+                FBin::Sub => (x - y).canon(),
+                FBin::Mul => (x * y).canon(),
+                FBin::Div | FBin::DivApprox => (x / y).canon(),
+                FBin::Min => fmin(x, y),
+                FBin::Max => fmax(x, y),
+                FBin::MinNan if x.is_nan() || y.is_nan() => Fmt::F32.nan(),
+                FBin::MaxNan if x.is_nan() || y.is_nan() => Fmt::F32.nan(),
+                FBin::MinNan => fmin(x, y),
+                FBin::MaxNan => fmax(x, y),
                 FBin::Copysign => (xb & 0x7fff_ffff) | (xa & 0x8000_0000),
             };
             finish32(v, ftz, sat)
         }
         FTy::F64 => {
-            let (x, y) = (f64of(a), f64of(b));
+            let (x, y) = (f64::from_lane(a), f64::from_lane(b));
             let v = match op {
-                FBin::Add => f64c(x + y),
-                FBin::Sub => f64c(x - y),
-                FBin::Mul => f64c(x * y),
-                FBin::Div | FBin::DivApprox => f64c(x / y),
-                FBin::Min => fmin64(x, y),
-                FBin::Max => fmax64(x, y),
-                FBin::MinNan if x.is_nan() || y.is_nan() => F64_NAN,
-                FBin::MaxNan if x.is_nan() || y.is_nan() => F64_NAN,
-                FBin::MinNan => fmin64(x, y),
-                FBin::MaxNan => fmax64(x, y),
+                FBin::Add => (x + y).canon(),
+                FBin::Sub => (x - y).canon(),
+                FBin::Mul => (x * y).canon(),
+                FBin::Div | FBin::DivApprox => (x / y).canon(),
+                FBin::Min => fmin(x, y),
+                FBin::Max => fmax(x, y),
+                FBin::MinNan if x.is_nan() || y.is_nan() => Fmt::F64.nan(),
+                FBin::MaxNan if x.is_nan() || y.is_nan() => Fmt::F64.nan(),
+                FBin::MinNan => fmin(x, y),
+                FBin::MaxNan => fmax(x, y),
                 FBin::Copysign => (b & !(1 << 63)) | (a & (1 << 63)),
             };
             if sat {
@@ -1025,8 +1025,8 @@ fn fun(op: FUn, f: FTy, ftz: bool, a: u64) -> u64 {
             let v = match op {
                 FUn::Neg => x ^ 0x8000_0000,
                 FUn::Abs => x & 0x7fff_ffff,
-                FUn::Sqrt => f32c(f32of(x).sqrt()),
-                FUn::Rcp => f32c(1.0 / f32of(x)),
+                FUn::Sqrt => f32::from_lane(x).sqrt().canon(),
+                FUn::Rcp => (1.0 / f32::from_lane(x)).canon(),
                 FUn::Approx(ap) => approx32(ap, x),
             };
             if ftz {
@@ -1041,9 +1041,9 @@ fn fun(op: FUn, f: FTy, ftz: bool, a: u64) -> u64 {
             let v = match op {
                 FUn::Neg => x ^ (1 << 63),
                 FUn::Abs => x & !(1 << 63),
-                FUn::Sqrt => f64c(f64of(x).sqrt()),
-                FUn::Rcp => f64c(1.0 / f64of(x)),
-                FUn::Approx(ap) => f64c(approx64(ap, f64of(x))),
+                FUn::Sqrt => f64::from_lane(x).sqrt().canon(),
+                FUn::Rcp => (1.0 / f64::from_lane(x)).canon(),
+                FUn::Approx(ap) => approx64(ap, f64::from_lane(x)).canon(),
             };
             if ftz {
                 flush(v, Fmt::F64)
@@ -1065,7 +1065,7 @@ fn relu_of(v: u64, fmt: Fmt) -> u64 {
 
 fn cvt(conv: Conv, a: u64) -> u64 {
     match conv {
-        Conv::IntInt { from, to, sat } => canon(to, to.bits_of(from.value(a), sat)),
+        Conv::IntInt { from, to, sat } => canon(to, int_to_int(a, from, to, sat)),
         Conv::FloatInt { from, to, rnd, ftz } => {
             let x = if ftz && from == Fmt::F32 { flush(a, Fmt::F32) } else { a };
             canon(to, float_to_int(x, from, to, rnd))
@@ -1078,9 +1078,9 @@ fn cvt(conv: Conv, a: u64) -> u64 {
                 v
             }
         }
-        Conv::FloatFloat { from, to, rnd, integral, ftz, sat, relu } => {
+        Conv::FloatFloat { from, to, rnd, ftz, sat, relu } => {
             let x = if ftz && from == Fmt::F32 { flush(a, Fmt::F32) } else { a };
-            let mut v = float_to_float(x, from, to, rnd, integral);
+            let mut v = float_to_float(x, from, to, rnd);
             if ftz && to == Fmt::F32 {
                 v = flush(v, Fmt::F32);
             }
@@ -1132,17 +1132,17 @@ fn atom_apply(op: AtomOp, t: AtomTy, old: u64, b: u64, c: u64) -> u64 {
             }
         }
         AtomTy::Float(fmt) => match (op, fmt) {
-            (AtomOp::Add, Fmt::F32) => f32c(f32of(old) + f32of(b)),
-            (AtomOp::Add, Fmt::F64) => f64c(f64of(old) + f64of(b)),
+            (AtomOp::Add, Fmt::F32) => (f32::from_lane(old) + f32::from_lane(b)).canon(),
+            (AtomOp::Add, Fmt::F64) => (f64::from_lane(old) + f64::from_lane(b)).canon(),
             // Half sums are exact in f64, so one rounding gives the correctly rounded result.
             (AtomOp::Add, half) => {
-                let s = to_f64(old, half) + to_f64(b, half);
-                float_to_float(f64c(s), Fmt::F64, half, Rnd::Rn, false)
+                let s = float_to_f64(old, half) + float_to_f64(b, half);
+                float_to_float(s.canon(), Fmt::F64, half, Some(Rounding::Rn))
             }
-            (AtomOp::Min, Fmt::F32) => fmin32(f32of(old), f32of(b)),
-            (AtomOp::Max, Fmt::F32) => fmax32(f32of(old), f32of(b)),
-            (AtomOp::Min, _) => fmin64(f64of(old), f64of(b)),
-            (AtomOp::Max, _) => fmax64(f64of(old), f64of(b)),
+            (AtomOp::Min, Fmt::F32) => fmin(f32::from_lane(old), f32::from_lane(b)),
+            (AtomOp::Max, Fmt::F32) => fmax(f32::from_lane(old), f32::from_lane(b)),
+            (AtomOp::Min, _) => fmin(f64::from_lane(old), f64::from_lane(b)),
+            (AtomOp::Max, _) => fmax(f64::from_lane(old), f64::from_lane(b)),
             _ => b,
         },
     }
@@ -1162,8 +1162,8 @@ mod tests {
 
     #[test]
     fn bit_fields() {
-        let s32 = IntTy { bits: 32, signed: true };
-        let u32t = IntTy { bits: 32, signed: false };
+        let s32 = IntFmt { bits: 32, signed: true };
+        let u32t = IntFmt { bits: 32, signed: false };
         assert_eq!(bfe(u32t, 0xf0, 4, 4), 0xf);
         assert_eq!(bfe(s32, 0xf0, 4, 4), 0xffff_ffff);
         assert_eq!(bfe(s32, 0x70, 4, 4), 7);
@@ -1171,17 +1171,17 @@ mod tests {
         assert_eq!(iun(IUn::Bfind, s32, 0xffff_fff0), 3);
         assert_eq!(iun(IUn::Bfind, u32t, 0), 0xffff_ffff);
         assert_eq!(iun(IUn::Brev, u32t, 1), 0x8000_0000);
-        assert_eq!(iun(IUn::Clz, IntTy { bits: 64, signed: false }, 1), 63);
+        assert_eq!(iun(IUn::Clz, IntFmt { bits: 64, signed: false }, 1), 63);
     }
 
     #[test]
     fn shifts_clamp_and_division_wraps() {
-        let s32 = IntTy { bits: 32, signed: true };
-        let u16t = IntTy { bits: 16, signed: false };
+        let s32 = IntFmt { bits: 32, signed: true };
+        let u16t = IntFmt { bits: 16, signed: false };
         assert_eq!(ibin(IBin::Shr, s32, 0x8000_0000, 40), Some(u64::MAX));
         assert_eq!(ibin(IBin::Shl, u16t, 1, 16), Some(0));
         assert_eq!(ibin(IBin::Div, s32, i32::MIN as u64, u64::MAX), Some(i32::MIN as u64));
         assert_eq!(ibin(IBin::Rem, s32, 7, 0), None);
-        assert_eq!(ibin(IBin::MulHi, IntTy { bits: 64, signed: false }, u64::MAX, 2), Some(1));
+        assert_eq!(ibin(IBin::MulHi, IntFmt { bits: 64, signed: false }, u64::MAX, 2), Some(1));
     }
 }

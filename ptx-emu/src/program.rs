@@ -2,7 +2,7 @@
 //! file. Immediates, symbol addresses and special registers live in slots of that file too, so
 //! every operand is a register index.
 
-use crate::num::{Approx, Fmt, IntTy, Rnd};
+use crate::num::{Approx, Fmt, IntFmt, Rounding};
 
 /// A slot of a thread's register file.
 pub(crate) type R = u32;
@@ -145,7 +145,7 @@ pub(crate) enum Cmp {
 /// What a comparison compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CmpTy {
-    Int(IntTy),
+    Int(IntFmt),
     F32 { ftz: bool },
     F64,
 }
@@ -160,10 +160,11 @@ pub(crate) enum BoolOp {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Conv {
-    IntInt { from: IntTy, to: IntTy, sat: bool },
-    FloatInt { from: Fmt, to: IntTy, rnd: Rnd, ftz: bool },
-    IntFloat { from: IntTy, to: Fmt, rnd: Rnd, sat: bool },
-    FloatFloat { from: Fmt, to: Fmt, rnd: Rnd, integral: bool, ftz: bool, sat: bool, relu: bool },
+    IntInt { from: IntFmt, to: IntFmt, sat: bool },
+    FloatInt { from: Fmt, to: IntFmt, rnd: Rounding, ftz: bool },
+    IntFloat { from: IntFmt, to: Fmt, rnd: Rounding, sat: bool },
+    /// `rnd` as `ruda_ir::interp::num::float_to_float` takes it (`None`: exact).
+    FloatFloat { from: Fmt, to: Fmt, rnd: Option<Rounding>, ftz: bool, sat: bool, relu: bool },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +184,7 @@ pub(crate) enum AtomOp {
 /// The operand type of an atomic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AtomTy {
-    Int(IntTy),
+    Int(IntFmt),
     Float(Fmt),
 }
 
@@ -250,19 +251,19 @@ impl WarpOp {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Op {
     /// Copy with the write rule of `t` (sign- or zero-extension from its width).
-    Mov { d: R, a: R, t: IntTy },
+    Mov { d: R, a: R, t: IntFmt },
     /// `mov.b64 d, {a, b}`: `n` parts of `bits` each, lowest first.
     Pack { d: R, parts: [R; 4], n: u8, bits: u8 },
     /// `mov.b64 {a, b}, d`.
     Unpack { ds: [R; 4], n: u8, bits: u8, a: R },
-    IBin { op: IBin, t: IntTy, d: R, a: R, b: R },
+    IBin { op: IBin, t: IntFmt, d: R, a: R, b: R },
     /// `mul.wide`: `t` is the source type; the result is twice as wide.
-    MulWide { t: IntTy, d: R, a: R, b: R },
-    IMad { op: Mad, t: IntTy, d: R, a: R, b: R, c: R },
-    IUn { op: IUn, t: IntTy, d: R, a: R },
+    MulWide { t: IntFmt, d: R, a: R, b: R },
+    IMad { op: Mad, t: IntFmt, d: R, a: R, b: R, c: R },
+    IUn { op: IUn, t: IntFmt, d: R, a: R },
     /// `add.cc`, `addc`, `sub.cc`, `subc` (32/64-bit); the carry lives in slot `cc`.
-    AddC { sub: bool, cin: bool, cout: bool, t: IntTy, d: R, a: R, b: R, cc: R },
-    Bfe { t: IntTy, d: R, a: R, b: R, c: R },
+    AddC { sub: bool, cin: bool, cout: bool, t: IntFmt, d: R, a: R, b: R, cc: R },
+    Bfe { t: IntFmt, d: R, a: R, b: R, c: R },
     Bfi { bits: u32, d: R, a: R, b: R, c: R, e: R },
     Prmt { mode: PrmtMode, d: R, a: R, b: R, c: R },
     Lop3 { d: R, a: R, b: R, c: R, lut: u8 },
@@ -270,8 +271,8 @@ pub(crate) enum Op {
     Setp { cmp: Cmp, t: CmpTy, d: R, q: R, a: R, b: R, bop: BoolOp, c: R, cneg: bool },
     /// `set`: all ones (integer destination) or 1.0 (f32 destination) when true.
     Set { cmp: Cmp, t: CmpTy, float_dst: bool, d: R, a: R, b: R, bop: BoolOp, c: R, cneg: bool },
-    Selp { t: IntTy, d: R, a: R, b: R, c: R },
-    Slct { t: IntTy, float_sel: bool, d: R, a: R, b: R, c: R },
+    Selp { t: IntFmt, d: R, a: R, b: R, c: R },
+    Slct { t: IntFmt, float_sel: bool, d: R, a: R, b: R, c: R },
     FBin { op: FBin, f: FTy, ftz: bool, sat: bool, d: R, a: R, b: R },
     Fma { f: FTy, ftz: bool, sat: bool, d: R, a: R, b: R, c: R },
     FUn { op: FUn, f: FTy, ftz: bool, d: R, a: R },

@@ -60,7 +60,7 @@
 mod compile;
 mod exec;
 mod memory;
-mod num;
+pub mod num;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

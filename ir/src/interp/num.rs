@@ -1,5 +1,11 @@
 //! Scalar semantics: PTX's integer, float and conversion rules on lane values, which hold every
 //! scalar as its bit pattern zero-extended to 64 bits (a predicate as 0 or 1).
+//!
+//! The public items are the reference semantics of float encoding, rounding, conversions
+//! (`cvt` in every rounding mode, without double rounding) and `min`/`max`, shared by the
+//! interpreter and the PTX emulator (`ruda-ptx-emu`) so that both agree bit for bit by
+//! construction. PTX-only variants (`.ftz`, `.relu`, `.sat` on floats, packed forms) live in
+//! the emulator on top of these.
 
 use crate::kernel::{Rounding, UnaryOp};
 use crate::types::ScalarType;
@@ -141,7 +147,7 @@ unsigned_lane!(u32, u64);
 unsigned_lane!(u64, u128);
 
 /// `f32` or `f64` as held in a lane.
-pub(crate) trait FloatLane:
+pub trait FloatLane:
     Copy
     + PartialOrd
     + std::ops::Add<Output = Self>
@@ -224,7 +230,7 @@ impl FloatLane for f64 {
 /// PTX `min.f32/f64`: a NaN operand yields the other one, two NaNs the canonical NaN, and
 /// `-0` is below `+0`.
 #[inline(always)]
-pub(crate) fn fmin<F: FloatLane>(a: F, b: F) -> u64 {
+pub fn fmin<F: FloatLane>(a: F, b: F) -> u64 {
     if a.is_nan() {
         return if b.is_nan() { F::NAN_BITS } else { b.bits() };
     }
@@ -241,7 +247,7 @@ pub(crate) fn fmin<F: FloatLane>(a: F, b: F) -> u64 {
 
 /// PTX `max.f32/f64`, the mirror of [`fmin`] (`+0` is above `-0`).
 #[inline(always)]
-pub(crate) fn fmax<F: FloatLane>(a: F, b: F) -> u64 {
+pub fn fmax<F: FloatLane>(a: F, b: F) -> u64 {
     if a.is_nan() {
         return if b.is_nan() { F::NAN_BITS } else { b.bits() };
     }
@@ -300,7 +306,7 @@ pub(crate) fn approx(op: Approx, x: u64) -> u64 {
 
 /// An IEEE binary floating-point format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fmt {
+pub enum Fmt {
     F16,
     BF16,
     F32,
@@ -308,7 +314,7 @@ pub(crate) enum Fmt {
 }
 
 impl Fmt {
-    pub(crate) fn of(t: ScalarType) -> Option<Fmt> {
+    pub fn of(t: ScalarType) -> Option<Fmt> {
         match t {
             ScalarType::F16 => Some(Fmt::F16),
             ScalarType::BF16 => Some(Fmt::BF16),
@@ -317,14 +323,14 @@ impl Fmt {
             _ => None,
         }
     }
-    fn exp_bits(self) -> u32 {
+    pub fn exp_bits(self) -> u32 {
         match self {
             Fmt::F16 => 5,
             Fmt::BF16 | Fmt::F32 => 8,
             Fmt::F64 => 11,
         }
     }
-    fn frac_bits(self) -> u32 {
+    pub fn frac_bits(self) -> u32 {
         match self {
             Fmt::F16 => 10,
             Fmt::BF16 => 7,
@@ -332,31 +338,37 @@ impl Fmt {
             Fmt::F64 => 52,
         }
     }
+    /// The width of the format.
+    pub fn bits(self) -> u32 {
+        1 + self.exp_bits() + self.frac_bits()
+    }
     fn bias(self) -> i32 {
         (1 << (self.exp_bits() - 1)) - 1
     }
-    fn sign_bit(self) -> u64 {
+    pub fn sign_bit(self) -> u64 {
         1 << (self.exp_bits() + self.frac_bits())
     }
-    fn inf(self) -> u64 {
+    /// Positive infinity.
+    pub fn inf(self) -> u64 {
         ((1 << self.exp_bits()) - 1) << self.frac_bits()
     }
     /// The canonical NaN: all exponent and fraction bits set, sign clear.
-    pub(crate) fn nan(self) -> u64 {
+    pub fn nan(self) -> u64 {
         self.sign_bit() - 1
     }
 }
 
 /// A float's value: `mant * 2^exp` for finite non-zero numbers.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Decoded {
+pub enum Decoded {
     Nan,
     Inf(bool),
     Zero(bool),
     Finite { neg: bool, mant: u64, exp: i32 },
 }
 
-pub(crate) fn decode(bits: u64, fmt: Fmt) -> Decoded {
+/// The value of the float of format `fmt` held in the low bits of `bits`.
+pub fn decode(bits: u64, fmt: Fmt) -> Decoded {
     let (eb, fb) = (fmt.exp_bits(), fmt.frac_bits());
     let neg = (bits >> (eb + fb)) & 1 == 1;
     let e = ((bits >> fb) & ((1 << eb) - 1)) as i32;
@@ -379,7 +391,7 @@ pub(crate) fn decode(bits: u64, fmt: Fmt) -> Decoded {
 }
 
 /// `mant / 2^shift` rounded to an integer per `mode`, for a number of sign `neg`.
-pub(crate) fn shift_round(mant: u64, shift: u32, neg: bool, mode: Rounding) -> u64 {
+pub fn shift_round(mant: u64, shift: u32, neg: bool, mode: Rounding) -> u64 {
     if shift == 0 {
         return mant;
     }
@@ -404,7 +416,7 @@ pub(crate) fn shift_round(mant: u64, shift: u32, neg: bool, mode: Rounding) -> u
 
 /// The float of format `fmt` nearest, per `mode`, to `(-1)^neg * mant * 2^exp`: subnormals
 /// kept, overflow to infinity or the largest finite number as the direction demands.
-pub(crate) fn encode(neg: bool, mant: u64, exp: i32, fmt: Fmt, mode: Rounding) -> u64 {
+pub fn encode(neg: bool, mant: u64, exp: i32, fmt: Fmt, mode: Rounding) -> u64 {
     let sign = if neg { fmt.sign_bit() } else { 0 };
     if mant == 0 {
         return sign;
@@ -431,56 +443,81 @@ pub(crate) fn encode(neg: bool, mant: u64, exp: i32, fmt: Fmt, mode: Rounding) -
     sign | enc
 }
 
-/// Integer ranges as `i128`, for saturation.
-fn int_range(t: ScalarType) -> (i128, i128) {
-    let bits = t.bits();
-    if t.is_signed_int() {
-        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
-    } else {
-        (0, (1i128 << bits) - 1)
+/// An integer format: its width in bits (1 to 64) and signedness. Every integer function here
+/// takes anything that converts into one, a [`ScalarType`] included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntFmt {
+    pub bits: u32,
+    pub signed: bool,
+}
+
+impl From<ScalarType> for IntFmt {
+    #[inline]
+    fn from(t: ScalarType) -> IntFmt {
+        IntFmt { bits: t.bits(), signed: t.is_signed_int() }
     }
 }
 
-fn width_mask(t: ScalarType) -> u64 {
-    if t.bits() >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << t.bits()) - 1
+impl IntFmt {
+    /// The low `bits` bits set.
+    #[inline]
+    pub fn mask(self) -> u64 {
+        if self.bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.bits) - 1
+        }
     }
-}
 
-/// The value of an integer lane of type `t` (sign- or zero-extended by `t`).
-#[inline]
-pub(crate) fn int_value(x: u64, t: ScalarType) -> i128 {
-    let bits = t.bits();
-    if t.is_signed_int() {
-        let shift = 64 - bits;
-        (((x << shift) as i64) >> shift) as i128
-    } else {
-        (x & width_mask(t)) as i128
+    /// The value of a lane holding this format (sign- or zero-extended by it).
+    #[inline]
+    pub fn value(self, x: u64) -> i128 {
+        if self.signed {
+            let shift = 64 - self.bits;
+            (((x << shift) as i64) >> shift) as i128
+        } else {
+            (x & self.mask()) as i128
+        }
+    }
+
+    /// The range as `i128`, for saturation.
+    fn range(self) -> (i128, i128) {
+        if self.signed {
+            (-(1i128 << (self.bits - 1)), (1i128 << (self.bits - 1)) - 1)
+        } else {
+            (0, (1i128 << self.bits) - 1)
+        }
+    }
+
+    /// The bits of `v` in this format: truncated, or clamped to the range first with `sat`.
+    #[inline]
+    pub fn bits_of(self, v: i128, sat: bool) -> u64 {
+        let v = if sat {
+            let (lo, hi) = self.range();
+            v.clamp(lo, hi)
+        } else {
+            v
+        };
+        (v as u64) & self.mask()
     }
 }
 
 /// `cvt` between integers: extend by the source's signedness, then truncate, or clamp to the
 /// destination's range with `sat`.
 #[inline]
-pub(crate) fn int_to_int(x: u64, from: ScalarType, to: ScalarType, sat: bool) -> u64 {
-    let mut v = int_value(x, from);
-    if sat {
-        let (lo, hi) = int_range(to);
-        v = v.clamp(lo, hi);
-    }
-    (v as u64) & width_mask(to)
+pub fn int_to_int(x: u64, from: impl Into<IntFmt>, to: impl Into<IntFmt>, sat: bool) -> u64 {
+    to.into().bits_of(from.into().value(x), sat)
 }
 
 /// `cvt.rni/rzi/rmi/rpi` from a float to an integer: round, then saturate. NaN gives 0, except
 /// from `f64` or into a 64-bit integer, where it gives `1 << (bits - 1)` (the PTX ISA's rule,
 /// which an H200 follows).
 #[inline]
-pub(crate) fn float_to_int(x: u64, from: Fmt, to: ScalarType, mode: Rounding) -> u64 {
+pub fn float_to_int(x: u64, from: Fmt, to: impl Into<IntFmt>, mode: Rounding) -> u64 {
+    let to = to.into();
     let v = float_to_f64(x, from);
     if v.is_nan() {
-        return if from == Fmt::F64 || to.bits() == 64 { 1u64 << (to.bits() - 1) } else { 0 };
+        return if from == Fmt::F64 || to.bits == 64 { 1u64 << (to.bits - 1) } else { 0 };
     }
     let r = match mode {
         Rounding::Rn => v.round_ties_even(),
@@ -488,14 +525,13 @@ pub(crate) fn float_to_int(x: u64, from: Fmt, to: ScalarType, mode: Rounding) ->
         Rounding::Rm => v.floor(),
         Rounding::Rp => v.ceil(),
     };
-    let (lo, hi) = int_range(to);
     // `as i128` saturates.
-    ((r as i128).clamp(lo, hi) as u64) & width_mask(to)
+    to.bits_of(r as i128, true)
 }
 
 /// The exact `f64` value of a float of any format (NaN payloads are not preserved).
 #[inline]
-pub(crate) fn float_to_f64(x: u64, from: Fmt) -> f64 {
+pub fn float_to_f64(x: u64, from: Fmt) -> f64 {
     match from {
         Fmt::F64 => f64::from_bits(x),
         Fmt::F32 => f32::from_bits(x as u32) as f64,
@@ -506,15 +542,15 @@ pub(crate) fn float_to_f64(x: u64, from: Fmt) -> f64 {
 
 /// `cvt` from an integer to a float, rounded per `mode` in one step (no double rounding).
 #[inline]
-pub(crate) fn int_to_float(x: u64, from: ScalarType, to: Fmt, mode: Rounding) -> u64 {
-    let v = int_value(x, from);
+pub fn int_to_float(x: u64, from: impl Into<IntFmt>, to: Fmt, mode: Rounding) -> u64 {
+    let v = from.into().value(x);
     encode(v < 0, v.unsigned_abs() as u64, 0, to, mode)
 }
 
 /// `cvt` between floats: exact when widening, rounded per `mode` when narrowing, rounded to
 /// an integral value when both formats are the same and a mode is given. NaN becomes the
 /// destination's canonical NaN.
-pub(crate) fn float_to_float(x: u64, from: Fmt, to: Fmt, mode: Option<Rounding>) -> u64 {
+pub fn float_to_float(x: u64, from: Fmt, to: Fmt, mode: Option<Rounding>) -> u64 {
     match (decode(x, from), mode) {
         (Decoded::Nan, _) => to.nan(),
         (Decoded::Inf(neg), _) => to.inf() | if neg { to.sign_bit() } else { 0 },
@@ -575,5 +611,53 @@ mod tests {
         assert_eq!(shift_round(1, 100, false, Rounding::Rn), 0);
         assert_eq!(shift_round(u64::MAX, 64, false, Rounding::Rn), 1);
         assert_eq!(shift_round(1 << 63, 64, false, Rounding::Rn), 0);
+    }
+
+    #[test]
+    fn nan_to_integer_follows_the_ptx_rule() {
+        let (f32_nan, f64_nan) = (Fmt::F32.nan(), Fmt::F64.nan());
+        let u8t = IntFmt { bits: 8, signed: false };
+        assert_eq!(float_to_int(f32_nan, Fmt::F32, ScalarType::I32, Rounding::Rz), 0);
+        assert_eq!(float_to_int(f64_nan, Fmt::F64, ScalarType::I32, Rounding::Rz), 0x8000_0000);
+        assert_eq!(float_to_int(f32_nan, Fmt::F32, ScalarType::U64, Rounding::Rn), 1 << 63);
+        assert_eq!(float_to_int(f64_nan, Fmt::F64, u8t, Rounding::Rn), 0x80);
+        assert_eq!(float_to_int(0x7e00, Fmt::F16, u8t, Rounding::Rn), 0);
+        let bits = |x: f32| x.to_bits() as u64;
+        assert_eq!(float_to_int(bits(-3.5), Fmt::F32, ScalarType::I32, Rounding::Rn), (-4i32) as u32 as u64);
+        assert_eq!(float_to_int(bits(1e10), Fmt::F32, ScalarType::I32, Rounding::Rn), i32::MAX as u64);
+    }
+
+    #[test]
+    fn integer_conversions_extend_truncate_and_saturate() {
+        assert_eq!(int_to_int(0xff, ScalarType::I8, ScalarType::I32, false), 0xffff_ffff);
+        assert_eq!(int_to_int(0xff, ScalarType::U8, ScalarType::I32, false), 0xff);
+        assert_eq!(int_to_int(0x1_0000, ScalarType::U32, ScalarType::U16, false), 0);
+        assert_eq!(int_to_int(0x1_0000, ScalarType::U32, ScalarType::U16, true), 0xffff);
+        assert_eq!(int_to_int(0xffff_ffff, ScalarType::I32, ScalarType::U16, true), 0);
+        assert_eq!(int_to_float(0xffff_ffff, ScalarType::I32, Fmt::F32, Rounding::Rn), (-1f32).to_bits() as u64);
+    }
+
+    #[test]
+    fn min_max_signed_zero_and_nan() {
+        let bits = |x: f32| x.to_bits() as u64;
+        assert_eq!(fmin(0.0f32, -0.0), bits(-0.0));
+        assert_eq!(fmin(-0.0f32, 0.0), bits(-0.0));
+        assert_eq!(fmax(-0.0f32, 0.0), 0);
+        assert_eq!(fmax(0.0f32, -0.0), 0);
+        assert_eq!(fmax(f32::NAN, 1.0), bits(1.0));
+        assert_eq!(fmin(f64::NAN, f64::NAN), Fmt::F64.nan());
+    }
+
+    #[test]
+    fn narrowing_and_integral_rounding() {
+        let bits = |x: f32| x.to_bits() as u64;
+        let x = bits(1.0 + f32::EPSILON);
+        assert_eq!(float_to_float(x, Fmt::F32, Fmt::F16, Some(Rounding::Rn)), 0x3c00);
+        assert_eq!(float_to_float(x, Fmt::F32, Fmt::F16, Some(Rounding::Rp)), 0x3c01);
+        assert_eq!(float_to_float(x, Fmt::F32, Fmt::F32, None), x);
+        assert_eq!(float_to_float(bits(2.5), Fmt::F32, Fmt::F32, Some(Rounding::Rn)), bits(2.0));
+        assert_eq!(float_to_float(bits(-2.5), Fmt::F32, Fmt::F32, Some(Rounding::Rm)), bits(-3.0));
+        assert_eq!(float_to_float(bits(1e30), Fmt::F32, Fmt::F32, Some(Rounding::Rz)), bits(1e30));
+        assert_eq!(float_to_float(0x7f80_0001, Fmt::F32, Fmt::BF16, Some(Rounding::Rn)), 0x7fff);
     }
 }

@@ -5,100 +5,20 @@
 
 mod common;
 
-use common::{compile_and_assemble, cuda, global, Sink};
+use common::{compile_and_assemble, cuda};
 use ruda_codegen_nvrtc::{emit_cuda, emit_cuda_module};
 use ruda_codegen_ptx::Arch;
-use ruda_ir::{Constant, Kernel, KernelBuilder, ScalarType, Type};
+use ruda_ir::coverage;
+use ruda_ir::Kernel;
 
 fn control_kernel() -> Kernel {
-    let mut b = KernelBuilder::new("control");
-    let mut sink = Sink::new(&mut b);
-    let n = b.param("n", Type::U32);
-    let x = b.param("x", Type::F32);
-    let data = b.param("data", global(ScalarType::F32));
-    b.launch_bounds(256, None);
-    let tile = b.shared_array("tile", ScalarType::F32, 256);
-    let tid = b.thread_id_x();
-
-    // A divergent if with results of several kinds: scalar, pointer, predicate, vector.
-    let divergent = b.lt(tid, n);
-    let results = b.if_else(
-        divergent,
-        |b| {
-            let v = b.add(x, x);
-            let p = b.ptr_add(data, tid);
-            let t = b.const_pred(true);
-            let vec = b.make_vector(&[v, v]);
-            vec![v, p, t, vec]
-        },
-        |b| {
-            let f = b.const_pred(false);
-            let vec = b.make_vector(&[x, x]);
-            vec![x, data, f, vec]
-        },
-    );
-    b.store(results[1], results[0]);
-    sink.put(&mut b, results[2]);
-    let lane = b.extract(results[3], 1);
-    sink.put(&mut b, lane);
-
-    // An if without else, nested in an if.
-    let zero_u = b.const_u32(0);
-    let uniform = b.gt(n, zero_u);
-    b.if_then(uniform, |b| {
-        b.if_then(divergent, |b| {
-            let p = b.ptr_add(data, tid);
-            b.store(p, x);
-        });
-    });
-
-    // A uniform loop carrying a swapped pair, with a barrier, a nested divergent loop and an
-    // if inside, and a shared pointer carried through an if.
-    let one_u = b.const_u32(1);
-    let zero_f = b.const_f32(0.0);
-    let one_f = b.const_f32(1.0);
-    let swapped = b.for_range(zero_u, n, one_u, &[zero_f, one_f], |b, _, c| {
-        let base = b.shared_ptr(tile);
-        let slot = b.ptr_add(base, tid);
-        b.store(slot, c[0]);
-        b.barrier();
-        let inner = b.for_range(tid, n, one_u, &[c[1]], |b, j, d| {
-            let odd = b.and(j, one_u);
-            let is_odd = b.ne(odd, zero_u);
-            let r = b.if_else(is_odd, |b| vec![b.mul(d[0], x)], |_| vec![d[0]]);
-            vec![r[0]]
-        });
-        let bumped = b.add(inner[0], c[0]);
-        vec![c[1], bumped]
-    });
-    sink.put(&mut b, swapped[0]);
-    sink.put(&mut b, swapped[1]);
-
-    // Loops over every induction type; the carried value is the induction variable itself.
-    for t in [ScalarType::I32, ScalarType::U32, ScalarType::I64, ScalarType::U64] {
-        let start = b.constant(Constant::new(t, 0));
-        let step = b.constant(Constant::new(t, 3));
-        let end = b.cvt(n, t);
-        let last = b.for_range(start, end, step, &[start], |_, iv, _| vec![iv]);
-        sink.put(&mut b, last[0]);
-    }
-    b.finish().unwrap_or_else(|e| panic!("{e}"))
+    coverage::control_kernel().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// `(a, b) -> (b, a + b)`: `b` must be read before `a` is overwritten with it.
 fn fib_kernel() -> Kernel {
-    let mut b = KernelBuilder::new("fib");
-    let out = b.param("out", global(ScalarType::U32));
-    let n = b.param("n", Type::U32);
-    let zero = b.const_u32(0);
-    let one = b.const_u32(1);
-    let r = b.for_range(zero, n, one, &[zero, one], |b, _, c| {
-        let s = b.add(c[0], c[1]);
-        vec![c[1], s]
-    });
-    b.store(out, r[0]);
-    b.finish().unwrap_or_else(|e| panic!("{e}"))
+    coverage::fib_kernel().unwrap_or_else(|e| panic!("{e}"))
 }
+
 
 /// The lines of `text` with leading whitespace and trailing comments removed.
 fn code_lines(text: &str) -> Vec<String> {
@@ -166,7 +86,7 @@ fn output_is_deterministic_and_names_sources() {
     let (k1, k2) = (control_kernel(), control_kernel());
     let c = emit_cuda(&k1).expect("emits");
     assert_eq!(c, emit_cuda(&k2).expect("emits"), "two emissions differ");
-    assert!(c.contains("  // codegen-nvrtc/tests/control.rs:"), "{c}");
+    assert!(c.contains("  // ir/src/coverage.rs:"), "{c}");
     assert!(c.contains("  // line "), "{c}");
     // A module shares one prelude.
     let fib = fib_kernel();

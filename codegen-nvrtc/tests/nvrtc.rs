@@ -4,12 +4,13 @@
 
 mod common;
 
-use common::{finish, global, nvrtc};
+use common::{finish, nvrtc};
 use ruda_codegen_nvrtc::{
     check_target, compile_cuda, compile_module_with, emit_cuda, numbered, nvrtc_options, nvrtc_version,
     rewrite_ptx_version, virtual_arch, NvrtcError,
 };
 use ruda_codegen_ptx::{ptxas, Arch, PtxVersion, Target};
+use ruda_ir::coverage::global;
 use ruda_ir::{Cvt, Kernel, KernelBuilder, Rounding, ScalarType, Type};
 
 /// `y[i] = a * x[i] + y[i]` with an explicit fma.

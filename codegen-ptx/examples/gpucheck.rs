@@ -12,24 +12,10 @@
 use std::fmt::Write as _;
 
 use ruda_codegen_ptx::{emit_ptx, Arch, Target};
+use ruda_ir::coverage::{arith_ops, conversions, ArithOp, ArithOperands, ARITH_TYPES, DATA_TYPES};
 use ruda_ir::*;
 
 const N: u32 = 64;
-
-const DATA: [ScalarType; 12] = [
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F16,
-    ScalarType::BF16,
-    ScalarType::F32,
-    ScalarType::F64,
-];
 
 struct Lcg(u64);
 impl Lcg {
@@ -188,7 +174,7 @@ fn main() {
     let mut input = vec![0u8; 12 * N as usize * 8];
     let mut in_off = std::collections::HashMap::new();
     let mut input_spec = String::from("{");
-    for (k, t) in DATA.into_iter().enumerate() {
+    for (k, t) in DATA_TYPES.into_iter().enumerate() {
         let off = k as u32 * N * 8;
         in_off.insert(t, off);
         let vals = inputs(t, &mut rng);
@@ -203,23 +189,7 @@ fn main() {
     std::fs::write(format!("{dir}/input.bin"), &input).unwrap();
 
     // ---- conversions
-    let roundings = [None, Some(Rounding::Rn), Some(Rounding::Rz), Some(Rounding::Rm), Some(Rounding::Rp)];
-    let mut convs = vec![];
-    for from in DATA {
-        for to in DATA {
-            for rounding in roundings {
-                for sat in [false, true] {
-                    let cvt = Cvt { to, rounding, sat };
-                    let mut b = KernelBuilder::new("probe");
-                    let p = b.param("p", from);
-                    b.cvt_with(p, cvt);
-                    if b.finish().is_ok() {
-                        convs.push((from, cvt));
-                    }
-                }
-            }
-        }
-    }
+    let convs = conversions();
     for arch in [Arch::Sm80, Arch::Sm90] {
         let list: Vec<(ScalarType, Cvt)> = convs
             .iter()
@@ -238,7 +208,7 @@ fn main() {
         let (inp, out) = param_ptrs(&mut b);
         let tid = b.thread_id_x();
         let mut loaded = std::collections::HashMap::new();
-        for t in DATA {
+        for t in DATA_TYPES {
             let p = at(&mut b, inp, t, in_off[&t], tid);
             loaded.insert(t, b.load(p));
         }
@@ -286,17 +256,7 @@ fn main() {
     let amount = b.rem(t7, seventy_one);
     let mut slot = 0u32;
     let mut first = true;
-    let arith_types = [
-        ScalarType::I16,
-        ScalarType::U16,
-        ScalarType::I32,
-        ScalarType::U32,
-        ScalarType::I64,
-        ScalarType::U64,
-        ScalarType::F32,
-        ScalarType::F64,
-    ];
-    for t in arith_types {
+    for t in ARITH_TYPES {
         let pa = at(&mut b, inp, t, in_off[&t], tid);
         let pb = at(&mut b, inp, t, in_off[&t], tb);
         let pc = at(&mut b, inp, t, in_off[&t], tc);
@@ -318,40 +278,14 @@ fn main() {
             first = false;
             *slot += 1;
         };
-        for &op in UnaryOp::ALL {
-            if op.is_approx() {
+        let o = ArithOperands { x, y, z, amount, divisor: y };
+        for op in arith_ops(t) {
+            // The check compares with exact arithmetic: approximate functions have no spec.
+            if matches!(op, ArithOp::Unary(u) if u.is_approx()) {
                 continue;
             }
-            let mut pb2 = KernelBuilder::new("probe");
-            let p = pb2.param("p", t);
-            pb2.unary(op, p);
-            if pb2.finish().is_ok() {
-                let v = b.unary(op, x);
-                record(&mut b, v, op.name().to_string(), &mut slot);
-            }
-        }
-        for &op in BinaryOp::ALL {
-            let shift = matches!(op, BinaryOp::Shl | BinaryOp::Shr);
-            let mut pb2 = KernelBuilder::new("probe");
-            let p = pb2.param("p", t);
-            let q = pb2.param("q", if shift { ScalarType::U32 } else { t });
-            pb2.binary(op, p, q);
-            if pb2.finish().is_ok() {
-                let v = b.binary(op, x, if shift { amount } else { y });
-                record(&mut b, v, op.name().to_string(), &mut slot);
-            }
-        }
-        let v = b.fma(x, y, z);
-        record(&mut b, v, "fma".into(), &mut slot);
-        for &op in CmpOp::ALL {
-            let mut pb2 = KernelBuilder::new("probe");
-            let p = pb2.param("p", t);
-            let q = pb2.param("q", t);
-            pb2.cmp(op, p, q);
-            if pb2.finish().is_ok() {
-                let v = b.cmp(op, x, y);
-                record(&mut b, v, format!("cmp.{}", op.name()), &mut slot);
-            }
+            let v = op.apply(&mut b, &o);
+            record(&mut b, v, op.to_string(), &mut slot);
         }
     }
     spec.push(']');

@@ -3,8 +3,9 @@
 
 mod common;
 
-use common::{assemble_for, emit, global, squash};
+use common::{assemble_for, emit, squash};
 use ruda_codegen_ptx::Arch;
+use ruda_ir::coverage::global;
 use ruda_ir::{AtomicOp, Kernel, KernelBuilder, ScalarType, Type};
 
 /// Accesses at constant offsets from `x + i` (global) and `s + i` (shared).

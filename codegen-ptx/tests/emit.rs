@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{global, Sink};
 use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, CodegenError, PtxVersion, Target};
+use ruda_ir::coverage::{global, Sink};
 use ruda_ir::{Cvt, Inst, Kernel, KernelBuilder, Op, Rounding, ScalarType, Type};
 
 /// `y[i] = a * x[i] + y[i]`, recording the source line of the `fma` call.

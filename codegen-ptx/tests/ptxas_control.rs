@@ -4,89 +4,13 @@
 
 mod common;
 
-use common::{assemble_for, global, Sink};
+use common::assemble_for;
 use ruda_codegen_ptx::Arch;
-use ruda_ir::{Kernel, KernelBuilder, ScalarType, Type};
-
-fn control_kernel() -> Kernel {
-    let mut b = KernelBuilder::new("control");
-    let mut sink = Sink::new(&mut b);
-    let n = b.param("n", Type::U32);
-    let x = b.param("x", Type::F32);
-    let data = b.param("data", global(ScalarType::F32));
-    b.launch_bounds(256, None);
-    let tile = b.shared_array("tile", ScalarType::F32, 256);
-    let tid = b.thread_id_x();
-
-    // A divergent if with results of several kinds: scalar, pointer, predicate, vector.
-    let divergent = b.lt(tid, n);
-    let results = b.if_else(
-        divergent,
-        |b| {
-            let v = b.add(x, x);
-            let p = b.ptr_add(data, tid);
-            let t = b.const_pred(true);
-            let vec = b.make_vector(&[v, v]);
-            vec![v, p, t, vec]
-        },
-        |b| {
-            let f = b.const_pred(false);
-            let vec = b.make_vector(&[x, x]);
-            vec![x, data, f, vec]
-        },
-    );
-    b.store(results[1], results[0]);
-    sink.put(&mut b, results[2]);
-    let lane = b.extract(results[3], 1);
-    sink.put(&mut b, lane);
-
-    // An if without else, nested in an if.
-    let zero_u = b.const_u32(0);
-    let uniform = b.gt(n, zero_u);
-    b.if_then(uniform, |b| {
-        b.if_then(divergent, |b| {
-            let p = b.ptr_add(data, tid);
-            b.store(p, x);
-        });
-    });
-
-    // A uniform loop carrying a swapped pair, with a barrier, a nested divergent loop and an
-    // if inside.
-    let one_u = b.const_u32(1);
-    let zero_f = b.const_f32(0.0);
-    let one_f = b.const_f32(1.0);
-    let swapped = b.for_range(zero_u, n, one_u, &[zero_f, one_f], |b, i, c| {
-        let base = b.shared_ptr(tile);
-        let slot = b.ptr_add(base, tid);
-        b.store(slot, c[0]);
-        b.barrier();
-        let inner = b.for_range(tid, n, one_u, &[c[1]], |b, j, d| {
-            let odd = b.and(j, one_u);
-            let is_odd = b.ne(odd, zero_u);
-            let r = b.if_else(is_odd, |b| vec![b.mul(d[0], x)], |_| vec![d[0]]);
-            vec![r[0]]
-        });
-        let bumped = b.add(inner[0], c[0]);
-        let _ = i;
-        vec![c[1], bumped]
-    });
-    sink.put(&mut b, swapped[0]);
-    sink.put(&mut b, swapped[1]);
-
-    // Loops over every induction type; the carried value is the induction variable itself.
-    for t in [ScalarType::I32, ScalarType::U32, ScalarType::I64, ScalarType::U64] {
-        let start = b.constant(ruda_ir::Constant::new(t, 0));
-        let step = b.constant(ruda_ir::Constant::new(t, 3));
-        let end = b.cvt(n, t);
-        let last = b.for_range(start, end, step, &[start], |_, iv, _| vec![iv]);
-        sink.put(&mut b, last[0]);
-    }
-    b.finish().unwrap_or_else(|e| panic!("{e}"))
-}
+use ruda_ir::coverage::{control_kernel, fib_kernel};
 
 #[test]
 fn control_flow_emits_structured_branches() {
-    let k = control_kernel();
+    let k = control_kernel().unwrap_or_else(|e| panic!("{e}"));
     let ptx = common::emit(&k, Arch::Sm80);
     let flat = common::squash(&ptx);
     // The divergent if uses a plain branch, the uniform one and the uniform loop `bra.uni`.
@@ -124,17 +48,7 @@ fn control_flow_emits_structured_branches() {
 /// overwrite `b` only after `a + b` was computed from the old values.
 #[test]
 fn loop_carried_swap_is_a_parallel_copy() {
-    let mut b = KernelBuilder::new("fib");
-    let out = b.param("out", global(ScalarType::U32));
-    let n = b.param("n", Type::U32);
-    let zero = b.const_u32(0);
-    let one = b.const_u32(1);
-    let r = b.for_range(zero, n, one, &[zero, one], |b, _, c| {
-        let s = b.add(c[0], c[1]);
-        vec![c[1], s]
-    });
-    b.store(out, r[0]);
-    let k = b.finish().unwrap_or_else(|e| panic!("{e}"));
+    let k = fib_kernel().unwrap_or_else(|e| panic!("{e}"));
     let ptx = common::emit(&k, Arch::Sm80);
     let body: Vec<&str> = ptx
         .lines()

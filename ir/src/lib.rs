@@ -8,6 +8,7 @@
 //! - [`interp`]: the interpreter, the semantic reference every backend must agree with.
 
 pub mod builder;
+pub mod coverage;
 pub mod gen;
 pub mod interp;
 pub mod kernel;

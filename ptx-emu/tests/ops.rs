@@ -1,62 +1,25 @@
 //! Every operation, type and conversion the verifier accepts, lowered by the PTX backend and
 //! run in the emulator on edge-case and random inputs, against the interpreter bit for bit.
-//! Combinations are enumerated by asking the verifier, so one the IR starts to accept is
-//! covered without editing this file.
+//! Combinations come from `ruda_ir::coverage`, which asks the verifier, so one the IR starts to
+//! accept is covered without editing this file.
 
 mod common;
 
 use common::{bytes_of, check, values, Input, Rng};
 use ruda_codegen_ptx::Arch;
-use ruda_ir::interp::LaunchConfig;
-use ruda_ir::{
-    AddrSpace, AtomicOp, BinaryOp, CmpOp, Constant, Cvt, Kernel, KernelBuilder, Rounding, ScalarType, ShflMode,
-    Type, UnaryOp, Value, VoteMode,
+use ruda_ir::coverage::{
+    apply_atomic, arith_ops, atomic_ops, bitcasts, conversions, cvt_needs_sm90, edge_constants, global, ArithOp,
+    ArithOperands, ARITH_TYPES, DATA_TYPES,
 };
+use ruda_ir::interp::LaunchConfig;
+use ruda_ir::{AddrSpace, AtomicOp, Constant, Cvt, Kernel, KernelBuilder, ScalarType, ShflMode, Type, Value, VoteMode};
 
 /// Threads per launch: two blocks of 128.
 const N: u32 = 256;
 const BLOCK: u32 = 128;
 
-const DATA_TYPES: [ScalarType; 12] = [
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F16,
-    ScalarType::BF16,
-    ScalarType::F32,
-    ScalarType::F64,
-];
-
-const ARITH_TYPES: [ScalarType; 8] = [
-    ScalarType::I16,
-    ScalarType::U16,
-    ScalarType::I32,
-    ScalarType::U32,
-    ScalarType::I64,
-    ScalarType::U64,
-    ScalarType::F32,
-    ScalarType::F64,
-];
-
-fn global(t: ScalarType) -> Type {
-    Type::Ptr(AddrSpace::Global, t)
-}
-
 fn launch() -> LaunchConfig {
     LaunchConfig::linear(N / BLOCK, BLOCK)
-}
-
-/// Whether the verifier accepts `op` applied to fresh parameters of the given types.
-fn accepts(param_types: &[Type], op: impl FnOnce(&mut KernelBuilder, &[Value])) -> bool {
-    let mut b = KernelBuilder::new("probe");
-    let params: Vec<Value> = param_types.iter().enumerate().map(|(i, t)| b.param(format!("p{i}"), *t)).collect();
-    op(&mut b, &params);
-    b.finish().is_ok()
 }
 
 /// Results go to 8-byte slots: slot `k` of thread `gid` at `out[k * N + gid]`.
@@ -102,7 +65,6 @@ fn load_gid(b: &mut KernelBuilder, ptr: Value, gid: Value) -> Value {
 
 /// All unary, binary, fma, compare and select operations on one arithmetic type.
 fn arith_kernel(t: ScalarType) -> (Kernel, u32) {
-    let ty = Type::Scalar(t);
     let mut b = KernelBuilder::new(format!("arith_{t}"));
     let (xp, yp, zp) = (b.param("x", global(t)), b.param("y", global(t)), b.param("z", global(t)));
     let ap = b.param("amount", global(ScalarType::U32));
@@ -117,37 +79,12 @@ fn arith_kernel(t: ScalarType) -> (Kernel, u32) {
     } else {
         y
     };
-    for &op in UnaryOp::ALL {
-        if accepts(&[ty], |b, p| {
-            b.unary(op, p[0]);
-        }) {
-            let v = b.unary(op, x);
-            out.put(&mut b, v);
-        }
-    }
-    for &op in BinaryOp::ALL {
-        let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) { Type::U32 } else { ty };
-        if accepts(&[ty, rhs], |b, p| {
-            b.binary(op, p[0], p[1]);
-        }) {
-            let r = match op {
-                BinaryOp::Shl | BinaryOp::Shr => amount,
-                BinaryOp::Div | BinaryOp::Rem => divisor,
-                _ => y,
-            };
-            let v = b.binary(op, x, r);
-            out.put(&mut b, v);
-        }
-    }
-    let v = b.fma(x, y, z);
-    out.put(&mut b, v);
-    for &op in CmpOp::ALL {
-        if accepts(&[ty, ty], |b, p| {
-            b.cmp(op, p[0], p[1]);
-        }) {
-            let c = b.cmp(op, x, y);
-            out.put(&mut b, c);
-            let v = b.select(c, x, z);
+    let o = ArithOperands { x, y, z, amount, divisor };
+    for op in arith_ops(t) {
+        let v = op.apply(&mut b, &o);
+        out.put(&mut b, v);
+        if matches!(op, ArithOp::Cmp(_)) {
+            let v = b.select(v, x, z);
             out.put(&mut b, v);
         }
     }
@@ -177,37 +114,6 @@ fn arithmetic_on_every_type_matches_the_interpreter() {
         ];
         check(&k, &launch(), &inputs, &[Arch::Sm80]);
     }
-}
-
-/// Every conversion the verifier accepts: (from, to, rounding, sat).
-fn conversions() -> Vec<(ScalarType, Cvt)> {
-    let roundings = [None, Some(Rounding::Rn), Some(Rounding::Rz), Some(Rounding::Rm), Some(Rounding::Rp)];
-    let mut all = vec![];
-    for from in DATA_TYPES {
-        for to in DATA_TYPES {
-            for rounding in roundings {
-                for sat in [false, true] {
-                    let cvt = Cvt { to, rounding, sat };
-                    if accepts(&[Type::Scalar(from)], |b, p| {
-                        b.cvt_with(p[0], cvt);
-                    }) {
-                        all.push((from, cvt));
-                    }
-                }
-            }
-        }
-    }
-    all
-}
-
-/// Conversions the PTX backend lowers only for sm_90 (bf16 results with `.rm`/`.rp`, or from
-/// f64 or 32/64-bit integers).
-fn needs_sm90(from: ScalarType, cvt: Cvt) -> bool {
-    cvt.to == ScalarType::BF16
-        && from != ScalarType::BF16
-        && (matches!(cvt.rounding, Some(Rounding::Rm | Rounding::Rp))
-            || from == ScalarType::F64
-            || (from.is_int() && from.bits() >= 32))
 }
 
 fn cvt_kernel(name: &str, convs: &[(ScalarType, Cvt)]) -> (Kernel, u32) {
@@ -244,7 +150,7 @@ fn keeps_nan_payload(from: ScalarType, cvt: Cvt) -> bool {
 fn every_conversion_matches_the_interpreter() {
     let convs = conversions();
     assert!(convs.len() > 400, "only {} conversions", convs.len());
-    let sm80: Vec<_> = convs.iter().copied().filter(|(f, c)| !needs_sm90(*f, *c)).collect();
+    let sm80: Vec<_> = convs.iter().copied().filter(|(f, c)| !cvt_needs_sm90(*f, *c)).collect();
     let (k, slots) = cvt_kernel("cvt_sm80", &sm80);
     check(&k, &launch(), &cvt_inputs(slots), &[Arch::Sm80, Arch::Sm90]);
     let (k, slots) = cvt_kernel("cvt_sm90", &convs);
@@ -257,24 +163,15 @@ fn bitcasts_and_constants_match() {
     let srcs: Vec<Value> = DATA_TYPES.iter().map(|t| b.param(format!("src_{t}"), global(*t))).collect();
     let mut out = Out::new(&mut b);
     let gid = out.gid;
+    let pairs = bitcasts();
     for (from, p) in DATA_TYPES.iter().zip(&srcs) {
         let v = load_gid(&mut b, *p, gid);
-        for to in DATA_TYPES {
-            if accepts(&[Type::Scalar(*from)], |b, p| {
-                b.bitcast(p[0], to);
-            }) {
-                let r = b.bitcast(v, to);
-                out.put(&mut b, r);
-            }
+        for &(_, to) in pairs.iter().filter(|(f, _)| f == from) {
+            let r = b.bitcast(v, to);
+            out.put(&mut b, r);
         }
     }
-    for t in DATA_TYPES {
-        for bits in [0, 1, u64::MAX, 1u64 << (t.bits() - 1), (1u64 << (t.bits() - 1)) - 1] {
-            let c = b.constant(Constant::new(t, bits));
-            out.put(&mut b, c);
-        }
-    }
-    for c in [Constant::f32(f32::NAN), Constant::f64(-0.0), Constant::f64(1e-310), Constant::pred(true)] {
+    for c in edge_constants() {
         let v = b.constant(c);
         out.put(&mut b, v);
     }
@@ -337,17 +234,10 @@ fn memory_atomics_and_barriers_match() {
             b.barrier();
         }
         // Atomics: global words per block, shared words; old values are stored.
+        let accepted = [atomic_ops(t, AddrSpace::Global), atomic_ops(t, AddrSpace::Shared)];
         for &op in AtomicOp::ALL {
-            for space in [AddrSpace::Global, AddrSpace::Shared] {
-                let ok = accepts(&[global(t), Type::Scalar(t)], |b, a| {
-                    let ptr = if space == AddrSpace::Global { a[0] } else { b.dyn_shared_ptr(t) };
-                    if op == AtomicOp::Cas {
-                        b.atomic_cas(ptr, a[1], a[1]);
-                    } else {
-                        b.atomic(op, ptr, a[1]);
-                    }
-                });
-                if !ok {
+            for (space, ops) in [AddrSpace::Global, AddrSpace::Shared].into_iter().zip(&accepted) {
+                if !ops.contains(&op) {
                     continue;
                 }
                 // Eight threads share each word.
@@ -365,12 +255,9 @@ fn memory_atomics_and_barriers_match() {
                     let q = b.ptr_add(s, word);
                     b.ptr_cast(q, t)
                 };
-                let old = if op == AtomicOp::Cas {
-                    // Compare with the value some thread of the word's group will have left.
-                    b.atomic_cas(ptr, v, v)
-                } else {
-                    b.atomic(op, ptr, v)
-                };
+                // A compare-and-swap compares with the value some thread of the word's group
+                // will have left.
+                let old = apply_atomic(&mut b, op, ptr, v);
                 out.put(&mut b, old);
                 b.barrier();
                 if space == AddrSpace::Shared {

@@ -6,47 +6,7 @@ use std::sync::Arc;
 
 use ruda_codegen_nvrtc::{compile_module_with, emit_cuda, nvrtc_or_skip, Nvrtc};
 use ruda_codegen_ptx::{ptxas, Arch, Target};
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value};
-
-/// Every scalar type that may live in memory (all but `pred`).
-pub const DATA_TYPES: [ScalarType; 12] = [
-    ScalarType::I8,
-    ScalarType::I16,
-    ScalarType::I32,
-    ScalarType::I64,
-    ScalarType::U8,
-    ScalarType::U16,
-    ScalarType::U32,
-    ScalarType::U64,
-    ScalarType::F16,
-    ScalarType::BF16,
-    ScalarType::F32,
-    ScalarType::F64,
-];
-
-/// The types the IR does arithmetic on.
-pub const ARITH_TYPES: [ScalarType; 8] = [
-    ScalarType::I16,
-    ScalarType::U16,
-    ScalarType::I32,
-    ScalarType::U32,
-    ScalarType::I64,
-    ScalarType::U64,
-    ScalarType::F32,
-    ScalarType::F64,
-];
-
-pub fn global(t: ScalarType) -> Type {
-    Type::Ptr(AddrSpace::Global, t)
-}
-
-/// Whether the verifier accepts `op` applied to fresh parameters of the given types.
-pub fn accepts(param_types: &[Type], op: impl FnOnce(&mut KernelBuilder, &[Value])) -> bool {
-    let mut b = KernelBuilder::new("probe");
-    let params: Vec<Value> = param_types.iter().enumerate().map(|(i, t)| b.param(format!("p{i}"), *t)).collect();
-    op(&mut b, &params);
-    b.finish().is_ok()
-}
+use ruda_ir::{Kernel, KernelBuilder};
 
 pub fn finish(b: KernelBuilder) -> Kernel {
     b.finish().unwrap_or_else(|e| panic!("test kernel does not verify: {e}"))
@@ -110,36 +70,4 @@ pub fn compile_and_assemble_for(test: &str, kernels: &[&Kernel], targets: &[Targ
         out.push((arch, ptx));
     }
     out
-}
-
-/// A kernel that stores values of any type into one byte buffer, each at its own slot, so
-/// that every tested operation has a visible effect.
-pub struct Sink {
-    pub out: Value,
-    next: u32,
-}
-
-impl Sink {
-    pub fn new(b: &mut KernelBuilder) -> Sink {
-        Sink { out: b.param("out", global(ScalarType::U8)), next: 0 }
-    }
-
-    /// Store `v` (scalar, vector or predicate) into the next slot.
-    #[track_caller]
-    pub fn put(&mut self, b: &mut KernelBuilder, v: Value) {
-        let ty = b.ty(v);
-        let v = if ty == Type::PRED {
-            let one = b.const_u32(1);
-            let zero = b.const_u32(0);
-            b.select(v, one, zero)
-        } else {
-            v
-        };
-        let elem = b.ty(v).elem();
-        let p = b.ptr_cast(self.out, elem);
-        let i = b.const_u32(self.next);
-        self.next += 4;
-        let p = b.ptr_add(p, i);
-        b.store(p, v);
-    }
 }

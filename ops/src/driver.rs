@@ -40,12 +40,18 @@ usage:
       FILE (the same size); --input NAME=VALUE sets scalar parameter NAME (an integer, a float,
       0x<bits>, true/false). A --file kernel runs one block of its launch bound (256 threads
       without one) with default scalars (16, 0.125).
+  rudac tune --shapes FILE | --show
+      --shapes: autotune every op shape of FILE on the RUDA_DEVICE GPU (a progress line per
+      shape on stderr; results cached per GPU under RUDA_CACHE_DIR); FILE has one op per line,
+      `gemv DTYPE m=M n=N k=K` (DTYPE f32|f16|bf16, M <= 16), `#` comments. On the CPU device
+      autotuning is off: the file is only checked. --show: print the current GPU's cache, or
+      every cache file without a GPU
 
 P is `default` (the default), `none`, or pass names separated by commas (`fold,cse,dce`).
 
 environment: RUDA_PTX_VERSION (PTX ISA version, e.g. 8.0), RUDA_CUDA_COMPILER (ptx|nvrtc),
 RUDA_PTXAS (path to ptxas), RUDA_NVRTC (path to libnvrtc), RUDA_DUMP_IR (folder for the IR
-after each pass)";
+after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache folder)";
 
 /// What `rudac emit` prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +83,7 @@ pub enum Command {
     Passes,
     BenchCompile { arch: Arch },
     Run(RunArgs),
+    Tune(crate::tune::TuneCommand),
 }
 
 /// Where `rudac run` runs a kernel.
@@ -118,7 +125,7 @@ impl Command {
         let mut flags: Vec<(String, Option<String>)> = Vec::new();
         let mut it = rest.iter();
         while let Some(a) = it.next() {
-            if a == "--json" {
+            if a == "--json" || a == "--show" {
                 flags.push((a.clone(), None));
             } else if let Some((k, v)) = a.split_once('=').filter(|_| a.starts_with("--")) {
                 flags.push((k.to_string(), Some(v.to_string())));
@@ -136,6 +143,7 @@ impl Command {
             "passes" => &[],
             "bench-compile" => &["--target"],
             "run" => &["--engine", "--compiler", "--target", "--seed", "--input", "--file"],
+            "tune" => &["--shapes", "--show"],
             other => return Err(format!("unknown command `{other}`")),
         };
         if let Some((f, _)) = flags.iter().find(|(f, _)| !allowed.contains(&f.as_str())) {
@@ -178,6 +186,14 @@ impl Command {
                 Ok(Command::Passes)
             }
             "run" => parse_run(&positional, &flags).map(Command::Run),
+            "tune" => {
+                no_positional("tune")?;
+                match (flag("--shapes"), flags.iter().any(|(f, _)| f == "--show")) {
+                    (Some(file), false) => Ok(Command::Tune(crate::tune::TuneCommand::Shapes(PathBuf::from(file)))),
+                    (None, true) => Ok(Command::Tune(crate::tune::TuneCommand::Show)),
+                    _ => Err("`rudac tune` takes either --shapes FILE or --show".into()),
+                }
+            }
             "bench-compile" => {
                 no_positional("bench-compile")?;
                 Ok(Command::BenchCompile { arch: parse_arch(flag("--target").as_deref().unwrap_or("sm_90"))? })
@@ -362,6 +378,7 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             writeln!(out, "checksum={checksum:016x} time_ms={ms:.3}").map_err(io)?;
             Ok(true)
         }
+        Command::Tune(tune) => crate::tune::run_tune(tune, out, &mut std::io::stderr()),
     }
 }
 

@@ -11,3 +11,4 @@ pub mod driver;
 pub mod kernels;
 pub mod registry;
 pub mod sample;
+pub mod tune;

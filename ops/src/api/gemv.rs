@@ -189,16 +189,8 @@ pub fn gemv_split_k_into(
     launch("gemv", stream, x, w, out, Some(workspace), to_u32("gemv", "splits", splits)?)
 }
 
-/// `x[M, K] · w[N, K]ᵀ` for `M ≤ 16` (allocates the output and any workspace).
+/// `x[M, K] · w[N, K]ᵀ` for `M ≤ 16` (allocates the output and any workspace), with the
+/// split count autotuned on a GPU ([`crate::tune::gemv_tuned`]).
 pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (m, n, k) = (
-        x.shape().first().copied().unwrap_or(0),
-        w.shape().first().copied().unwrap_or(0),
-        x.shape().get(1).copied().unwrap_or(0),
-    );
-    let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
-    let len = gemv_workspace_len(x.device(), m, n, k);
-    let ws = if len > 0 { Some(Tensor::empty(x.device(), DType::F32, &[len])?) } else { None };
-    gemv_into(&x.device().default_stream(), x, w, &out, ws.as_ref())?;
-    Ok(out)
+    crate::tune::gemv_tuned(x, w)
 }

@@ -1,0 +1,345 @@
+//! Autotuned ops: the decode GEMV's split-K count, tuned per GPU and shape with
+//! [`ruda_runtime::Autotuner`], and the shape files of `rudac tune --shapes`.
+//!
+//! Tuning measures, so it allocates and synchronises: it happens in the allocating wrapper
+//! ([`gemv_tuned`], which `api::gemv` uses) or in a warm-up call of [`tuned_gemv_splits`]
+//! before a decode step is captured; `_into` forms never tune, they take the chosen split
+//! count ([`crate::api::gemv_split_k_into`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ruda_ir::fnv1a64;
+use ruda_runtime::{
+    alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, DeviceKind, Launchable, Stream,
+    Tensor, TuneKey,
+};
+
+use crate::api::{self, gemv_split_k_into, gemv_splits, OpError, Result, GEMV_MAX_M};
+use crate::kernels::gemv::{GemvConfig, GemvLoads, GemvReduceConfig};
+
+/// The split-K counts GEMV tries besides its heuristic's.
+pub const GEMV_SPLIT_CANDIDATES: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Launches per timed sample when tuning on a GPU (a decode GEMV takes microseconds).
+const TUNE_ITERS: usize = 20;
+
+/// `splits=N`, the candidate name of a split count.
+fn split_name(splits: usize) -> String {
+    format!("splits={splits}")
+}
+
+/// The split count a GEMV candidate stands for.
+pub fn splits_of(choice: &Choice) -> Result<usize> {
+    choice.candidate.name.strip_prefix("splits=").and_then(|n| n.parse().ok()).filter(|&n| n >= 1).ok_or_else(|| {
+        OpError::InvalidArgument { op: "gemv", message: format!("autotune chose `{}`, not a split count", choice.candidate.name) }
+    })
+}
+
+/// `[m, n, k]` of `x[M, K] · w[N, K]ᵀ`, or `None` when the operands are not 2-D (the op
+/// itself then reports the error).
+fn gemv_dims(x: &Tensor, w: &Tensor) -> Option<[usize; 3]> {
+    (x.rank() == 2 && w.rank() == 2).then(|| [x.shape()[0], w.shape()[0], x.shape()[1]])
+}
+
+/// The tuning key of a GEMV: dtype, `[m, n, k]` bucketed, and the alignment class of the
+/// tensors' first elements and row strides in bytes (16 when vector loads apply).
+pub fn gemv_key(x: &Tensor, w: &Tensor) -> Option<TuneKey> {
+    let [m, n, k] = gemv_dims(x, w)?;
+    let size = x.dtype().size() as u64;
+    let align = alignment_class(&[x.offset() as u64 * size, w.offset() as u64 * size, k as u64 * size]);
+    Some(TuneKey::new("gemv", x.dtype().name(), &[m as u64, n as u64, k as u64], align))
+}
+
+/// GEMV's candidates for `m` rows on `device`: the heuristic's split count first (the choice
+/// when tuning is off), then [`GEMV_SPLIT_CANDIDATES`]; the kernels' IR hashes are folded in.
+pub fn gemv_candidates(device: &Device, key: &TuneKey, m: usize, n: usize, k: usize) -> Result<CandidateSet> {
+    let dtype = DType::from_name(&key.dtype)
+        .filter(|d| d.is_float())
+        .ok_or_else(|| OpError::DType { op: "gemv", message: format!("{} (expected f32, f16 or bf16)", key.dtype) })?;
+    let st = dtype.scalar_type();
+    let m_tile = GemvConfig::m_tile_for(m as u32).unwrap_or(GEMV_MAX_M as u32);
+    let chunk = 16 / dtype.size();
+    let loads = if key.alignment == 16 && k.is_multiple_of(chunk) { GemvLoads::Vector } else { GemvLoads::Scalar };
+    let mut hashes = String::new();
+    for split_k in [false, true] {
+        let cfg = GemvConfig { dtype: st, m_tile, loads, split_k };
+        hashes.push_str(&format!("{:016x}", api::kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?.ir_hash()));
+    }
+    let rcfg = GemvReduceConfig { dtype: st };
+    hashes.push_str(&format!("{:016x}", api::kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?.ir_hash()));
+    let first = gemv_splits(device, n, k);
+    let splits = std::iter::once(first).chain(GEMV_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first));
+    Ok(CandidateSet::new(splits.map(split_name), fnv1a64(hashes.as_bytes())))
+}
+
+/// The GEMV split count `tuner` picks for `x · wᵀ`, measuring with `measure(splits)` (median
+/// milliseconds, or why that count failed) on a cache miss. Testable with injected timings.
+pub fn tune_gemv_with(
+    tuner: &Autotuner,
+    device: &Device,
+    x: &Tensor,
+    w: &Tensor,
+    mut measure: impl FnMut(usize) -> std::result::Result<f64, String>,
+) -> Result<Choice> {
+    let (Some(key), Some([m, n, k])) = (gemv_key(x, w), gemv_dims(x, w)) else {
+        return Err(OpError::Shape { op: "gemv", message: format!("x {:?} and w {:?} must be 2-D", x.shape(), w.shape()) });
+    };
+    let set = gemv_candidates(device, &key, m, n, k)?;
+    Ok(tuner.tune(&key, &set, |c| {
+        let splits = c.name.strip_prefix("splits=").and_then(|s| s.parse().ok()).ok_or("not a split count")?;
+        measure(splits)
+    })?)
+}
+
+/// The process's tuner for a GPU (`None` on the CPU device), opened once per device.
+fn tuner_for(device: &Device) -> Result<Option<Arc<Autotuner>>> {
+    static TUNERS: OnceLock<Mutex<HashMap<DeviceKind, Option<Arc<Autotuner>>>>> = OnceLock::new();
+    if device.is_cpu() {
+        return Ok(None);
+    }
+    let mut map = TUNERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(t) = map.get(&device.kind()) {
+        return Ok(t.clone());
+    }
+    let t = Autotuner::for_device(device)?.map(Arc::new);
+    map.insert(device.kind(), t.clone());
+    Ok(t)
+}
+
+/// Time `x · wᵀ` with `splits` K-splits on `stream` (allocates the output and workspace).
+fn measure_gemv(stream: &Stream, x: &Tensor, w: &Tensor, splits: usize) -> std::result::Result<f64, String> {
+    let [m, n, _] = gemv_dims(x, w).ok_or("not 2-D")?;
+    let out = Tensor::empty(stream.device(), x.dtype(), &[m, n]).map_err(|e| e.to_string())?;
+    let ws = Tensor::empty(stream.device(), DType::F32, &[splits * m * n]).map_err(|e| e.to_string())?;
+    measure_on_stream(stream, TUNE_ITERS, || gemv_split_k_into(stream, x, w, &out, &ws, splits).map_err(|e| e.to_string()))
+}
+
+/// The split count for `x · wᵀ` on `stream`'s device: the heuristic's ([`gemv_splits`]) on
+/// the CPU, with `RUDA_AUTOTUNE=off` or for operands GEMV rejects; else the tuned one,
+/// measured on the first call for the key (allocating and synchronising: call it in warm-up,
+/// not while capturing).
+pub fn tuned_gemv_splits(stream: &Stream, x: &Tensor, w: &Tensor) -> Result<usize> {
+    Ok(tuned_gemv(stream, x, w)?.map_or_else(|| heuristic(stream.device(), x, w), |(_, c)| splits_of(&c))?)
+}
+
+fn heuristic(device: &Device, x: &Tensor, w: &Tensor) -> Result<usize> {
+    Ok(gemv_dims(x, w).map_or(1, |[_, n, k]| gemv_splits(device, n, k)))
+}
+
+/// The tuner and its choice, when tuning applies.
+fn tuned_gemv(stream: &Stream, x: &Tensor, w: &Tensor) -> Result<Option<(Arc<Autotuner>, Choice)>> {
+    let Some(tuner) = tuner_for(stream.device())? else { return Ok(None) };
+    let Some([m, _, _]) = gemv_dims(x, w) else { return Ok(None) };
+    if m == 0 || m > GEMV_MAX_M || !x.dtype().is_float() {
+        return Ok(None);
+    }
+    let choice = tune_gemv_with(&tuner, stream.device(), x, w, |s| measure_gemv(stream, x, w, s))?;
+    Ok(Some((tuner, choice)))
+}
+
+/// `x[M, K] · w[N, K]ᵀ` (`M ≤ 16`) with the tuned split count, allocating the output and
+/// workspace on `x`'s default stream. When the cached choice fails to launch, its entry is
+/// evicted and the next-best candidate runs.
+pub fn gemv_tuned(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let stream = x.device().default_stream();
+    let run = |splits: usize| -> Result<Tensor> {
+        let [m, n, _] = gemv_dims(x, w).unwrap_or([0, 0, 0]);
+        let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
+        if splits <= 1 {
+            api::gemv_into(&stream, x, w, &out, None)?;
+        } else {
+            let ws = Tensor::empty(x.device(), DType::F32, &[splits * m * n])?;
+            gemv_split_k_into(&stream, x, w, &out, &ws, splits)?;
+        }
+        Ok(out)
+    };
+    match tuned_gemv(&stream, x, w)? {
+        None => {
+            // The heuristic path, exactly as `gemv_into` sizes its workspace.
+            let [m, n, k] = gemv_dims(x, w).unwrap_or([0, 0, 0]);
+            let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
+            let len = api::gemv_workspace_len(x.device(), m, n, k);
+            let ws = if len > 0 { Some(Tensor::empty(x.device(), DType::F32, &[len])?) } else { None };
+            api::gemv_into(&stream, x, w, &out, ws.as_ref())?;
+            Ok(out)
+        }
+        Some((tuner, choice)) => match run(splits_of(&choice)?) {
+            Ok(out) => Ok(out),
+            Err(first) if choice.cached => {
+                let (key, [m, n, k]) = (gemv_key(x, w).ok_or(first)?, gemv_dims(x, w).unwrap_or([0, 0, 0]));
+                let set = gemv_candidates(x.device(), &key, m, n, k)?;
+                let next = tuner.evict_and_fall_back(&key, &set, &choice.candidate.name)?;
+                run(splits_of(&next)?)
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// One line of a `rudac tune --shapes` file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TuneShape {
+    /// The op (only `gemv` is tunable so far).
+    pub op: String,
+    pub dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl std::fmt::Display for TuneShape {
+    /// `gemv bf16 1x4096x4096`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}x{}x{}", self.op, self.dtype, self.m, self.n, self.k)
+    }
+}
+
+/// The format of a shapes file, for messages and `rudac` help.
+pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (DTYPE f32, f16 or bf16; 1 ≤ M ≤ 16; N, K ≥ 1; \
+the keys in any order); blank lines and `#` comments are ignored";
+
+/// Parse a shapes file; errors name `file:line`.
+pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape>, String> {
+    let mut shapes = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |message: String| format!("{file}:{}: {message} (expected {SHAPES_FORMAT})", i + 1);
+        let mut words = line.split_whitespace();
+        let op = words.next().unwrap_or_default();
+        if op != "gemv" {
+            return Err(bad(format!("unknown op `{op}`; tunable ops: gemv")));
+        }
+        let dtype_word = words.next().ok_or_else(|| bad("missing the dtype".into()))?;
+        let dtype = DType::from_name(dtype_word)
+            .filter(|d| d.is_float())
+            .ok_or_else(|| bad(format!("`{dtype_word}` is not f32, f16 or bf16")))?;
+        let (mut m, mut n, mut k) = (None, None, None);
+        for word in words {
+            let (name, value) = word.split_once('=').ok_or_else(|| bad(format!("`{word}` is not NAME=VALUE")))?;
+            let slot = match name {
+                "m" => &mut m,
+                "n" => &mut n,
+                "k" => &mut k,
+                other => return Err(bad(format!("unknown dimension `{other}`"))),
+            };
+            if slot.is_some() {
+                return Err(bad(format!("`{name}` given twice")));
+            }
+            let v: usize = value.parse().map_err(|_| bad(format!("`{word}`: not a positive integer")))?;
+            if v == 0 || u32::try_from(v).is_err() {
+                return Err(bad(format!("`{word}`: must be between 1 and {}", u32::MAX)));
+            }
+            *slot = Some(v);
+        }
+        let need = |v: Option<usize>, name: &str| v.ok_or_else(|| bad(format!("missing `{name}=`")));
+        let (m, n, k) = (need(m, "m")?, need(n, "n")?, need(k, "k")?);
+        if m > GEMV_MAX_M {
+            return Err(bad(format!("m={m}: GEMV takes at most {GEMV_MAX_M} rows")));
+        }
+        shapes.push(TuneShape { op: op.into(), dtype, m, n, k });
+    }
+    Ok(shapes)
+}
+
+/// [`parse_shapes`] of a file on disk.
+pub fn read_shapes(path: &Path) -> std::result::Result<Vec<TuneShape>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_shapes(&path.display().to_string(), &text)
+}
+
+/// Tune one shape on `stream`'s GPU with zero-filled operands (timing does not depend on the
+/// values): its choice, or `None` when tuning does not apply (CPU device, `RUDA_AUTOTUNE=off`).
+pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<(usize, Choice)>> {
+    let x = Tensor::zeros(stream.device(), shape.dtype, &[shape.m, shape.k])?;
+    let w = Tensor::zeros(stream.device(), shape.dtype, &[shape.n, shape.k])?;
+    match tuned_gemv(stream, &x, &w)? {
+        Some((_, c)) => Ok(Some((splits_of(&c)?, c))),
+        None => Ok(None),
+    }
+}
+
+/// What `rudac tune` does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TuneCommand {
+    /// `--shapes FILE`: tune every shape of the file on the `RUDA_DEVICE` GPU.
+    Shapes(std::path::PathBuf),
+    /// `--show`: print the cache of the current GPU, or every cache file without a GPU.
+    Show,
+}
+
+/// Run `rudac tune`: results and listings to `out`, one progress line per shape to
+/// `progress`. `Ok(false)` when some shape failed to tune.
+pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &mut dyn std::io::Write) -> std::result::Result<bool, String> {
+    let io = |e: std::io::Error| e.to_string();
+    match command {
+        TuneCommand::Shapes(path) => {
+            let shapes = read_shapes(path)?;
+            let device = Device::from_env().map_err(|e| e.to_string())?;
+            let mode = ruda_runtime::AutotuneMode::from_env(&device).map_err(|e| e.to_string())?;
+            if device.is_cpu() || mode == ruda_runtime::AutotuneMode::Off {
+                let why = if device.is_cpu() { "autotuning is off on the CPU device" } else { "RUDA_AUTOTUNE=off" };
+                writeln!(out, "{why}: {} shape(s) in {} are valid; nothing tuned", shapes.len(), path.display()).map_err(io)?;
+                return Ok(true);
+            }
+            let stream = device.default_stream();
+            let mut failed = 0;
+            for (i, shape) in shapes.iter().enumerate() {
+                let line = match tune_shape(&stream, shape) {
+                    Ok(Some((splits, c))) => format!(
+                        "best splits={splits} ({}){}",
+                        c.median_ms.map_or("not measured".into(), |ms| format!("{ms:.4} ms")),
+                        if c.cached { ", cached" } else { "" }
+                    ),
+                    Ok(None) => "not tunable here".into(),
+                    Err(e) => {
+                        failed += 1;
+                        format!("FAILED: {e}")
+                    }
+                };
+                writeln!(progress, "[{}/{}] {shape}: {line}", i + 1, shapes.len()).map_err(io)?;
+            }
+            if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
+                writeln!(out, "tuned {} of {} shape(s) on {}; cache: {}", shapes.len() - failed, shapes.len(), device.description(), t.path().display())
+                    .map_err(io)?;
+            }
+            Ok(failed == 0)
+        }
+        TuneCommand::Show => {
+            let device = Device::from_env().map_err(|e| e.to_string())?;
+            if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
+                let file = t.snapshot();
+                if file.entries.is_empty() {
+                    writeln!(out, "no autotuning results for {} yet ({})", file.fingerprint, t.path().display()).map_err(io)?;
+                } else {
+                    write!(out, "{}: {}", t.path().display(), file.render()).map_err(io)?;
+                }
+                return Ok(true);
+            }
+            let dir = ruda_runtime::cache_dir_from_env().map_err(|e| e.to_string())?.join("autotune");
+            let mut files: Vec<_> = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(format!("{}: {e}", dir.display())),
+            };
+            files.sort();
+            if files.is_empty() {
+                writeln!(out, "no autotune cache files in {}", dir.display()).map_err(io)?;
+            }
+            for p in files {
+                match ruda_runtime::CacheFile::read(&p) {
+                    Ok(f) => write!(out, "{}: {}", p.display(), f.render()).map_err(io)?,
+                    Err(e) => writeln!(out, "{e}").map_err(io)?,
+                }
+            }
+            Ok(true)
+        }
+    }
+}

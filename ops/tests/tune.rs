@@ -1,0 +1,176 @@
+//! GEMV autotuning on the CPU with injected timings, and `rudac tune`.
+
+use std::path::PathBuf;
+
+use ruda_ops::api;
+use ruda_ops::driver::Command;
+use ruda_ops::tune::{gemv_key, parse_shapes, splits_of, tune_gemv_with, tuned_gemv_splits, TuneCommand, TuneShape};
+use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, DeviceFingerprint, Tensor};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ruda-ops-tune-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+fn fingerprint() -> DeviceFingerprint {
+    DeviceFingerprint {
+        device_name: "NVIDIA H200".into(),
+        compute_capability: (9, 0),
+        driver_version: "12.9".into(),
+        compiler: "ptx".into(),
+        compiler_version: "ruda-codegen-ptx 0.1.0".into(),
+    }
+}
+
+fn operands(dev: &Device, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
+    let x: Vec<f32> = (0..m * k).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
+    let w: Vec<f32> = (0..n * k).map(|i| ((i % 5) as f32 - 2.0) * 0.5).collect();
+    (Tensor::from_slice(dev, &x, &[m, k]).unwrap(), Tensor::from_slice(dev, &w, &[n, k]).unwrap())
+}
+
+#[test]
+fn gemv_tunes_with_injected_timings_and_caches_the_choice() {
+    let dev = Device::cpu();
+    let (x, w) = operands(&dev, 1, 8, 4096);
+    let dir = temp_dir("inject");
+    let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+    let mut measured = Vec::new();
+    let time = |s: usize| match s {
+        4 => Ok(0.010),
+        16 => Err("launch failed".to_string()),
+        s => Ok(0.05 / s as f64 + 0.01),
+    };
+    let choice = tune_gemv_with(&tuner, &dev, &x, &w, |s| {
+        measured.push(s);
+        time(s)
+    })
+    .unwrap();
+    // The heuristic (1 on the CPU device) comes first, then the others.
+    assert_eq!(measured, vec![1, 2, 4, 8, 16]);
+    assert_eq!(splits_of(&choice).unwrap(), 4);
+    let again = tune_gemv_with(&tuner, &dev, &x, &w, |_| panic!("measured a cached key")).unwrap();
+    assert!(again.cached);
+    assert_eq!(splits_of(&again).unwrap(), 4);
+    // A nearby shape shares the bucket.
+    let (x2, w2) = operands(&dev, 1, 7, 4000);
+    assert_eq!(gemv_key(&x2, &w2).unwrap().shape_bucket, vec![1, 8, 4096]);
+    let entry = tuner.snapshot().entries.remove("gemv f32 1x8x4096 align16").expect("entry");
+    assert_eq!(entry.results[4].error.as_deref(), Some("launch failed"));
+    // Off: the heuristic, unmeasured.
+    let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
+    assert_eq!(splits_of(&tune_gemv_with(&off, &dev, &x, &w, |_| panic!("measured")).unwrap()).unwrap(), 1);
+}
+
+#[test]
+fn gemv_keys_carry_the_alignment_class() {
+    let dev = Device::cpu();
+    let (x, w) = operands(&dev, 2, 4, 64);
+    assert_eq!(gemv_key(&x, &w).unwrap().to_string(), "gemv f32 2x4x64 align16");
+    // One float in: 4-byte aligned first element.
+    let x_off = Tensor::from_slice(&dev, &vec![1.0f32; 2 * 64 + 1], &[2 * 64 + 1]).unwrap().narrow(0, 1, 128).unwrap().reshape(&[2, 64]).unwrap();
+    assert_eq!(gemv_key(&x_off, &w).unwrap().alignment, 4);
+    // An odd K of halves: 2-byte row strides.
+    let xh = Tensor::zeros(&dev, DType::BF16, &[1, 17]).unwrap();
+    let wh = Tensor::zeros(&dev, DType::BF16, &[3, 17]).unwrap();
+    assert_eq!(gemv_key(&xh, &wh).unwrap().to_string(), "gemv bf16 1x4x32 align2");
+    assert!(gemv_key(&Tensor::zeros(&dev, DType::F32, &[4]).unwrap(), &w).is_none());
+}
+
+#[test]
+fn on_the_cpu_gemv_is_untuned_and_unchanged() {
+    let dev = Device::cpu();
+    let (x, w) = operands(&dev, 2, 5, 40);
+    let stream = dev.default_stream();
+    assert_eq!(tuned_gemv_splits(&stream, &x, &w).unwrap(), 1);
+    let out = Tensor::empty(&dev, DType::F32, &[2, 5]).unwrap();
+    api::gemv_into(&stream, &x, &w, &out, None).unwrap();
+    assert_eq!(api::gemv(&x, &w).unwrap().to_vec::<f32>().unwrap(), out.to_vec::<f32>().unwrap());
+    // Errors still come from the op.
+    let bad = Tensor::zeros(&dev, DType::F32, &[5, 41]).unwrap();
+    assert!(api::gemv(&x, &bad).unwrap_err().to_string().contains("inner dimensions differ"));
+}
+
+#[test]
+fn shapes_files_parse_with_line_numbers() {
+    let text = "# decode GEMVs of a small model\n\ngemv bf16 m=1 n=4096 k=4096\ngemv f16 k=128 n=3 m=16  # any order\n";
+    assert_eq!(
+        parse_shapes("s.txt", text).unwrap(),
+        vec![
+            TuneShape { op: "gemv".into(), dtype: DType::BF16, m: 1, n: 4096, k: 4096 },
+            TuneShape { op: "gemv".into(), dtype: DType::F16, m: 16, n: 3, k: 128 },
+        ]
+    );
+    assert_eq!(parse_shapes("s.txt", text).unwrap()[0].to_string(), "gemv bf16 1x4096x4096");
+    for (bad, want) in [
+        ("gemv bf16 m=1 n=8 k=8\ngemm bf16 m=1 n=8 k=8", "s.txt:2: unknown op `gemm`"),
+        ("\n\ngemv u32 m=1 n=8 k=8", "s.txt:3: `u32` is not f32, f16 or bf16"),
+        ("gemv bf16 m=1 n=8", "s.txt:1: missing `k=`"),
+        ("gemv bf16 m=17 n=8 k=8", "s.txt:1: m=17: GEMV takes at most 16 rows"),
+        ("gemv bf16 m=1 n=0 k=8", "s.txt:1: `n=0`: must be between 1"),
+        ("gemv bf16 m=1 n=x k=8", "s.txt:1: `n=x`: not a positive integer"),
+        ("gemv bf16 m=1 m=2 n=8 k=8", "s.txt:1: `m` given twice"),
+        ("gemv bf16 m=1 n=8 k=8 q=3", "s.txt:1: unknown dimension `q`"),
+        ("gemv", "s.txt:1: missing the dtype"),
+    ] {
+        let e = parse_shapes("s.txt", bad).expect_err(bad);
+        assert!(e.starts_with(want), "{bad}: {e}");
+        assert!(e.contains("gemv DTYPE m=M n=N k=K"), "{e}");
+    }
+}
+
+fn args(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
+}
+
+#[test]
+fn rudac_tune_parses() {
+    assert_eq!(Command::parse(&args("tune --shapes s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
+    assert_eq!(Command::parse(&args("tune --shapes=s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
+    assert_eq!(Command::parse(&args("tune --show")), Ok(Command::Tune(TuneCommand::Show)));
+    for bad in ["tune", "tune --show --shapes s.txt", "tune extra --show", "tune --shapes", "tune --json"] {
+        assert!(Command::parse(&args(bad)).is_err(), "{bad}");
+    }
+}
+
+fn rudac(cache: &std::path::Path, cmd: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))
+        .args(cmd)
+        .env("RUDA_DEVICE", "cpu")
+        .env("RUDA_CACHE_DIR", cache)
+        .env_remove("RUDA_AUTOTUNE")
+        .output()
+        .expect("rudac runs")
+}
+
+#[test]
+fn rudac_tune_on_the_cpu_checks_the_file_and_shows_caches() {
+    let dir = temp_dir("rudac");
+    let good = dir.join("good.txt");
+    std::fs::write(&good, "gemv bf16 m=1 n=4096 k=4096\ngemv f32 m=4 n=64 k=64\n").unwrap();
+    let out = rudac(&dir, &["tune", "--shapes", good.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("autotuning is off on the CPU device: 2 shape(s)"), "{stdout}");
+
+    let bad = dir.join("bad.txt");
+    std::fs::write(&bad, "gemv bf16 m=1 n=8 k=8\ngemv bf16 m=1 n=8\n").unwrap();
+    let out = rudac(&dir, &["tune", "--shapes", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.txt:2: missing `k=`"), "{stderr}");
+
+    let out = rudac(&dir, &["tune", "--show"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no autotune cache files in"));
+    // A cache written for a GPU, shown from a machine without one.
+    let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+    let dev = Device::cpu();
+    let (x, w) = operands(&dev, 1, 8, 1024);
+    tune_gemv_with(&tuner, &dev, &x, &w, |s| Ok(s as f64)).unwrap();
+    let out = rudac(&dir, &["tune", "--show"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.contains("NVIDIA H200 (compute capability 9.0, driver CUDA 12.9"), "{stdout}");
+    assert!(stdout.contains("gemv f32 1x8x1024 align16: best splits=1"), "{stdout}");
+}

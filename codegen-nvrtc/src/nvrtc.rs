@@ -249,7 +249,7 @@ pub fn find_nvrtc() -> Result<Arc<Nvrtc>, NvrtcError> {
     // A toolkit whose lib64 is not on the loader's path.
     let mut toolkits: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
-        .filter_map(|v| std::env::var_os(v))
+        .filter_map(std::env::var_os)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .collect();

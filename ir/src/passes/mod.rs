@@ -71,7 +71,7 @@ pub enum PassError {
     #[error("unknown pass `{name}`; known passes: {known} (or `none`, `default`)")]
     UnknownPass { name: String, known: String },
     #[error("pass `{pass}` produced IR that does not verify (a bug in the pass): {error}")]
-    BrokeVerifier { pass: &'static str, error: VerifyError },
+    BrokeVerifier { pass: &'static str, error: Box<VerifyError> },
     #[error("RUDA_DUMP_IR: cannot write {path}: {error}")]
     Dump { path: PathBuf, error: std::io::Error },
 }
@@ -143,7 +143,7 @@ pub fn run_pipeline(kernel: &mut Kernel, passes: &[Box<dyn Pass>], dump: Option<
     write(kernel, 0, "input")?;
     for (i, pass) in passes.iter().enumerate() {
         pass.run(kernel);
-        verify(kernel).map_err(|error| PassError::BrokeVerifier { pass: pass.name(), error })?;
+        verify(kernel).map_err(|error| PassError::BrokeVerifier { pass: pass.name(), error: Box::new(error) })?;
         write(kernel, i + 1, pass.name())?;
     }
     Ok(())

@@ -1,0 +1,76 @@
+//! The one error type of loading: every variant names the file (or tensor, or template) and
+//! what is wrong with it.
+
+use std::path::{Path, PathBuf};
+
+use ruda_runtime::RuntimeError;
+
+/// Why a model directory (or one of its files) could not be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be opened, read or mapped.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid JSON, or its JSON does not have the expected form.
+    #[error("{}: invalid JSON: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file is readable but its content is wrong: a missing field, a bad value, a truncated
+    /// or corrupt safetensors file, a missing, extra or misshapen tensor.
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+    /// The file describes something valid that RUDA does not implement (yet): another model
+    /// type, quantisation, rope scaling, sliding-window attention, a tensor dtype.
+    #[error("{}: not supported: {message}", path.display())]
+    Unsupported { path: PathBuf, message: String },
+    /// Creating a device tensor from the mapped bytes failed.
+    #[error("uploading tensor {name} to {device}: {source}")]
+    Upload {
+        name: String,
+        device: String,
+        // Boxed: a runtime error is large, and every loader returns this type.
+        #[source]
+        source: Box<RuntimeError>,
+    },
+    /// The tokenizers crate rejected a tokenizer file, or failed to encode or decode.
+    #[error("{}: tokenizer: {message}", path.display())]
+    Tokenizer { path: PathBuf, message: String },
+    /// A chat template failed to compile or to render (including its own `raise_exception`).
+    #[error("chat template ({source_name}): {message}")]
+    Template { source_name: String, message: String },
+}
+
+impl LoadError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> LoadError {
+        LoadError::Io { path: path.to_path_buf(), source }
+    }
+
+    pub(crate) fn json(path: &Path, source: serde_json::Error) -> LoadError {
+        LoadError::Json { path: path.to_path_buf(), source }
+    }
+
+    pub(crate) fn invalid(path: &Path, message: impl Into<String>) -> LoadError {
+        LoadError::Invalid { path: path.to_path_buf(), message: message.into() }
+    }
+
+    pub(crate) fn unsupported(path: &Path, message: impl Into<String>) -> LoadError {
+        LoadError::Unsupported { path: path.to_path_buf(), message: message.into() }
+    }
+}
+
+/// Read a whole (small) text file: configs, indexes, tokenizer files.
+pub(crate) fn read_text(path: &Path) -> Result<String, LoadError> {
+    std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))
+}
+
+/// Read and parse a JSON file.
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, LoadError> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| LoadError::json(path, e))
+}

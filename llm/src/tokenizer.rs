@@ -1,0 +1,75 @@
+//! `tokenizer.json` through Hugging Face's `tokenizers` crate (pure Rust build), behind a
+//! small wrapper whose failures are [`LoadError`]s naming the file.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::LoadError;
+
+/// A loaded tokenizer (byte-level BPE for Qwen, but any `tokenizer.json` the crate reads).
+pub struct Tokenizer {
+    path: PathBuf,
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    /// Read `dir/tokenizer.json`.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Tokenizer, LoadError> {
+        Tokenizer::from_file(&dir.as_ref().join("tokenizer.json"))
+    }
+
+    /// Read a `tokenizer.json` at `path`.
+    pub fn from_file(path: &Path) -> Result<Tokenizer, LoadError> {
+        let text = crate::error::read_text(path)?;
+        let inner = text.parse::<tokenizers::Tokenizer>().map_err(|e| LoadError::Tokenizer {
+            path: path.to_path_buf(),
+            message: format!("cannot load: {e}"),
+        })?;
+        Ok(Tokenizer { path: path.to_path_buf(), inner })
+    }
+
+    fn error(&self, what: String) -> LoadError {
+        LoadError::Tokenizer { path: self.path.clone(), message: what }
+    }
+
+    /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) are matched
+    /// either way; `add_special_tokens` adds those the post-processor inserts (none for Qwen).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, LoadError> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| self.error(format!("encoding {text:?}: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; with `skip_special_tokens`, special tokens are left out. An id
+    /// outside the vocabulary is an error.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {
+        let size = self.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(self.error(format!("decoding: token id {bad} is not in the vocabulary ({size} tokens)")));
+        }
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| self.error(format!("decoding {} ids: {e}", ids.len())))
+    }
+
+    /// The id of a token string (`"<|im_end|>"`), if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token string of `id`, if any.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a special token the caller cannot work without, or an error naming it.
+    pub fn special_id(&self, token: &str) -> Result<u32, LoadError> {
+        self.token_to_id(token).ok_or_else(|| self.error(format!("no token {token:?} in the vocabulary")))
+    }
+
+    /// The number of tokens, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The underlying `tokenizers` tokenizer (streaming decode, offsets, batches).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}

@@ -1,0 +1,246 @@
+//! The weights of a checkpoint: one `model.safetensors` or the shards named by
+//! `model.safetensors.index.json`, memory-mapped, checked against the tensors a
+//! [`ModelConfig`] needs, and uploaded to a device straight from the mappings.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use ruda_runtime::{DType, Device, Tensor};
+use serde_json::Value;
+
+use crate::config::ModelConfig;
+use crate::error::{read_json, LoadError};
+use crate::safetensors::{SafetensorsFile, TensorInfo};
+
+/// The name of the embedding, which tied checkpoints reuse as `lm_head.weight`.
+pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
+/// The output projection.
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// A tensor a model needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpectedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// False only for `lm_head.weight` of a model with tied embeddings.
+    pub required: bool,
+}
+
+/// Every tensor `config` needs, with its shape (PyTorch's `[out, in]` for linear weights).
+pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
+    let (h, v, i, d) = (config.hidden_size, config.vocab_size, config.intermediate_size, config.head_dim);
+    let (q, kv) = (config.num_attention_heads * d, config.num_key_value_heads * d);
+    let mut out = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>| out.push(ExpectedTensor { name, shape, required: true });
+    add(EMBED_TOKENS.into(), vec![v, h]);
+    for l in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![h]);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![h]);
+        add(format!("{p}.self_attn.q_proj.weight"), vec![q, h]);
+        add(format!("{p}.self_attn.k_proj.weight"), vec![kv, h]);
+        add(format!("{p}.self_attn.v_proj.weight"), vec![kv, h]);
+        add(format!("{p}.self_attn.o_proj.weight"), vec![h, q]);
+        if config.qkv_bias {
+            add(format!("{p}.self_attn.q_proj.bias"), vec![q]);
+            add(format!("{p}.self_attn.k_proj.bias"), vec![kv]);
+            add(format!("{p}.self_attn.v_proj.bias"), vec![kv]);
+        }
+        if config.o_proj_bias {
+            add(format!("{p}.self_attn.o_proj.bias"), vec![h]);
+        }
+        if config.qk_norm {
+            add(format!("{p}.self_attn.q_norm.weight"), vec![d]);
+            add(format!("{p}.self_attn.k_norm.weight"), vec![d]);
+        }
+        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h]);
+        add(format!("{p}.mlp.up_proj.weight"), vec![i, h]);
+        add(format!("{p}.mlp.down_proj.weight"), vec![h, i]);
+    }
+    add("model.norm.weight".into(), vec![h]);
+    out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![v, h], required: !config.tie_word_embeddings });
+    out
+}
+
+/// Where one tensor lives: its dtype, shape, and byte range in one mapped file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightInfo {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Index into [`Weights::files`].
+    pub file: usize,
+    pub range: std::ops::Range<usize>,
+}
+
+/// The validated, memory-mapped weights of a model: exactly the tensors its config needs,
+/// with the right shapes, each bf16, f16 or f32.
+pub struct Weights {
+    files: Vec<SafetensorsFile>,
+    tensors: BTreeMap<String, WeightInfo>,
+    tied: bool,
+}
+
+impl Weights {
+    /// Map `dir/model.safetensors`, or every shard of `dir/model.safetensors.index.json`, and
+    /// validate them against `config`. Nothing is read beyond the headers.
+    pub fn load(dir: impl AsRef<Path>, config: &ModelConfig) -> Result<Weights, LoadError> {
+        let dir = dir.as_ref();
+        let index = dir.join("model.safetensors.index.json");
+        let (files, tensors) = if index.exists() {
+            load_sharded(dir, &index)?
+        } else {
+            let single = dir.join("model.safetensors");
+            if !single.exists() {
+                return Err(LoadError::invalid(dir, "no model.safetensors or model.safetensors.index.json in this folder"));
+            }
+            let file = SafetensorsFile::open(&single)?;
+            let tensors = file.tensors().iter().map(|(n, t)| (n.clone(), info(0, t))).collect();
+            (vec![file], tensors)
+        };
+        let weights = Weights { files, tensors, tied: config.tie_word_embeddings };
+        weights.validate(dir, config)?;
+        Ok(weights)
+    }
+
+    fn validate(&self, dir: &Path, config: &ModelConfig) -> Result<(), LoadError> {
+        let expected = expected_tensors(config);
+        let source = |name: &str| self.files[self.tensors[name].file].path().to_path_buf();
+        let missing: Vec<&str> =
+            expected.iter().filter(|e| e.required && !self.tensors.contains_key(&e.name)).map(|e| e.name.as_str()).collect();
+        if !missing.is_empty() {
+            return Err(LoadError::invalid(
+                dir,
+                format!("{} missing tensor(s) for this {} config: {}", missing.len(), config.model_type.name(), list(&missing)),
+            ));
+        }
+        let wanted: HashMap<&str, &ExpectedTensor> = expected.iter().map(|e| (e.name.as_str(), e)).collect();
+        let extra: Vec<&str> = self.tensors.keys().map(String::as_str).filter(|n| !wanted.contains_key(n)).collect();
+        if let Some(first) = extra.first() {
+            return Err(LoadError::invalid(
+                &source(first),
+                format!("{} unexpected tensor(s) for this {} config: {}", extra.len(), config.model_type.name(), list(&extra)),
+            ));
+        }
+        for (name, t) in &self.tensors {
+            if t.shape != wanted[name.as_str()].shape {
+                return Err(LoadError::invalid(
+                    &source(name),
+                    format!("tensor {name} has shape {:?}, the config needs {:?}", t.shape, wanted[name.as_str()].shape),
+                ));
+            }
+            if !matches!(t.dtype, DType::BF16 | DType::F16 | DType::F32) {
+                return Err(LoadError::unsupported(&source(name), format!("tensor {name} has dtype {} (bf16, f16 or f32)", t.dtype)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The mapped files, in the order [`WeightInfo::file`] indexes.
+    pub fn files(&self) -> Vec<&Path> {
+        self.files.iter().map(SafetensorsFile::path).collect()
+    }
+
+    /// Every tensor present, by name (without the tied `lm_head.weight`).
+    pub fn tensors(&self) -> &BTreeMap<String, WeightInfo> {
+        &self.tensors
+    }
+
+    pub fn get(&self, name: &str) -> Option<&WeightInfo> {
+        self.tensors.get(name)
+    }
+
+    /// The bytes of tensor `name`, a slice of its file's mapping.
+    pub fn bytes(&self, name: &str) -> Option<&[u8]> {
+        self.files[self.tensors.get(name)?.file].bytes(name)
+    }
+
+    /// Whether `lm_head.weight` is the embedding (tied and absent from the files).
+    pub fn lm_head_is_embedding(&self) -> bool {
+        self.tied
+    }
+
+    /// Create one device tensor per weight, each from a slice of the mapping (no copy of a
+    /// whole file in host memory). With tied embeddings, `lm_head.weight` is the embedding
+    /// tensor itself (one buffer), as in transformers even when the file also stores it.
+    pub fn upload(&self, device: &Device) -> Result<HashMap<String, Tensor>, LoadError> {
+        let mut out = HashMap::with_capacity(self.tensors.len() + 1);
+        for (name, t) in &self.tensors {
+            if self.tied && name == LM_HEAD {
+                continue;
+            }
+            let bytes = &self.files[t.file].bytes(name).unwrap_or_default();
+            let tensor = Tensor::from_bytes(device, t.dtype, &t.shape, bytes).map_err(|source| LoadError::Upload {
+                name: name.clone(),
+                device: device.description(),
+                source: Box::new(source),
+            })?;
+            out.insert(name.clone(), tensor);
+        }
+        if self.tied {
+            if let Some(embed) = out.get(EMBED_TOKENS).cloned() {
+                out.insert(LM_HEAD.to_string(), embed);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn info(file: usize, t: &TensorInfo) -> WeightInfo {
+    WeightInfo { dtype: t.dtype, shape: t.shape.clone(), file, range: t.range.clone() }
+}
+
+/// At most eight names, then a count: errors stay readable for a wrong model of 400 tensors.
+fn list(names: &[&str]) -> String {
+    let mut s = names.iter().take(8).copied().collect::<Vec<_>>().join(", ");
+    if names.len() > 8 {
+        s.push_str(&format!(", ... ({} more)", names.len() - 8));
+    }
+    s
+}
+
+type Loaded = (Vec<SafetensorsFile>, BTreeMap<String, WeightInfo>);
+
+/// Map every shard the index names, and check that the index and the shards agree exactly.
+fn load_sharded(dir: &Path, index: &Path) -> Result<Loaded, LoadError> {
+    let json = read_json(index)?;
+    let map = json
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| LoadError::invalid(index, "no \"weight_map\" object"))?;
+    let mut shard_of: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, file) in map {
+        let file = file.as_str().ok_or_else(|| LoadError::invalid(index, format!("weight_map[{name}] is not a file name")))?;
+        // Shards live beside the index: no absolute paths or parent folders.
+        let plain = Path::new(file).file_name().is_some_and(|f| f == std::ffi::OsStr::new(file));
+        if !plain {
+            return Err(LoadError::invalid(index, format!("weight_map[{name}] = \"{file}\" is not a plain file name")));
+        }
+        shard_of.insert(name, file);
+    }
+    let mut shard_names: Vec<&str> = shard_of.values().copied().collect();
+    shard_names.sort_unstable();
+    shard_names.dedup();
+
+    let mut files = Vec::with_capacity(shard_names.len());
+    let mut tensors = BTreeMap::new();
+    for (i, shard) in shard_names.iter().enumerate() {
+        let path: PathBuf = dir.join(shard);
+        let file = SafetensorsFile::open(&path)?;
+        for (name, t) in file.tensors() {
+            match shard_of.get(name.as_str()) {
+                Some(s) if s == shard => {
+                    tensors.insert(name.clone(), info(i, t));
+                }
+                Some(s) => {
+                    return Err(LoadError::invalid(&path, format!("holds tensor {name}, which the index places in {s}")))
+                }
+                None => return Err(LoadError::invalid(&path, format!("holds tensor {name}, which the index does not list"))),
+            }
+        }
+        files.push(file);
+    }
+    if let Some((name, shard)) = shard_of.iter().find(|(n, _)| !tensors.contains_key(**n)) {
+        return Err(LoadError::invalid(index, format!("lists tensor {name} in {shard}, which does not hold it")));
+    }
+    Ok((files, tensors))
+}

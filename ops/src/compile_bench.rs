@@ -76,7 +76,8 @@ pub fn bench_compile(arch: Arch, out: &mut dyn Write) -> Result<bool, String> {
         let (ptx, t) = timed(|| emit_ptx(&kernel, &target));
         s.emit_ptx = t;
         let ptx = ptx.map_err(|e| format!("{}: {e}", r.id))?;
-        let (via_nvrtc, t) = timed(|| ruda_codegen_nvrtc::compile_module_with(&nvrtc, &[&kernel], &target));
+        let (via_nvrtc, t) =
+            timed(|| ruda_codegen_nvrtc::compile_module_with(&nvrtc, &[&kernel], &target).map_err(|e| e.to_string()));
         s.nvrtc = t;
         via_nvrtc.map_err(|e| format!("{}: {e}", r.id))?;
         let (assembled, t) = timed(|| ptxas::assemble_with(&ptxas_path, &ptx, arch));

@@ -63,7 +63,7 @@ fn scalar(t: ScalarType, name: &str, sizes: &[(&str, u32)]) -> Constant {
 fn outputs(k: &Kernel, family: &str) -> Result<Vec<Vec<u8>>, String> {
     let (sizes, grid) = problem(family);
     let mut buffers: Vec<Vec<u8>> =
-        k.params.iter().filter_map(|p| k.ty(p.value).is_ptr().then(|| buffer(k.ty(p.value).elem()))).collect();
+        k.params.iter().filter(|p| k.ty(p.value).is_ptr()).map(|p| buffer(k.ty(p.value).elem())).collect();
     let mut free = buffers.iter_mut();
     let mut args = vec![];
     for p in &k.params {

@@ -81,7 +81,7 @@ impl From<OpError> for AttentionSetupError {
 
 impl From<ruda_runtime::RuntimeError> for AttentionSetupError {
     fn from(e: ruda_runtime::RuntimeError) -> Self {
-        AttentionSetupError::Op(OpError::Runtime(e))
+        AttentionSetupError::Op(OpError::from(e))
     }
 }
 

@@ -50,11 +50,30 @@ pub enum OpError {
     #[error("{op}: tensors are on different devices: {message}")]
     Device { op: &'static str, message: String },
     #[error(transparent)]
-    Runtime(#[from] RuntimeError),
+    Runtime(Box<RuntimeError>),
     #[error("kernel does not verify: {0}")]
-    Kernel(#[from] VerifyError),
+    Kernel(Box<VerifyError>),
     #[error(transparent)]
-    Pass(#[from] ruda_ir::passes::PassError),
+    Pass(Box<ruda_ir::passes::PassError>),
+}
+
+// The large errors are boxed so that `Result<_, OpError>` stays small on hot paths.
+impl From<RuntimeError> for OpError {
+    fn from(e: RuntimeError) -> OpError {
+        OpError::Runtime(Box::new(e))
+    }
+}
+
+impl From<VerifyError> for OpError {
+    fn from(e: VerifyError) -> OpError {
+        OpError::Kernel(Box::new(e))
+    }
+}
+
+impl From<ruda_ir::passes::PassError> for OpError {
+    fn from(e: ruda_ir::passes::PassError) -> OpError {
+        OpError::Pass(Box::new(e))
+    }
 }
 
 /// The ruDNN contract's name for normalization errors.

@@ -12,13 +12,16 @@ use half::bf16;
 use ruda_ops::api;
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
+/// One timed launch of an op on its prepared inputs.
+type Launch = Box<dyn Fn(&Stream) -> Result<(), api::OpError>>;
+
 struct Problem {
     name: &'static str,
     shape: Vec<usize>,
-    run: Box<dyn Fn(&Stream) -> Result<(), api::OpError>>,
+    run: Launch,
 }
 
-fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, ruda_runtime::RuntimeError> {
+fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, api::OpError> {
     let n: usize = shape.iter().product();
     let mut state = seed;
     let data: Vec<bf16> = (0..n)
@@ -27,7 +30,7 @@ fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, ru
             bf16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
         })
         .collect();
-    Tensor::from_slice(device, &data, shape)
+    Ok(Tensor::from_slice(device, &data, shape)?)
 }
 
 fn problems(device: &Device, quick: bool) -> Result<Vec<Problem>, Box<dyn std::error::Error>> {

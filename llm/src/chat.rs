@@ -152,7 +152,10 @@ fn template_source(path: &Path, config: &Json) -> Result<Option<String>, LoadErr
         Some(Json::String(s)) => Ok(Some(s.clone())),
         Some(Json::Array(list)) => {
             let named = |want: Option<&str>| {
-                list.iter().find(|t| want.map_or(true, |w| t.get("name").and_then(Json::as_str) == Some(w)))
+                list.iter().find(|t| match want {
+                    None => true,
+                    Some(w) => t.get("name").and_then(Json::as_str) == Some(w),
+                })
             };
             let chosen = named(Some("default")).or_else(|| named(None));
             match chosen.and_then(|t| t.get("template")).and_then(Json::as_str) {

@@ -167,7 +167,7 @@ fn safetensors(tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
         data.extend_from_slice(bytes);
     }
     let mut h = serde_json::to_string(&header).unwrap().into_bytes();
-    while h.len() % 8 != 0 {
+    while h.len() & 7 != 0 {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -13,7 +13,8 @@ impl TempDir {
     fn new(tag: &str) -> TempDir {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ruda-llm-text-{}-{tag}-{n}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ruda-llm-text-{}-{tag}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -66,9 +67,7 @@ fn tokenizer_json() -> Value {
     for (i, m) in merges.iter().enumerate() {
         vocab.insert(m.replace(' ', ""), json!(256 + i));
     }
-    let special = |id: usize, content: &str| {
-        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-    };
+    let special = |id: usize, content: &str| json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
     json!({
         "version": "1.0", "truncation": null, "padding": null,
@@ -91,7 +90,10 @@ fn byte_level_bpe_tokenizer() {
     dir.write("tokenizer.json", &tokenizer_json().to_string());
     let tok = Tokenizer::load(dir.path()).unwrap();
     assert_eq!(tok.vocab_size(), 264);
-    assert_eq!(tok.encode("hello world", false).unwrap(), vec![259, 260, 111, 114, 108, 100]);
+    assert_eq!(
+        tok.encode("hello world", false).unwrap(),
+        vec![259, 260, 111, 114, 108, 100]
+    );
     // `\s+(?!\S)` leaves the last space of a run to the next word.
     assert_eq!(tok.encode("a  b", false).unwrap(), vec![97, 32, 32, 98]);
     let chat = "<|im_start|>user\nhi<|im_end|>";
@@ -107,18 +109,32 @@ fn byte_level_bpe_tokenizer() {
     assert_eq!(tok.id_to_token(259).as_deref(), Some("hello"));
     assert_eq!(tok.special_id("<|endoftext|>").unwrap(), 261);
     let e = tok.special_id("<|nope|>").unwrap_err().to_string();
-    assert!(e.contains("tokenizer.json") && e.contains("<|nope|>"), "{e}");
+    assert!(
+        e.contains("tokenizer.json") && e.contains("<|nope|>"),
+        "{e}"
+    );
     let e = tok.decode(&[1, 9999], false).unwrap_err().to_string();
-    assert!(e.contains("token id 9999 is not in the vocabulary (264 tokens)"), "{e}");
+    assert!(
+        e.contains("token id 9999 is not in the vocabulary (264 tokens)"),
+        "{e}"
+    );
 }
 
 #[test]
 fn bad_tokenizer_files_are_errors() {
     let dir = TempDir::new("badtok");
-    assert!(matches!(Tokenizer::load(dir.path()), Err(LoadError::Io { .. })));
+    assert!(matches!(
+        Tokenizer::load(dir.path()),
+        Err(LoadError::Io { .. })
+    ));
     dir.write("tokenizer.json", "{\"model\": 3}");
     let e = Tokenizer::load(dir.path()).err().unwrap();
-    assert!(matches!(e, LoadError::Tokenizer { .. }) && e.to_string().contains("tokenizer.json: tokenizer: cannot load"), "{e}");
+    assert!(
+        matches!(e, LoadError::Tokenizer { .. })
+            && e.to_string()
+                .contains("tokenizer.json: tokenizer: cannot load"),
+        "{e}"
+    );
 }
 
 const QWEN25_TEMPLATE: &str = r##"{%- if tools %}
@@ -264,14 +280,27 @@ fn qwen25_template() {
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
          <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
-    let conv = msgs(&[("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!"), ("user", "Bye")]);
+    let conv = msgs(&[
+        ("system", "Be brief."),
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+        ("user", "Bye"),
+    ]);
     assert_eq!(
         t.render(&conv, false, &none).unwrap(),
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
          <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
     );
-    let tools = extra(json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}));
-    let text = t.render(&msgs(&[("user", "Hi"), ("tool", "22C"), ("tool", "sunny")]), true, &tools).unwrap();
+    let tools = extra(
+        json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}),
+    );
+    let text = t
+        .render(
+            &msgs(&[("user", "Hi"), ("tool", "22C"), ("tool", "sunny")]),
+            true,
+            &tools,
+        )
+        .unwrap();
     assert_eq!(
         text,
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n\
@@ -291,17 +320,27 @@ fn qwen3_template_thinking() {
     let dir = model_dir(QWEN3_TEMPLATE);
     let t = ChatTemplate::load(dir.path()).unwrap();
     let hi = msgs(&[("user", "Hi")]);
-    assert_eq!(t.render(&hi, true, &Map::new()).unwrap(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     assert_eq!(
-        t.render(&hi, true, &extra(json!({"enable_thinking": false}))).unwrap(),
+        t.render(&hi, true, &Map::new()).unwrap(),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        t.render(&hi, true, &extra(json!({"enable_thinking": false})))
+            .unwrap(),
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     );
     assert_eq!(
-        t.render(&hi, true, &extra(json!({"enable_thinking": true}))).unwrap(),
+        t.render(&hi, true, &extra(json!({"enable_thinking": true})))
+            .unwrap(),
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
     // Reasoning of earlier turns is dropped; the system message is rendered once.
-    let conv = msgs(&[("system", "S"), ("user", "Q1"), ("assistant", "<think>\nr1\n</think>\n\nA1"), ("user", "Q2")]);
+    let conv = msgs(&[
+        ("system", "S"),
+        ("user", "Q1"),
+        ("assistant", "<think>\nr1\n</think>\n\nA1"),
+        ("user", "Q2"),
+    ]);
     assert_eq!(
         t.render(&conv, true, &Map::new()).unwrap(),
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n\
@@ -314,7 +353,11 @@ fn qwen3_template_thinking() {
         "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA<|im_end|>\n"
     );
     // A tool response is not a query: the assistant turn before it keeps its reasoning.
-    let conv = msgs(&[("user", "Q"), ("assistant", "<think>t</think>call"), ("user", "<tool_response>1</tool_response>")]);
+    let conv = msgs(&[
+        ("user", "Q"),
+        ("assistant", "<think>t</think>call"),
+        ("user", "<tool_response>1</tool_response>"),
+    ]);
     assert_eq!(
         t.render(&conv, true, &Map::new()).unwrap(),
         "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nt\n</think>\n\ncall<|im_end|>\n\
@@ -329,32 +372,64 @@ fn template_sources_and_fallbacks() {
     let config = json!({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}],
                         "eos_token": {"content": "<|im_end|>", "special": true}});
     dir.write("tokenizer_config.json", &config.to_string());
-    assert_eq!(ChatTemplate::load(dir.path()).unwrap().render(&[], false, &Map::new()).unwrap(), "D<|im_end|>");
+    assert_eq!(
+        ChatTemplate::load(dir.path())
+            .unwrap()
+            .render(&[], false, &Map::new())
+            .unwrap(),
+        "D<|im_end|>"
+    );
     // No template in the config: chat_template.jinja beside it.
     dir.write("tokenizer_config.json", "{\"eos_token\": \"E\"}");
-    dir.write("chat_template.jinja", "J{{ messages|length }}{{ eos_token }}");
-    assert_eq!(ChatTemplate::load(dir.path()).unwrap().render(&msgs(&[("user", "x")]), false, &Map::new()).unwrap(), "J1E");
+    dir.write(
+        "chat_template.jinja",
+        "J{{ messages|length }}{{ eos_token }}",
+    );
+    assert_eq!(
+        ChatTemplate::load(dir.path())
+            .unwrap()
+            .render(&msgs(&[("user", "x")]), false, &Map::new())
+            .unwrap(),
+        "J1E"
+    );
     // Nothing: ChatML.
     std::fs::remove_file(dir.path().join("chat_template.jinja")).unwrap();
     let t = ChatTemplate::load(dir.path()).unwrap();
     assert_eq!(t.source(), ruda_llm::CHATML_TEMPLATE);
-    let text = t.render(&msgs(&[("system", "S"), ("user", "U")]), true, &Map::new()).unwrap();
-    assert_eq!(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    let text = t
+        .render(&msgs(&[("system", "S"), ("user", "U")]), true, &Map::new())
+        .unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    );
     dir.write("tokenizer_config.json", "{\"chat_template\": 3}");
     let e = ChatTemplate::load(dir.path()).unwrap_err().to_string();
-    assert!(e.contains("tokenizer_config.json") && e.contains("neither a string nor a list"), "{e}");
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("neither a string nor a list"),
+        "{e}"
+    );
 }
 
 #[test]
 fn template_errors() {
-    let t = ChatTemplate::new("{% if %}", "test").unwrap_err().to_string();
+    let t = ChatTemplate::new("{% if %}", "test")
+        .unwrap_err()
+        .to_string();
     assert!(t.starts_with("chat template (test):"), "{t}");
     let t = ChatTemplate::new("{%- if messages|length == 0 %}{{ raise_exception('No user query found in messages.') }}{% endif %}ok", "test")
         .unwrap();
     let e = t.render(&[], false, &Map::new()).unwrap_err().to_string();
     assert!(e.contains("No user query found in messages."), "{e}");
-    assert_eq!(t.render(&msgs(&[("user", "x")]), false, &Map::new()).unwrap(), "ok");
-    let e = t.render(&[], false, &extra(json!({"messages": []}))).unwrap_err().to_string();
+    assert_eq!(
+        t.render(&msgs(&[("user", "x")]), false, &Map::new())
+            .unwrap(),
+        "ok"
+    );
+    let e = t
+        .render(&[], false, &extra(json!({"messages": []})))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("would replace the argument"), "{e}");
 }
 

@@ -308,6 +308,46 @@ impl<'a> Emitter<'a> {
                 self.line("__syncthreads();");
                 return Ok(());
             }
+            Op::Mma { ty, a, b, c } => {
+                let form = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
+                self.require(id, &form, Arch::Sm80);
+                let d = self.one_result(id)?;
+                let (dn, an, bn, cn) = (self.name(d), self.name(*a), self.name(*b), self.name(*c));
+                let outs: Vec<String> = (0..4).map(|i| format!("\"=f\"({dn}.v[{i}])")).collect();
+                let mut ins: Vec<String> = (0..4).map(|i| format!("\"r\"({an}.v[{i}])")).collect();
+                ins.extend((0..2).map(|i| format!("\"r\"({bn}.v[{i}])")));
+                ins.extend((0..4).map(|i| format!("\"f\"({cn}.v[{i}])")));
+                self.line(format!("{} {dn};", c_type(k.ty(d))?));
+                self.line(format!(
+                    "asm volatile(\"{form} {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%10, %11, %12, %13}};\" : {} : {});",
+                    outs.join(", "),
+                    ins.join(", ")
+                ));
+                return Ok(());
+            }
+            Op::LdMatrix { ptr, count, trans } => {
+                let trans = if *trans { ".trans" } else { "" };
+                let form = format!("ldmatrix.sync.aligned.m8n8.x{count}{trans}.shared.b16");
+                self.require(id, &form, Arch::Sm80);
+                let d = self.one_result(id)?;
+                let dn = self.name(d);
+                let n = u32::from(*count);
+                let outs: Vec<String> = if n == 1 {
+                    vec![format!("\"=r\"({dn})")]
+                } else {
+                    (0..n).map(|i| format!("\"=r\"({dn}.v[{i}])")).collect()
+                };
+                let regs: Vec<String> = (0..n).map(|i| format!("%{i}")).collect();
+                self.line(format!("{} {dn};", c_type(k.ty(d))?));
+                // "memory": the rows are read from shared memory the compiler cannot see through.
+                self.line(format!(
+                    "asm volatile(\"{form} {{{}}}, [%{n}];\" : {} : \"r\"({}) : \"memory\");",
+                    regs.join(", "),
+                    outs.join(", "),
+                    self.name(*ptr)
+                ));
+                return Ok(());
+            }
             _ => {}
         }
         let d = self.one_result(id)?;
@@ -371,7 +411,7 @@ impl<'a> Emitter<'a> {
                 let elems: Vec<String> = elems.iter().map(|e| self.name(*e)).collect();
                 format!("{{{{{}}}}}", elems.join(", "))
             }
-            Op::If { .. } | Op::For { .. } | Op::Store { .. } | Op::Barrier => {
+            Op::If { .. } | Op::For { .. } | Op::Store { .. } | Op::Barrier | Op::Mma { .. } | Op::LdMatrix { .. } => {
                 return Err(NvrtcError::Internal(format!("{} handled twice", self.op_at(id))))
             }
         };

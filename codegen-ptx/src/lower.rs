@@ -484,6 +484,27 @@ impl<'a> Lower<'a> {
                 let ty = if *mode == VoteMode::Ballot { "b32" } else { "pred" };
                 self.ins(&format!("vote.sync.{mode}.{ty}"), format!("{d}, {p}, 0xffffffff"));
             }
+            Op::Mma { ty, a, b, c } => {
+                let form = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
+                self.require(id, &form, Arch::Sm80, PtxVersion::new(7, 0))?;
+                let (ra, rb, rc) = (self.regs.of(*a)?.to_vec(), self.regs.of(*b)?.to_vec(), self.regs.of(*c)?.to_vec());
+                let [v] = res.as_slice() else {
+                    return Err(CodegenError::Internal("`mma` defines one value".into()));
+                };
+                let d = self.def(*v)?;
+                self.ins(&form, format!("{}, {}, {}, {}", RegList(&d), RegList(&ra), RegList(&rb), RegList(&rc)));
+            }
+            Op::LdMatrix { ptr, count, trans } => {
+                let trans = if *trans { ".trans" } else { "" };
+                let form = format!("ldmatrix.sync.aligned.m8n8.x{count}{trans}.shared.b16");
+                self.require(id, &form, Arch::Sm80, PtxVersion::new(6, 5))?;
+                let p = self.one(*ptr)?;
+                let [v] = res.as_slice() else {
+                    return Err(CodegenError::Internal("`ldmatrix` defines one value".into()));
+                };
+                let d = self.def(*v)?;
+                self.ins(&form, format!("{}, [{p}]", RegList(&d)));
+            }
             Op::Extract(v, lane) => {
                 let src = self.regs.of(*v)?.get(*lane as usize).copied();
                 let src = src.ok_or_else(|| CodegenError::Internal(format!("lane {lane} of {v} out of range")))?;

@@ -438,6 +438,21 @@ impl KernelBuilder {
         self.push1(Op::Vote { mode, pred }, ty)
     }
 
+    /// Tensor-core `D = A * B + C` on m16n8k16 fragments (see [`Op::Mma`] for the layouts):
+    /// `a: v4u32`, `b: v2u32`, `c: v4f32`; returns the `v4f32` D fragment.
+    #[track_caller]
+    pub fn mma_m16n8k16(&mut self, ty: MmaType, a: Value, b: Value, c: Value) -> Value {
+        self.push1(Op::Mma { ty, a, b, c }, Type::Vector(ScalarType::F32, 4))
+    }
+
+    /// Warp load of `count` (1, 2, 4) 8x8 matrices of 16-bit elements from shared memory
+    /// (see [`Op::LdMatrix`]): `u32` for one matrix, else a `v2u32`/`v4u32`.
+    #[track_caller]
+    pub fn ldmatrix(&mut self, ptr: Value, count: u8, trans: bool) -> Value {
+        let ty = if count == 1 { Type::U32 } else { Type::Vector(ScalarType::U32, count) };
+        self.push1(Op::LdMatrix { ptr, count, trans }, ty)
+    }
+
     // ---- vectors --------------------------------------------------------------------------
 
     #[track_caller]

@@ -339,6 +339,14 @@ named_enum!(
     }
 );
 
+named_enum!(
+    /// Input type of a tensor-core `mma`: both A and B hold this 16-bit float type.
+    MmaType {
+        F16 => "f16",
+        BF16 => "bf16",
+    }
+);
+
 /// A conversion. `rounding` is required exactly where PTX requires one: float to narrower
 /// float, float to integer, integer to float, and f16 <-> bf16; `sat` clamps integer results to
 /// the destination range. Float-to-integer conversions always saturate, and NaN becomes 0
@@ -388,6 +396,32 @@ pub enum Op {
     Shfl { mode: ShflMode, value: Value, lane: Value },
     /// Warp vote over a predicate; `ballot` returns `u32`, the others a predicate.
     Vote { mode: VoteMode, pred: Value },
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32`: the warp computes
+    /// `D = A * B + C` with A 16x16 (row-major), B 16x8 (column-major), C and D 16x8 in f32.
+    /// Warp-collective: all 32 lanes of the warp must be active. With `g = laneid / 4` and
+    /// `t = laneid % 4`, each lane holds (the PTX ISA's "Matrix Fragments for mma.m16n8k16"):
+    /// - `a: v4u32`, eight halves, register `i` packing two (the lower element in the low 16
+    ///   bits): reg 0 = A[g][2t..2t+2], reg 1 = A[g+8][2t..2t+2], reg 2 = A[g][2t+8..2t+10],
+    ///   reg 3 = A[g+8][2t+8..2t+10];
+    /// - `b: v2u32`: reg 0 = B[2t..2t+2][g], reg 1 = B[2t+8..2t+10][g] (rows are k);
+    /// - `c` and the `v4f32` result: element `i` = C[g + 8 * (i / 2)][2t + i % 2].
+    ///
+    /// The hardware accumulates with unspecified internal precision and order; every RUDA
+    /// engine uses one model so they agree bit for bit: each product is rounded to f32 (exact
+    /// for f16, and for bf16 except overflow and underflow), the 16 products are summed in k
+    /// order in f32 with round to nearest even starting from +0, then C is added with one more
+    /// rounding; a NaN result is the canonical `0x7fffffff`. Subnormals are kept. Results on a
+    /// GPU differ from this model within a small tolerance, not bit-exactly.
+    Mma { ty: MmaType, a: Value, b: Value, c: Value },
+    /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16`: the warp loads `count` (1, 2
+    /// or 4) 8x8 matrices of 16-bit elements from shared memory. Warp-collective: all 32 lanes
+    /// must be active. Lane `8 * m + r` gives the address of row `r` of matrix `m` (8
+    /// consecutive elements, 16 bytes, 16-byte aligned); lanes beyond `8 * count` give addresses
+    /// that are ignored. Lane `l` receives, in register `m`, elements `M_m[l / 4][2 * (l % 4)..+2]`
+    /// packed in a u32 (lower column in the low 16 bits), or with `trans` the transposed
+    /// `M_m[2 * (l % 4)][l / 4]` and `M_m[2 * (l % 4) + 1][l / 4]`. The pointer is a shared
+    /// pointer to a 16-bit type; the result is `u32`, `v2u32` or `v4u32`.
+    LdMatrix { ptr: Value, count: u8, trans: bool },
     /// One element of a vector.
     Extract(Value, u8),
     /// A vector from scalars.
@@ -410,12 +444,12 @@ impl Op {
             Op::Unary(_, a) | Op::Cvt(a, _) | Op::Bitcast(a, _) | Op::PtrCast(a, _) | Op::Extract(a, _) => {
                 vec![*a]
             }
-            Op::Load { ptr, .. } => vec![*ptr],
+            Op::Load { ptr, .. } | Op::LdMatrix { ptr, .. } => vec![*ptr],
             Op::Vote { pred, .. } => vec![*pred],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::PtrAdd(a, b) => vec![*a, *b],
             Op::Store { ptr, value } => vec![*ptr, *value],
             Op::Shfl { value, lane, .. } => vec![*value, *lane],
-            Op::Fma(a, b, c) | Op::Select(a, b, c) => vec![*a, *b, *c],
+            Op::Fma(a, b, c) | Op::Select(a, b, c) | Op::Mma { a, b, c, .. } => vec![*a, *b, *c],
             Op::Atomic { ptr, value, compare, .. } => {
                 let mut v = vec![*ptr, *value];
                 v.extend(compare);
@@ -440,12 +474,12 @@ impl Op {
             Op::Unary(_, a) | Op::Cvt(a, _) | Op::Bitcast(a, _) | Op::PtrCast(a, _) | Op::Extract(a, _) => {
                 vec![a]
             }
-            Op::Load { ptr, .. } => vec![ptr],
+            Op::Load { ptr, .. } | Op::LdMatrix { ptr, .. } => vec![ptr],
             Op::Vote { pred, .. } => vec![pred],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::PtrAdd(a, b) => vec![a, b],
             Op::Store { ptr, value } => vec![ptr, value],
             Op::Shfl { value, lane, .. } => vec![value, lane],
-            Op::Fma(a, b, c) | Op::Select(a, b, c) => vec![a, b, c],
+            Op::Fma(a, b, c) | Op::Select(a, b, c) | Op::Mma { a, b, c, .. } => vec![a, b, c],
             Op::Atomic { ptr, value, compare, .. } => {
                 let mut v = vec![ptr, value];
                 v.extend(compare.as_mut());
@@ -498,6 +532,8 @@ impl Op {
             Op::Barrier => "barrier".into(),
             Op::Shfl { mode, .. } => format!("shfl.{mode}"),
             Op::Vote { mode, .. } => format!("vote.{mode}"),
+            Op::Mma { ty, .. } => format!("mma.m16n8k16.{ty}"),
+            Op::LdMatrix { count, trans, .. } => format!("ldmatrix.x{count}{}", if *trans { ".trans" } else { "" }),
             Op::Extract(..) => "extract".into(),
             Op::MakeVector(_) => "vector".into(),
             Op::If { .. } => "if".into(),

@@ -156,6 +156,8 @@ impl Printer<'_> {
             Op::Barrier => "barrier".to_string(),
             Op::Shfl { mode, value, lane } => format!("shfl.{mode} {value}, {lane}"),
             Op::Vote { mode, pred } => format!("vote.{mode} {pred}"),
+            Op::Mma { a, b, c, .. } => format!("{} {a}, {b}, {c}", inst.op.mnemonic()),
+            Op::LdMatrix { ptr, .. } => format!("{} {ptr}", inst.op.mnemonic()),
             Op::Extract(v, i) => format!("extract {v}, {i}"),
             Op::MakeVector(vals) => format!("vector {}", list(vals)),
             Op::If { cond, .. } => format!("if {cond}"),

@@ -411,6 +411,26 @@ impl<'a> Verifier<'a> {
                 }
                 vec![if *mode == VoteMode::Ballot { Type::U32 } else { Type::PRED }]
             }
+            Op::Mma { a, b, c, .. } => {
+                let want = [(*a, "A", Type::Vector(ScalarType::U32, 4)), (*b, "B", Type::Vector(ScalarType::U32, 2)), (*c, "C", Type::Vector(ScalarType::F32, 4))];
+                for (v, name, t) in want {
+                    if ty(v) != t {
+                        return e(format!("`mma.m16n8k16` {name} fragment {v} must be {t}, found {}", ty(v)));
+                    }
+                }
+                vec![Type::Vector(ScalarType::F32, 4)]
+            }
+            Op::LdMatrix { ptr, count, .. } => {
+                match ty(*ptr) {
+                    Type::Ptr(AddrSpace::Shared, elem) if elem.bits() == 16 => {}
+                    other => return e(format!("`ldmatrix` needs a shared pointer to a 16-bit type, found {other}")),
+                }
+                match count {
+                    1 => vec![Type::U32],
+                    2 | 4 => vec![Type::Vector(ScalarType::U32, *count)],
+                    n => return e(format!("`ldmatrix` loads 1, 2 or 4 matrices, not {n}")),
+                }
+            }
             Op::Extract(v, i) => match ty(*v) {
                 Type::Vector(t, n) if *i < n => vec![Type::Scalar(t)],
                 other => return e(format!("cannot extract element {i} of {other}")),
@@ -524,7 +544,7 @@ pub fn uniformity(k: &Kernel) -> Vec<bool> {
             let ops_uniform = inst.op.operands().iter().all(|v| uniform.get(v.index()).copied().unwrap_or(false));
             let u = match &inst.op {
                 Op::Special(s) => s.is_block_uniform(),
-                Op::Atomic { .. } | Op::Shfl { .. } | Op::Vote { .. } => false,
+                Op::Atomic { .. } | Op::Shfl { .. } | Op::Vote { .. } | Op::Mma { .. } | Op::LdMatrix { .. } => false,
                 Op::If { cond, then_region, else_region } => {
                     uniform[cond.index()]
                         && [then_region, else_region]

@@ -202,6 +202,8 @@ pub(crate) enum Kind {
     Barrier,
     Shfl { mode: ShflMode, d: Slot, v: Slot, lane: Slot },
     Vote { mode: VoteMode, d: Slot, p: Slot },
+    Mma { ty: MmaType, d: Slot, a: Slot, b: Slot, c: Slot },
+    LdMatrix { count: u32, trans: bool, d: Slot, p: Slot },
     If(Box<IfElse>),
     For(Box<ForLoop>),
 }
@@ -799,6 +801,27 @@ impl Lower<'_> {
                 }
                 expect(&[if *mode == VoteMode::Ballot { Type::U32 } else { Type::PRED }])?;
                 push(Kind::Vote { mode: *mode, d: d(), p: self.s(*pred) });
+            }
+            Op::Mma { ty, a, b, c } => {
+                let want = [(*a, Type::Vector(ScalarType::U32, 4)), (*b, Type::Vector(ScalarType::U32, 2)), (*c, Type::Vector(ScalarType::F32, 4))];
+                if want.iter().any(|(v, t)| self.ty(*v) != *t) {
+                    return Err(err("`mma.m16n8k16` takes v4u32, v2u32 and v4f32 fragments".into()));
+                }
+                expect(&[Type::Vector(ScalarType::F32, 4)])?;
+                push(Kind::Mma { ty: *ty, d: d(), a: self.s(*a), b: self.s(*b), c: self.s(*c) });
+            }
+            Op::LdMatrix { ptr, count, trans } => {
+                match self.ty(*ptr) {
+                    Type::Ptr(AddrSpace::Shared, e) if e.bits() == 16 => {}
+                    other => return Err(err(format!("`ldmatrix` needs a shared pointer to a 16-bit type, found {other}"))),
+                }
+                let ty = match count {
+                    1 => Type::U32,
+                    2 | 4 => Type::Vector(ScalarType::U32, *count),
+                    n => return Err(err(format!("`ldmatrix` loads 1, 2 or 4 matrices, not {n}"))),
+                };
+                expect(&[ty])?;
+                push(Kind::LdMatrix { count: *count as u32, trans: *trans, d: d(), p: self.s(*ptr) });
             }
             Op::Extract(v, i) => match self.ty(*v) {
                 Type::Vector(t, n) if *i < n => {

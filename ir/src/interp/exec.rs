@@ -10,7 +10,7 @@
 use super::compile::*;
 use super::memory::{self, Conflict, Global, SharedMem};
 use super::num::{self, FloatLane, Fmt, IntLane};
-use crate::kernel::{CmpOp, InstId, Rounding, ShflMode, SpecialReg, VoteMode};
+use crate::kernel::{CmpOp, InstId, MmaType, Rounding, ShflMode, SpecialReg, VoteMode};
 use crate::types::ScalarType;
 
 /// A runtime error inside a block: the instruction, the thread (its index in the block) and
@@ -550,6 +550,8 @@ impl<'a> Worker<'a> {
             Kind::Barrier => self.barrier(m).map_err(fault)?,
             Kind::Shfl { mode, d, v, lane } => self.shfl(mode, d, v, lane, m).map_err(fault)?,
             Kind::Vote { mode, d, p } => self.vote(mode, d, p, m).map_err(fault)?,
+            Kind::Mma { ty, d, a, b, c } => self.mma(ty, d, a, b, c, m).map_err(fault)?,
+            Kind::LdMatrix { count, trans, d, p } => self.ldmatrix(count, trans, d, p, m).map_err(fault)?,
             Kind::If(ref f) => self.exec_if(f, m)?,
             Kind::For(ref f) => self.exec_for(f, m)?,
         }
@@ -756,6 +758,77 @@ impl<'a> Worker<'a> {
                 VoteMode::Ballot => ballot as u64,
             };
             d[w0..w0 + 32].fill(r);
+        }
+        Ok(())
+    }
+
+    /// `mma.m16n8k16` per warp with the fragment layouts and accumulation model of
+    /// [`crate::Op::Mma`]. All operands are read before any result is written.
+    fn mma(&mut self, ty: MmaType, d: Slot, a: Slot, b: Slot, c: Slot, m: Mask<'_>) -> LaneResult {
+        self.check_warps(m)?;
+        let fmt = match ty {
+            MmaType::F16 => Fmt::F16,
+            MmaType::BF16 => Fmt::BF16,
+        };
+        let half = |bits: u64| num::float_to_f64(bits & 0xffff, fmt) as f32;
+        for w in 0..m.idx.len() / 32 {
+            let w0 = m.idx[w * 32] as usize;
+            let (mut am, mut bm, mut cm) = ([[0f32; 16]; 16], [[0f32; 8]; 16], [[0f32; 8]; 16]);
+            for l in 0..32 {
+                let (g, t) = (l / 4, l % 4);
+                for i in 0..4 {
+                    let reg = self.regs.at(a + i as u32, w0 + l);
+                    let (row, col) = (g + 8 * (i % 2), 2 * t + 8 * (i / 2));
+                    am[row][col] = half(reg);
+                    am[row][col + 1] = half(reg >> 16);
+                    let cv = f32::from_bits(self.regs.at(c + i as u32, w0 + l) as u32);
+                    cm[g + 8 * (i / 2)][2 * t + i % 2] = cv;
+                }
+                for i in 0..2 {
+                    let reg = self.regs.at(b + i as u32, w0 + l);
+                    bm[2 * t + 8 * i][g] = half(reg);
+                    bm[2 * t + 8 * i + 1][g] = half(reg >> 16);
+                }
+            }
+            for l in 0..32 {
+                let (g, t) = (l / 4, l % 4);
+                for i in 0..4 {
+                    let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+                    let sum = (0..16).fold(0f32, |s, k| s + am[row][k] * bm[k][col]);
+                    let r = sum + cm[row][col];
+                    let bits = if r.is_nan() { 0x7fff_ffff } else { r.to_bits() };
+                    self.regs.set(d + i as u32, w0 + l, bits as u64);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `ldmatrix.m8n8.b16` per warp as [`crate::Op::LdMatrix`] describes: lane `8 * m + r`
+    /// addresses row `r` of matrix `m`; each row read counts as that lane's shared access.
+    fn ldmatrix(&mut self, count: u32, trans: bool, d: Slot, p: Slot, m: Mask<'_>) -> LaneResult {
+        self.check_warps(m)?;
+        for w in 0..m.idx.len() / 32 {
+            let w0 = m.idx[w * 32];
+            let mut mats = [[[0u16; 8]; 8]; 4];
+            for (mi, mat) in mats.iter_mut().enumerate().take(count as usize) {
+                for (r, row) in mat.iter_mut().enumerate() {
+                    let t = w0 + (8 * mi + r) as u32;
+                    let addr = self.regs.at(p, t as usize);
+                    let off = self.shared.locate(addr, 16, "ldmatrix row").map_err(|e| (t, e))?;
+                    self.shared.track(off, 16, t as u16, false).map_err(|c| self.race(t, false, c))?;
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = self.shared.read(off + 2 * c, 2) as u16;
+                    }
+                }
+            }
+            for l in 0..32usize {
+                let (g, t) = (l / 4, l % 4);
+                for (mi, mat) in mats.iter().enumerate().take(count as usize) {
+                    let (lo, hi) = if trans { (mat[2 * t][g], mat[2 * t + 1][g]) } else { (mat[g][2 * t], mat[g][2 * t + 1]) };
+                    self.regs.set(d + mi as u32, w0 as usize + l, lo as u64 | (hi as u64) << 16);
+                }
+            }
         }
         Ok(())
     }

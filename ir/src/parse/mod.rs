@@ -488,7 +488,7 @@ impl<'a> Parser<'a> {
                 _ => Err(unknown(p)),
             }
         };
-        if !suffixes.is_empty() && !matches!(head, "cmp" | "cvt" | "atomic" | "shfl" | "vote") {
+        if !suffixes.is_empty() && !matches!(head, "cmp" | "cvt" | "atomic" | "shfl" | "vote" | "mma" | "ldmatrix") {
             return Err(unknown(self));
         }
         Ok(match head {
@@ -588,6 +588,26 @@ impl<'a> Parser<'a> {
             "vote" => {
                 let mode = VoteMode::from_name(mode(self)?).ok_or_else(|| unknown(self))?;
                 Op::Vote { mode, pred: self.use_value()? }
+            }
+            "mma" => {
+                let ty = match suffixes.as_slice() {
+                    ["m16n8k16", t] => MmaType::from_name(t).ok_or_else(|| unknown(self))?,
+                    _ => return Err(unknown(self)),
+                };
+                let (a, b, c) = self.three()?;
+                Op::Mma { ty, a, b, c }
+            }
+            "ldmatrix" => {
+                let (count, trans) = match suffixes.as_slice() {
+                    ["x1"] => (1, false),
+                    ["x2"] => (2, false),
+                    ["x4"] => (4, false),
+                    ["x1", "trans"] => (1, true),
+                    ["x2", "trans"] => (2, true),
+                    ["x4", "trans"] => (4, true),
+                    _ => return Err(unknown(self)),
+                };
+                Op::LdMatrix { ptr: self.use_value()?, count, trans }
             }
             "extract" => {
                 let v = self.use_value()?;

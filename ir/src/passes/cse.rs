@@ -99,6 +99,8 @@ fn key(op: &Op, epoch: u64) -> Option<Key> {
         | Op::Barrier
         | Op::Shfl { .. }
         | Op::Vote { .. }
+        | Op::Mma { .. }
+        | Op::LdMatrix { .. }
         | Op::If { .. }
         | Op::For { .. } => return None,
     })

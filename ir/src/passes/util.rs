@@ -138,6 +138,8 @@ pub(crate) fn is_speculatable(k: &Kernel, defs: &Defs, op: &Op) -> bool {
         | Op::Barrier
         | Op::Shfl { .. }
         | Op::Vote { .. }
+        | Op::Mma { .. }
+        | Op::LdMatrix { .. }
         | Op::If { .. }
         | Op::For { .. } => false,
     }

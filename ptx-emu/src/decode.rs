@@ -962,6 +962,8 @@ impl<'m> Decoder<'m> {
             "shfl" => self.shfl(m, i),
             "vote" => self.vote(m, i),
             "redux" => self.redux(m, i),
+            "mma" => self.mma(m, i),
+            "ldmatrix" => self.ldmatrix(m, i),
             "rcp" | "sqrt" | "rsqrt" | "ex2" | "lg2" | "sin" | "cos" | "tanh" => self.float_fn(opcode, m, i),
             other => self.unsup(format!("instruction `{other}` (`{}`)", i.mnemonic)),
         }
@@ -1673,6 +1675,69 @@ impl<'m> Decoder<'m> {
         let d = self.dst(&o[0])?;
         let signed = matches!(t, PType::S(_));
         self.emit(Op::Warp { op: WarpOp::Redux { op, signed, d, a }, mask });
+        Ok(())
+    }
+
+    /// The registers of a `{...}` list of exactly `n`.
+    fn reg_list(&mut self, op: &Operand, n: usize, dst: bool, t: PType, what: &str) -> DResult<Vec<R>> {
+        let regs = self.vec_regs(op, dst, t)?;
+        if regs.len() != n {
+            return self.err(format!("{what}: expected {n} registers, found {}", regs.len()));
+        }
+        Ok(regs)
+    }
+
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32` (the one shape and
+    /// types the IR has; anything else is unsupported).
+    fn mma(&mut self, m: &mut Mods<'_>, i: &PInst) -> DResult<()> {
+        if !(m.has("sync") && m.has("aligned") && m.has("m16n8k16") && m.has("row") && m.has("col")) {
+            return self.unsup(format!("instruction `{}`", i.mnemonic));
+        }
+        let bf16 = match m.types().as_slice() {
+            [PType::F32, PType::F16, PType::F16, PType::F32] => false,
+            [PType::F32, PType::BF16, PType::BF16, PType::F32] => true,
+            _ => return self.unsup(format!("instruction `{}`: only f32 += f16 or bf16 products", i.mnemonic)),
+        };
+        let o = self.operands(i, 4)?;
+        let (b32, f32t) = (PType::B(32), PType::F32);
+        let a = self.reg_list(&o[1], 4, false, b32, "mma A")?;
+        let b = self.reg_list(&o[2], 2, false, b32, "mma B")?;
+        let c = self.reg_list(&o[3], 4, false, f32t, "mma C")?;
+        let d = self.reg_list(&o[0], 4, true, f32t, "mma D")?;
+        let mask = self.konst(0xffff_ffff);
+        let op = WarpOp::Mma {
+            bf16,
+            d: [d[0], d[1], d[2], d[3]],
+            a: [a[0], a[1], a[2], a[3]],
+            b: [b[0], b[1]],
+            c: [c[0], c[1], c[2], c[3]],
+        };
+        self.emit(Op::Warp { op, mask });
+        Ok(())
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared{::cta}.b16`.
+    fn ldmatrix(&mut self, m: &mut Mods<'_>, i: &PInst) -> DResult<()> {
+        if !(m.has("sync") && m.has("aligned") && m.has("m8n8")) || m.one_of(&["shared", "shared::cta"]).is_none() {
+            return self.unsup(format!("instruction `{}`", i.mnemonic));
+        }
+        let count = match m.one_of(&["x1", "x2", "x4"]) {
+            Some("x1") => 1,
+            Some("x2") => 2,
+            Some(_) => 4,
+            None => return self.err("ldmatrix needs .x1, .x2 or .x4"),
+        };
+        let trans = m.has("trans");
+        if m.types() != [PType::B(16)] {
+            return self.unsup(format!("instruction `{}`: only .b16", i.mnemonic));
+        }
+        let o = self.operands(i, 2)?;
+        let (addr, off) = self.addr(&o[1])?;
+        let regs = self.reg_list(&o[0], count, true, PType::B(32), "ldmatrix destination")?;
+        let mut d = [self.scratch; 4];
+        d[..count].copy_from_slice(&regs);
+        let mask = self.konst(0xffff_ffff);
+        self.emit(Op::Warp { op: WarpOp::LdMatrix { count: count as u8, trans, d, addr, off }, mask });
         Ok(())
     }
 

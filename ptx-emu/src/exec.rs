@@ -7,6 +7,8 @@ use crate::decode::{LOCAL_WINDOW, SHARED_WINDOW};
 use crate::memory::{in_space, Global, Mem};
 use crate::num::*;
 use crate::program::*;
+use ruda_ir::interp::num::{ldmatrix_fragments, mma_m16n8k16};
+use ruda_ir::MmaType;
 
 /// How a thread stopped the launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -424,6 +426,63 @@ impl<'a> Worker<'a> {
                 for (&k, wop) in members.iter().zip(&ops) {
                     if let WarpOp::Redux { d, .. } = *wop {
                         self.set(lo + k, d, canon(t, acc.unwrap_or(0) as u64));
+                    }
+                }
+            }
+            WarpOp::Mma { bf16, .. } => {
+                if members.len() != 32 {
+                    return Err(self.fault(lo, FaultKind::Trap, "mma.sync.aligned needs all 32 lanes of the warp".into()));
+                }
+                let (mut fa, mut fb, mut fc) = ([[0u32; 4]; 32], [[0u32; 2]; 32], [[0u32; 4]; 32]);
+                for (&k, op) in members.iter().zip(&ops) {
+                    if let WarpOp::Mma { a, b, c, .. } = *op {
+                        fa[k] = a.map(|r| self.reg(lo + k, r) as u32);
+                        fb[k] = b.map(|r| self.reg(lo + k, r) as u32);
+                        fc[k] = c.map(|r| self.reg(lo + k, r) as u32);
+                    }
+                }
+                let ty = if bf16 { MmaType::BF16 } else { MmaType::F16 };
+                let fd = mma_m16n8k16(ty, &fa, &fb, &fc);
+                for (&k, op) in members.iter().zip(&ops) {
+                    if let WarpOp::Mma { d, .. } = *op {
+                        for (r, v) in d.iter().zip(fd[k]) {
+                            self.set(lo + k, *r, v as u64);
+                        }
+                    }
+                }
+            }
+            WarpOp::LdMatrix { count, trans, .. } => {
+                if members.len() != 32 {
+                    return Err(self.fault(lo, FaultKind::Trap, "ldmatrix.sync.aligned needs all 32 lanes of the warp".into()));
+                }
+                let mut rows = [[[0u16; 8]; 8]; 4];
+                for (mi, mat) in rows.iter_mut().enumerate().take(count as usize) {
+                    for (r, row) in mat.iter_mut().enumerate() {
+                        let t = lo + 8 * mi + r;
+                        let WarpOp::LdMatrix { addr, off, .. } = ops[8 * mi + r] else { continue };
+                        let a = self.reg(t, addr).wrapping_add(off as u64);
+                        if !a.is_multiple_of(16) || a.checked_add(16).is_none_or(|e| e > self.shared.len() as u64) {
+                            return Err(self.fault(
+                                t,
+                                FaultKind::Memory,
+                                format!(
+                                    "ldmatrix row address {a:#x} must be 16-byte aligned and within the {} bytes of shared memory",
+                                    self.shared.len()
+                                ),
+                            ));
+                        }
+                        for (c, v) in row.iter_mut().enumerate() {
+                            let at = a as usize + 2 * c;
+                            *v = u16::from_le_bytes([self.shared[at], self.shared[at + 1]]);
+                        }
+                    }
+                }
+                let regs = ldmatrix_fragments(&rows, count as usize, trans);
+                for (&k, op) in members.iter().zip(&ops) {
+                    if let WarpOp::LdMatrix { d, .. } = *op {
+                        for (r, v) in d.iter().zip(regs[k]).take(count as usize) {
+                            self.set(lo + k, *r, v as u64);
+                        }
                     }
                 }
             }

@@ -232,6 +232,10 @@ pub(crate) enum WarpOp {
     Shfl { mode: ShflMode, d: R, p: R, a: R, b: R, c: R },
     Vote { mode: VoteMode, d: R, a: R, neg: bool },
     Redux { op: ReduxOp, signed: bool, d: R, a: R },
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}x2.f32` over the full warp.
+    Mma { bf16: bool, d: [R; 4], a: [R; 4], b: [R; 2], c: [R; 4] },
+    /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` over the full warp.
+    LdMatrix { count: u8, trans: bool, d: [R; 4], addr: R, off: i64 },
     Sync,
 }
 
@@ -242,6 +246,8 @@ impl WarpOp {
             (WarpOp::Shfl { mode: a, .. }, WarpOp::Shfl { mode: b, .. }) => a == b,
             (WarpOp::Vote { mode: a, .. }, WarpOp::Vote { mode: b, .. }) => a == b,
             (WarpOp::Redux { op: a, signed: s, .. }, WarpOp::Redux { op: b, signed: t, .. }) => a == b && s == t,
+            (WarpOp::Mma { bf16: a, .. }, WarpOp::Mma { bf16: b, .. }) => a == b,
+            (WarpOp::LdMatrix { count: a, trans: s, .. }, WarpOp::LdMatrix { count: b, trans: t, .. }) => a == b && s == t,
             (WarpOp::Sync, WarpOp::Sync) => true,
             _ => false,
         }

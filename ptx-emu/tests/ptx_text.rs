@@ -217,7 +217,7 @@ fn runtime_errors_name_the_line_block_and_thread() {
 #[test]
 fn unsupported_and_malformed_text_name_the_line() {
     for (body, what) in [
-        ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1,%f2,%f3,%f4}, {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%f1,%f2,%f3,%f4};", "instruction `mma`"),
+        ("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%f1,%f2,%f3,%f4}, {%r1,%r2}, {%r5}, {%f1,%f2,%f3,%f4};", "instruction `mma.sync.aligned.m16n8k8"),
         ("add.rz.f32 %f1, %f2, %f3;", "rounding .rz"),
         ("ld.global.b128 %rd1, [%out];", "not modelled"),
         ("ld.global.L2::cache_hint.evict_unchanged.u32 %r1, [%out], %rd1;", "modifier .evict_unchanged"),

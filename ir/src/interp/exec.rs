@@ -762,56 +762,36 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    /// `mma.m16n8k16` per warp with the fragment layouts and accumulation model of
-    /// [`crate::Op::Mma`]. All operands are read before any result is written.
+    /// `mma.m16n8k16` per warp ([`num::mma_m16n8k16`]).
     fn mma(&mut self, ty: MmaType, d: Slot, a: Slot, b: Slot, c: Slot, m: Mask<'_>) -> LaneResult {
         self.check_warps(m)?;
-        let fmt = match ty {
-            MmaType::F16 => Fmt::F16,
-            MmaType::BF16 => Fmt::BF16,
-        };
-        let half = |bits: u64| num::float_to_f64(bits & 0xffff, fmt) as f32;
         for w in 0..m.idx.len() / 32 {
             let w0 = m.idx[w * 32] as usize;
-            let (mut am, mut bm, mut cm) = ([[0f32; 16]; 16], [[0f32; 8]; 16], [[0f32; 8]; 16]);
+            let (mut fa, mut fb, mut fc) = ([[0u32; 4]; 32], [[0u32; 2]; 32], [[0u32; 4]; 32]);
             for l in 0..32 {
-                let (g, t) = (l / 4, l % 4);
-                for i in 0..4 {
-                    let reg = self.regs.at(a + i as u32, w0 + l);
-                    let (row, col) = (g + 8 * (i % 2), 2 * t + 8 * (i / 2));
-                    am[row][col] = half(reg);
-                    am[row][col + 1] = half(reg >> 16);
-                    let cv = f32::from_bits(self.regs.at(c + i as u32, w0 + l) as u32);
-                    cm[g + 8 * (i / 2)][2 * t + i % 2] = cv;
-                }
-                for i in 0..2 {
-                    let reg = self.regs.at(b + i as u32, w0 + l);
-                    bm[2 * t + 8 * i][g] = half(reg);
-                    bm[2 * t + 8 * i + 1][g] = half(reg >> 16);
-                }
+                let reg = |s: Slot| self.regs.at(s, w0 + l) as u32;
+                fa[l] = [0, 1, 2, 3].map(|i| reg(a + i));
+                fb[l] = [0, 1].map(|i| reg(b + i));
+                fc[l] = [0, 1, 2, 3].map(|i| reg(c + i));
             }
-            for l in 0..32 {
-                let (g, t) = (l / 4, l % 4);
-                for i in 0..4 {
-                    let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
-                    let sum = (0..16).fold(0f32, |s, k| s + am[row][k] * bm[k][col]);
-                    let r = sum + cm[row][col];
-                    let bits = if r.is_nan() { 0x7fff_ffff } else { r.to_bits() };
-                    self.regs.set(d + i as u32, w0 + l, bits as u64);
+            let fd = num::mma_m16n8k16(ty, &fa, &fb, &fc);
+            for (l, regs) in fd.iter().enumerate() {
+                for (i, &r) in regs.iter().enumerate() {
+                    self.regs.set(d + i as u32, w0 + l, r as u64);
                 }
             }
         }
         Ok(())
     }
 
-    /// `ldmatrix.m8n8.b16` per warp as [`crate::Op::LdMatrix`] describes: lane `8 * m + r`
-    /// addresses row `r` of matrix `m`; each row read counts as that lane's shared access.
+    /// `ldmatrix.m8n8.b16` per warp: lane `8 * m + r` addresses row `r` of matrix `m` (each
+    /// row read counts as that lane's shared access); [`num::ldmatrix_fragments`] distributes.
     fn ldmatrix(&mut self, count: u32, trans: bool, d: Slot, p: Slot, m: Mask<'_>) -> LaneResult {
         self.check_warps(m)?;
         for w in 0..m.idx.len() / 32 {
             let w0 = m.idx[w * 32];
-            let mut mats = [[[0u16; 8]; 8]; 4];
-            for (mi, mat) in mats.iter_mut().enumerate().take(count as usize) {
+            let mut rows = [[[0u16; 8]; 8]; 4];
+            for (mi, mat) in rows.iter_mut().enumerate().take(count as usize) {
                 for (r, row) in mat.iter_mut().enumerate() {
                     let t = w0 + (8 * mi + r) as u32;
                     let addr = self.regs.at(p, t as usize);
@@ -822,11 +802,10 @@ impl<'a> Worker<'a> {
                     }
                 }
             }
-            for l in 0..32usize {
-                let (g, t) = (l / 4, l % 4);
-                for (mi, mat) in mats.iter().enumerate().take(count as usize) {
-                    let (lo, hi) = if trans { (mat[2 * t][g], mat[2 * t + 1][g]) } else { (mat[g][2 * t], mat[g][2 * t + 1]) };
-                    self.regs.set(d + mi as u32, w0 as usize + l, lo as u64 | (hi as u64) << 16);
+            let regs = num::ldmatrix_fragments(&rows, count as usize, trans);
+            for (l, lane_regs) in regs.iter().enumerate() {
+                for (mi, &r) in lane_regs.iter().enumerate().take(count as usize) {
+                    self.regs.set(d + mi as u32, w0 as usize + l, r as u64);
                 }
             }
         }

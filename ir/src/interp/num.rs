@@ -572,6 +572,59 @@ pub fn float_to_float(x: u64, from: Fmt, to: Fmt, mode: Option<Rounding>) -> u64
     }
 }
 
+/// One warp's `mma.m16n8k16` with f32 accumulators (see [`crate::Op::Mma`] for the layouts and
+/// the accumulation model): per lane, the A (4), B (2) and C (4) registers as bits; returns
+/// each lane's 4 D registers (f32 bits).
+pub fn mma_m16n8k16(ty: crate::MmaType, a: &[[u32; 4]; 32], b: &[[u32; 2]; 32], c: &[[u32; 4]; 32]) -> [[u32; 4]; 32] {
+    let fmt = match ty {
+        crate::MmaType::F16 => Fmt::F16,
+        crate::MmaType::BF16 => Fmt::BF16,
+    };
+    let half = |bits: u32| float_to_f64((bits & 0xffff) as u64, fmt) as f32;
+    let (mut am, mut bm, mut cm) = ([[0f32; 16]; 16], [[0f32; 8]; 16], [[0f32; 8]; 16]);
+    for l in 0..32 {
+        let (g, t) = (l / 4, l % 4);
+        for i in 0..4 {
+            let (row, col) = (g + 8 * (i % 2), 2 * t + 8 * (i / 2));
+            am[row][col] = half(a[l][i]);
+            am[row][col + 1] = half(a[l][i] >> 16);
+            cm[g + 8 * (i / 2)][2 * t + i % 2] = f32::from_bits(c[l][i]);
+        }
+        for i in 0..2 {
+            bm[2 * t + 8 * i][g] = half(b[l][i]);
+            bm[2 * t + 8 * i + 1][g] = half(b[l][i] >> 16);
+        }
+    }
+    let mut d = [[0u32; 4]; 32];
+    for (l, dl) in d.iter_mut().enumerate() {
+        let (g, t) = (l / 4, l % 4);
+        for (i, di) in dl.iter_mut().enumerate() {
+            let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+            // Rust float arithmetic is IEEE round-to-nearest-even and never contracted.
+            let sum = (0..16).fold(0f32, |s, k| s + am[row][k] * bm[k][col]);
+            let r = sum + cm[row][col];
+            *di = if r.is_nan() { 0x7fff_ffff } else { r.to_bits() };
+        }
+    }
+    d
+}
+
+/// One warp's `ldmatrix.m8n8.b16` register contents (see [`crate::Op::LdMatrix`]): `rows[m][r]`
+/// is row `r` of matrix `m` as read from the address lane `8 * m + r` gave; returns each lane's
+/// registers (the first `count` are meaningful).
+pub fn ldmatrix_fragments(rows: &[[[u16; 8]; 8]; 4], count: usize, trans: bool) -> [[u32; 4]; 32] {
+    let mut out = [[0u32; 4]; 32];
+    for (l, regs) in out.iter_mut().enumerate() {
+        let (g, t) = (l / 4, l % 4);
+        for (m, reg) in regs.iter_mut().enumerate().take(count) {
+            let mat = &rows[m];
+            let (lo, hi) = if trans { (mat[2 * t][g], mat[2 * t + 1][g]) } else { (mat[g][2 * t], mat[g][2 * t + 1]) };
+            *reg = lo as u32 | (hi as u32) << 16;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

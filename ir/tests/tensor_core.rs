@@ -285,3 +285,24 @@ fn text_form_round_trips_and_types_are_checked() {
     let e = b.finish().unwrap_err();
     assert!(e.to_string().contains("C fragment"), "{e}");
 }
+
+/// The default pass pipeline keeps the warp-collective ops where they are and the results the
+/// same.
+#[test]
+fn the_pass_pipeline_keeps_tensor_core_results() {
+    let input: Vec<u8> = (0..1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    for k in [ldmatrix_kernel(4, true), ldmatrix_kernel(1, false), mma_kernel(MmaType::BF16, false)] {
+        let mut opt = k.clone();
+        ruda_ir::passes::optimize(&mut opt).unwrap();
+        let text = print_kernel(&opt);
+        assert!(text.contains("ldmatrix.") || text.contains("mma.m16n8k16."), "{text}");
+        let outputs = |k: &Kernel| {
+            let n_params = k.params.len();
+            let mut bufs: Vec<Vec<u8>> = (0..n_params).map(|_| input.clone()).collect();
+            let mut args: Vec<KernelArg<'_>> = bufs.iter_mut().map(|b| KernelArg::Buffer(b)).collect();
+            run(k, &LaunchConfig::linear(1, 32), &mut args).unwrap();
+            bufs
+        };
+        assert_eq!(outputs(&k), outputs(&opt), "{}", k.name);
+    }
+}

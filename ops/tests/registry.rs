@@ -14,3 +14,18 @@ fn every_registered_kernel_verifies_and_ids_are_unique() {
         assert_eq!(k.name, r.id.replace('.', "_"));
     }
 }
+
+/// Every recorded source location is a workspace-relative path: a location inside the standard
+/// library (a `#[track_caller]` builder passed as a fn item through `Fn::call`) would put a
+/// toolchain path into the PTX `.file` lines, which then change with the Rust version.
+#[test]
+fn source_locations_point_into_the_workspace() {
+    for r in ruda_ops::registry::registry() {
+        let k = r.build().unwrap_or_else(|e| panic!("{}: {e}", r.id));
+        k.walk(|_, inst| {
+            if let Some(loc) = &inst.loc {
+                assert!(!loc.file.starts_with('/') && !loc.file.contains("rustc"), "{}: location {loc}", r.id);
+            }
+        });
+    }
+}

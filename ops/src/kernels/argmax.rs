@@ -10,10 +10,10 @@
 //! split, [`argmax_reduce`] combines the per-split words.
 
 use ruda_ir::{
-    AddrSpace, CmpOp, Constant, Kernel, KernelBuilder, ScalarType, SharedId, ShflMode, Type, Value, VerifyError,
+    AddrSpace, CmpOp, Constant, Kernel, KernelBuilder, ScalarType, ShflMode, Type, Value, VerifyError,
 };
 
-use super::common::load_f32;
+use super::common::{block_reduce_with, load_f32};
 use super::rows::row_ptr;
 
 /// Threads per argmax block.
@@ -103,43 +103,6 @@ fn warp_max_u64(b: &mut KernelBuilder, mut v: Value) -> Value {
     v
 }
 
-/// The maximum of a `u64` across a block of `threads` (a multiple of 32); every thread gets it.
-/// `scratch` is a shared `u64` array of one slot per warp, used by this call only.
-#[track_caller]
-fn block_max_u64(b: &mut KernelBuilder, v: Value, threads: u32, scratch: SharedId) -> Value {
-    let v = warp_max_u64(b, v);
-    let warps = threads / 32;
-    if warps == 1 {
-        return v;
-    }
-    let tid = b.thread_id_x();
-    let five = b.const_u32(5);
-    let warp = b.shr(tid, five);
-    let lane = b.lane_id();
-    let smem = b.shared_ptr(scratch);
-    let zero = b.const_u32(0);
-    let lane0 = b.eq(lane, zero);
-    b.if_then(lane0, |b| {
-        let p = b.ptr_add(smem, warp);
-        b.store(p, v);
-    });
-    b.barrier();
-    let nwarps = b.const_u32(warps);
-    let in_range = b.lt(lane, nwarps);
-    let partial = b.if_else(
-        in_range,
-        |b| {
-            let p = b.ptr_add(smem, lane);
-            vec![b.load(p)]
-        },
-        |b| vec![b.constant(Constant::u64(0))],
-    )[0];
-    let total = warp_max_u64(b, partial);
-    // The slots may be reused only after every warp has read them.
-    b.barrier();
-    total
-}
-
 /// Parameters: x `[rows, cols]`, out (`u32 [rows]`, or `u64 [rows, splits]` partials), cols,
 /// cols_per_split (`u32`). Grid: `(rows, splits)`, block [`ARGMAX_THREADS`].
 pub fn argmax(cfg: &ArgmaxConfig) -> Result<Kernel, VerifyError> {
@@ -169,7 +132,16 @@ pub fn argmax(cfg: &ArgmaxConfig) -> Result<Kernel, VerifyError> {
         let packed = pack(b, key, inv);
         vec![b.max(acc[0], packed)]
     })[0];
-    let best = block_max_u64(&mut b, best, ARGMAX_THREADS, scratch);
+    // A closure, not the fn item: through `Fn::call` the builder would record a location
+    // inside the standard library.
+    let best = block_reduce_with(
+        &mut b,
+        best,
+        ARGMAX_THREADS,
+        scratch,
+        |b| b.constant(Constant::u64(0)),
+        |b, v| warp_max_u64(b, v),
+    );
     let zero = b.const_u32(0);
     let first_thread = b.eq(tid, zero);
     b.if_then(first_thread, |b| {

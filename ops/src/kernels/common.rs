@@ -90,20 +90,34 @@ pub fn block_reduce(
     threads: u32,
     scratch: ruda_ir::SharedId,
 ) -> Value {
+    block_reduce_with(b, v, threads, scratch, |b| identity(b, how), |b, v| warp_reduce(b, how, v))
+}
+
+/// [`block_reduce`] for any reduction: `warp` reduces across a warp (every lane gets the
+/// result) and `identity` fills the slots of warps that do not exist.
+#[track_caller]
+pub fn block_reduce_with(
+    b: &mut KernelBuilder,
+    v: Value,
+    threads: u32,
+    scratch: ruda_ir::SharedId,
+    identity: impl Fn(&mut KernelBuilder) -> Value,
+    warp: impl Fn(&mut KernelBuilder, Value) -> Value,
+) -> Value {
     let warps = threads / 32;
-    let v = warp_reduce(b, how, v);
+    let v = warp(b, v);
     if warps == 1 {
         return v;
     }
     let tid = b.thread_id_x();
     let c32 = b.const_u32(32);
-    let warp = b.div(tid, c32);
+    let warp_id = b.div(tid, c32);
     let lane = b.lane_id();
     let smem = b.shared_ptr(scratch);
     let zero = b.const_u32(0);
     let lane0 = b.eq(lane, zero);
     b.if_then(lane0, |b| {
-        let p = b.ptr_add(smem, warp);
+        let p = b.ptr_add(smem, warp_id);
         b.store(p, v);
     });
     b.barrier();
@@ -116,9 +130,9 @@ pub fn block_reduce(
             let p = b.ptr_add(smem, lane);
             vec![b.load(p)]
         },
-        |b| vec![identity(b, how)],
+        |b| vec![identity(b)],
     )[0];
-    let total = warp_reduce(b, how, partial);
+    let total = warp(b, partial);
     // The scratch slots may be reused only after every warp has read them.
     b.barrier();
     total

@@ -82,6 +82,10 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "gemm_simt", move || gemm_simt(&cfg)));
         }
     }
+    for ty in [ruda_ir::MmaType::F16, ruda_ir::MmaType::BF16] {
+        let cfg = GemmTcConfig { ty };
+        out.push(Registered::new(cfg.id(), "gemm", move || gemm_tc(&cfg)));
+    }
     // Attention: flash prefill (every dtype, head dim, causal or not; packed with or without
     // mask and bias, or over a KV cache), split-KV decode with its combine, and the fallback's f32 masked softmax.
     for dtype in common::FLOAT_DTYPES {

@@ -202,6 +202,11 @@ fn case(family: &str, id: &str) -> Option<Case> {
             s.extend([("m", 70), ("n", 65), ("k", 33)]);
             c.grid = [2, 2, 1];
         }
+        "gemm" => {
+            // Partial tiles in m and n; k a multiple of 8 (16-byte loads) but not of the tile.
+            s.extend([("m", 70), ("n", 72), ("k", 40)]);
+            c.grid = [2, 2, 1];
+        }
         "attention_prefill" => {
             // Two sequences of 5 and 12 queries over 9 and 21 keys, two heads, group 1,
             // token-major `[tokens, heads, d]` layouts.

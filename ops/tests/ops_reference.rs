@@ -247,7 +247,12 @@ fn gemm_matches_reference_for_both_layouts() {
                     assert!(err <= tol, "{name} {dtype} {m}x{n}x{k} [{idx}]: got {}, want {}", got[idx], want[idx]);
                 }
             }
-            assert_bits(&format!("matmul vs linear {dtype}"), &via_matmul, &via_linear);
+            // Both take the SIMT kernel (same order of fmas) unless `linear` takes tensor cores
+            // (f16/bf16, k % 8 == 0, more than 16 rows), which sum in another order.
+            let tensor_cores = dtype != DType::F32 && k % 8 == 0 && m > 16;
+            if !tensor_cores {
+                assert_bits(&format!("matmul vs linear {dtype}"), &via_matmul, &via_linear);
+            }
         }
     }
 }

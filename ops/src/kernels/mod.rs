@@ -6,6 +6,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod fused_norm;
 pub mod gemm;
+pub mod gemm_tc;
 pub mod gemv;
 pub mod norm;
 pub mod rope;
@@ -15,6 +16,7 @@ pub mod swiglu;
 
 pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
 pub use gemm::{gemm_simt, BLayout, GemmConfig};
+pub use gemm_tc::{gemm_tc, GemmTcConfig};
 pub use norm::{layer_norm, rms_norm, NormConfig};
 pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};
 pub mod attention;

@@ -2,6 +2,7 @@
 # Install the pinned CUDA command-line tools RUDA validates against, from PyPI, without a GPU:
 #   nvidia-cuda-nvcc-cu12   -> nvidia/cuda_nvcc/bin/ptxas
 #   nvidia-cuda-nvrtc-cu12  -> nvidia/cuda_nvrtc/lib/libnvrtc.so.12
+#   nvidia-cuda-nvdisasm    -> nvidia/cu13/bin/nvdisasm (PyPI has only 13.x; it reads 12.9 cubins)
 # into RUDA_TOOLS_DIR (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ruda/cuda-tools/12.9.86), a
 # folder shared by every clone and CI run of this machine. Idempotent: a quick no-op when the
 # tools are already there.
@@ -13,7 +14,7 @@
 #   source scripts/install-cuda-tools.sh        install if missing and export the variables
 
 _ruda_cuda_tools_main() {
-    local version="12.9.86"
+    local version="12.9.86" nvdisasm_version="13.2.51"
     local dir="${RUDA_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ruda/cuda-tools/$version}"
     local print_env=0 quiet=0 arg
     for arg in "$@"; do
@@ -29,7 +30,8 @@ _ruda_cuda_tools_main() {
 
     local ptxas="$dir/nvidia/cuda_nvcc/bin/ptxas"
     local nvrtc="$dir/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"
-    _ruda_complete() { [ -x "$ptxas" ] && [ -e "$nvrtc" ]; }
+    local nvdisasm="$dir/nvidia/cu13/bin/nvdisasm"
+    _ruda_complete() { [ -x "$ptxas" ] && [ -e "$nvrtc" ] && [ -x "$nvdisasm" ]; }
 
     if ! _ruda_complete; then
         # Install both wheels with one pip call into a fresh folder, then move it into place:
@@ -43,6 +45,7 @@ _ruda_cuda_tools_main() {
         [ "$quiet" = 1 ] || echo "install-cuda-tools: installing CUDA $version ptxas and NVRTC from PyPI into $dir" >&2
         if ! python3 -m pip install --disable-pip-version-check --no-deps --no-input \
                 --target "$tmp" "nvidia-cuda-nvcc-cu12==$version" "nvidia-cuda-nvrtc-cu12==$version" \
+                "nvidia-cuda-nvdisasm==$nvdisasm_version" \
                 >"$log" 2>&1; then
             echo "install-cuda-tools: pip failed; its log:" >&2
             cat "$log" >&2
@@ -51,7 +54,7 @@ _ruda_cuda_tools_main() {
         fi
         rm -f "$log"
         # Wheels do not always keep the executable bit.
-        chmod +x "$tmp/nvidia/cuda_nvcc/bin/"* 2>/dev/null
+        chmod +x "$tmp/nvidia/cuda_nvcc/bin/"* "$tmp/nvidia/cu13/bin/"* 2>/dev/null
         if _ruda_complete; then
             rm -rf "$tmp"   # another run finished first
         elif [ ! -e "$dir" ]; then
@@ -64,7 +67,7 @@ _ruda_cuda_tools_main() {
     fi
     if ! _ruda_complete; then
         unset -f _ruda_complete
-        echo "install-cuda-tools: expected $ptxas and $nvrtc after installing; did the wheel layout change?" >&2
+        echo "install-cuda-tools: expected $ptxas, $nvrtc and $nvdisasm after installing; did the wheel layout change?" >&2
         return 1
     fi
     unset -f _ruda_complete
@@ -72,13 +75,15 @@ _ruda_cuda_tools_main() {
     if [ "$quiet" != 1 ]; then
         echo "ptxas:  $ptxas" >&2
         echo "nvrtc:  $nvrtc" >&2
+        echo "nvdisasm: $nvdisasm" >&2
     fi
     if [ "$print_env" = 1 ]; then
         printf 'export RUDA_PTXAS=%q\n' "$ptxas"
         printf 'export RUDA_NVRTC=%q\n' "$nvrtc"
+        printf 'export RUDA_NVDISASM=%q\n' "$nvdisasm"
     fi
     if [ "${_ruda_sourced:-0}" = 1 ]; then
-        export RUDA_PTXAS="$ptxas" RUDA_NVRTC="$nvrtc"
+        export RUDA_PTXAS="$ptxas" RUDA_NVRTC="$nvrtc" RUDA_NVDISASM="$nvdisasm"
     fi
     return 0
 }

@@ -29,9 +29,6 @@ mod num;
 mod parse;
 mod program;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-
 use ruda_ir::interp::{KernelArg, LaunchConfig, MAX_SHARED_BYTES};
 use ruda_ir::{Constant, ScalarType};
 
@@ -360,44 +357,8 @@ fn bind_args(prog: &Program, args: &[Arg<'_>]) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Run every block; the error reported is that of the lowest linear block id that failed.
+/// Run every block; the error reported is that of the lowest linear block id that failed (the
+/// interpreter's scheduler, so both engines report the same block).
 fn run_blocks(launch: &Launch<'_>, threads: usize) -> Result<(), ([u32; 3], Fault)> {
-    let [gx, gy, gz] = launch.grid.map(|d| d as u64);
-    let total = gx * gy * gz;
-    let ctaid = |b: u64| [(b % gx) as u32, (b / gx % gy) as u32, (b / (gx * gy)) as u32];
-    let workers = threads.max(1).min(usize::try_from(total).unwrap_or(usize::MAX));
-    if workers == 1 {
-        let mut worker = Worker::new(launch);
-        for b in 0..total {
-            worker.run_block(ctaid(b)).map_err(|f| (ctaid(b), f))?;
-        }
-        return Ok(());
-    }
-    let next = AtomicU64::new(0);
-    let stop = AtomicU64::new(u64::MAX);
-    let first: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                let mut worker = Worker::new(launch);
-                loop {
-                    let b = next.fetch_add(1, Ordering::Relaxed);
-                    if b >= total || b >= stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if let Err(f) = worker.run_block(ctaid(b)) {
-                        let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
-                        if !matches!(*first, Some((fb, _)) if fb < b) {
-                            *first = Some((b, f));
-                            stop.fetch_min(b, Ordering::Relaxed);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some((b, f)) => Err((ctaid(b), f)),
-        None => Ok(()),
-    }
+    ruda_ir::interp::run_grid(launch.grid, threads, || Worker::new(launch), |w, block| w.run_block(block))
 }

@@ -212,33 +212,44 @@ fn run_blocks(
     threads: usize,
 ) -> Result<(), InterpError> {
     let launch = Launch::new(program, global, cfg.block, cfg.grid, shared_bytes);
-    let [gx, gy, gz] = cfg.grid.map(|d| d as u64);
+    run_grid(cfg.grid, threads, || Worker::new(&launch), |w, block| w.run_block(block))
+        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))
+}
+
+/// Run every block of `grid` on up to `threads` CPU threads, each with a worker made by
+/// `new_worker`; on failure return the coordinates and fault of the lowest block (by linear id)
+/// that failed, so the error reported does not depend on scheduling. Blocks at or past a failed
+/// one need not run; those below it must. Shared by the interpreter and the PTX emulator.
+pub fn run_grid<W, F: Send>(
+    grid: [u32; 3],
+    threads: usize,
+    new_worker: impl Fn() -> W + Sync,
+    run_block: impl Fn(&mut W, [u32; 3]) -> Result<(), F> + Sync,
+) -> Result<(), ([u32; 3], F)> {
+    let [gx, gy, gz] = grid.map(|d| d as u64);
     let total = gx * gy * gz;
     let ctaid = |b: u64| [(b % gx) as u32, (b / gx % gy) as u32, (b / (gx * gy)) as u32];
-    let to_error = |b: u64, f: Fault| fault_error(kernel, cfg, ctaid(b), f);
     let workers = threads.max(1).min(usize::try_from(total).unwrap_or(usize::MAX));
     if workers == 1 {
-        let mut worker = Worker::new(&launch);
+        let mut worker = new_worker();
         for b in 0..total {
-            worker.run_block(ctaid(b)).map_err(|f| to_error(b, f))?;
+            run_block(&mut worker, ctaid(b)).map_err(|f| (ctaid(b), f))?;
         }
         return Ok(());
     }
     let next = AtomicU64::new(0);
-    // Blocks at or past the lowest failed one need not run; those below must, so that the
-    // error reported does not depend on scheduling.
     let stop = AtomicU64::new(u64::MAX);
-    let first: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
+    let first: Mutex<Option<(u64, F)>> = Mutex::new(None);
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
-                let mut worker = Worker::new(&launch);
+                let mut worker = new_worker();
                 loop {
                     let b = next.fetch_add(1, Ordering::Relaxed);
                     if b >= total || b >= stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    if let Err(f) = worker.run_block(ctaid(b)) {
+                    if let Err(f) = run_block(&mut worker, ctaid(b)) {
                         let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
                         if !matches!(*first, Some((fb, _)) if fb < b) {
                             *first = Some((b, f));
@@ -250,7 +261,7 @@ fn run_blocks(
         }
     });
     match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some((b, f)) => Err(to_error(b, f)),
+        Some((b, f)) => Err((ctaid(b), f)),
         None => Ok(()),
     }
 }

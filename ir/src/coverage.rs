@@ -10,8 +10,8 @@
 use std::fmt;
 
 use crate::{
-    AddrSpace, AtomicOp, BinaryOp, CmpOp, Constant, Cvt, Kernel, KernelBuilder, Rounding, ScalarType, ShflMode,
-    SpecialReg, Type, UnaryOp, Value, VerifyError, VoteMode,
+    AddrSpace, AtomicOp, BinaryOp, CmpOp, Constant, Cvt, Kernel, KernelBuilder, MmaType, Rounding, ScalarType,
+    ShflMode, SpecialReg, Type, UnaryOp, Value, VerifyError, VoteMode,
 };
 
 /// Every scalar type that may live in memory (all but `pred`).
@@ -550,6 +550,49 @@ pub fn fib_kernel() -> Result<Kernel, VerifyError> {
     b.finish()
 }
 
+/// `mma_<ty>_<n|t>`: each lane copies 8 words of `in` to a shared tile, then `ldmatrix`es its A
+/// (x4), B (x2, transposed when `trans`) and an x1, runs `mma.m16n8k16` with C from `c`, and
+/// stores D to `d[4 * lane ..]` and the x1 register over `d[lane]`.
+pub fn tensor_core_kernel(ty: MmaType, trans: bool) -> Result<Kernel, VerifyError> {
+    use ScalarType::{BF16, F16, F32, U32};
+    let mut b = KernelBuilder::new(format!("mma_{ty}_{}", if trans { "t" } else { "n" }));
+    let pin = b.param("in", global(U32));
+    let pc = b.param("c", global(F32));
+    let pd = b.param("d", global(F32));
+    let tile = b.shared_array("tile", U32, 256);
+    let s = b.shared_ptr(tile);
+    let lane = b.lane_id();
+    let eight = b.const_u32(8);
+    let base = b.mul(lane, eight);
+    for j in 0..8 {
+        let jj = b.const_u32(j);
+        let i = b.add(base, jj);
+        let src = b.ptr_add(pin, i);
+        let x = b.load(src);
+        let dst = b.ptr_add(s, i);
+        b.store(dst, x);
+    }
+    b.barrier();
+    let h = b.ptr_cast(s, if ty == MmaType::F16 { F16 } else { BF16 });
+    let sixteen = b.const_u32(16);
+    let row = b.mul(lane, sixteen);
+    let p = b.ptr_add(h, row);
+    let a = b.ldmatrix(p, 4, false);
+    let bf = b.ldmatrix(p, 2, trans);
+    let one = b.ldmatrix(p, 1, trans);
+    let four = b.const_u32(4);
+    let l4 = b.mul(lane, four);
+    let qc = b.ptr_add(pc, l4);
+    let c = b.load_vec(qc, 4);
+    let d = b.mma_m16n8k16(ty, a, bf, c);
+    let qd = b.ptr_add(pd, l4);
+    b.store(qd, d);
+    let x = b.bitcast(one, F32);
+    let qx = b.ptr_add(pd, lane);
+    b.store(qx, x);
+    b.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -586,5 +629,9 @@ mod tests {
         }
         bits_kernel().unwrap();
         memory_kernel().unwrap();
+        for ty in MmaType::ALL {
+            tensor_core_kernel(*ty, false).unwrap();
+            tensor_core_kernel(*ty, true).unwrap();
+        }
     }
 }

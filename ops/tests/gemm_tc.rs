@@ -13,32 +13,6 @@ use ruda_runtime::{Arg, DType, LaunchConfig, Tensor};
 
 const DTYPES: [(DType, MmaType); 2] = [(DType::F16, MmaType::F16), (DType::BF16, MmaType::BF16)];
 
-/// `x[m, k] · w[n, k]ᵀ` in f64, and the sum of the products' magnitudes (for the tolerance).
-fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut want = vec![0f64; m * n];
-    let mut mag = vec![0f64; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            for p in 0..k {
-                let prod = x[i * k + p] as f64 * w[j * k + p] as f64;
-                want[i * n + j] += prod;
-                mag[i * n + j] += prod.abs();
-            }
-        }
-    }
-    (want, mag)
-}
-
-fn check(what: &str, dtype: DType, got: &[f32], want: &[f64], mag: &[f64], k: usize) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for i in 0..got.len() {
-        // f32 accumulation over k, then one rounding to the dtype.
-        let tol = k as f64 * f32::EPSILON as f64 * mag[i] + epsilon(dtype) * want[i].abs() + 1e-7;
-        let err = (got[i] as f64 - want[i]).abs();
-        assert!(err <= tol, "{what}[{i}]: got {}, want {} (error {err:.3e} > {tol:.3e})", got[i], want[i]);
-    }
-}
-
 /// Random `x[m, k]`, `w[n, k]` rounded to `dtype`, with their reference.
 fn problem(rng: &mut Rng, dtype: DType, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
     (quantize(dtype, &rng.vec(m * k, -1.0, 1.0)), quantize(dtype, &rng.vec(n * k, -1.0, 1.0)))
@@ -63,8 +37,8 @@ fn tensor_core_kernel_matches_reference_on_partial_tiles() {
                 LaunchConfig { grid: GemmTcConfig::grid(mu, nu), block: [GemmTcConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
             let args = [Arg::Tensor(&xt), Arg::Tensor(&wt), Arg::Tensor(&out), Arg::scalar(mu), Arg::scalar(nu), Arg::scalar(ku)];
             stream.launch(&kern, launch, &args).unwrap();
-            let (want, mag) = reference(&x, &w, m, n, k);
-            check(&format!("{} {m}x{n}x{k}", cfg.id()), dtype, &out.to_f32_vec().unwrap(), &want, &mag, k);
+            let (want, mag) = linear_reference(&x, &w, m, n, k);
+            check_linear(&format!("{} {m}x{n}x{k}", cfg.id()), dtype, &out.to_f32_vec().unwrap(), &want, &mag, k);
         }
     }
 }
@@ -79,8 +53,8 @@ fn linear_uses_tensor_cores_when_aligned_and_falls_back_otherwise() {
             let (x, w) = problem(&mut rng, dtype, m, n, k);
             let got = api::linear(&tensor(&dev, dtype, &x, &[m, k]), &tensor(&dev, dtype, &w, &[n, k])).unwrap();
             assert_eq!((got.dtype(), got.shape()), (dtype, &[m, n][..]));
-            let (want, mag) = reference(&x, &w, m, n, k);
-            check(&format!("linear {dtype} {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
+            let (want, mag) = linear_reference(&x, &w, m, n, k);
+            check_linear(&format!("linear {dtype} {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
         }
         // x's rows start one element into a larger buffer: 2 bytes off 16-byte alignment.
         let (m, n, k) = (18, 12, 16);
@@ -90,8 +64,8 @@ fn linear_uses_tensor_cores_when_aligned_and_falls_back_otherwise() {
         let big = tensor(&dev, dtype, &padded, &[m * k + 1]);
         let xv: Tensor = big.narrow(0, 1, m * k).unwrap().reshape(&[m, k]).unwrap();
         let got = api::linear(&xv, &tensor(&dev, dtype, &w, &[n, k])).unwrap();
-        let (want, mag) = reference(&x, &w, m, n, k);
-        check(&format!("linear {dtype} misaligned {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
+        let (want, mag) = linear_reference(&x, &w, m, n, k);
+        check_linear(&format!("linear {dtype} misaligned {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
     }
 }
 

@@ -7,32 +7,6 @@ use common::*;
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{DType, Tensor};
 
-/// `x[m, k] · w[n, k]ᵀ` in f64, and the sum of the products' magnitudes (for the tolerance).
-fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut want = vec![0f64; m * n];
-    let mut mag = vec![0f64; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            for p in 0..k {
-                let prod = x[i * k + p] as f64 * w[j * k + p] as f64;
-                want[i * n + j] += prod;
-                mag[i * n + j] += prod.abs();
-            }
-        }
-    }
-    (want, mag)
-}
-
-fn check(what: &str, dtype: DType, got: &[f32], want: &[f64], mag: &[f64], k: usize) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for i in 0..got.len() {
-        // f32 fma accumulation over k, then one rounding to the dtype.
-        let tol = k as f64 * f32::EPSILON as f64 * mag[i] + epsilon(dtype) * want[i].abs() + 1e-7;
-        let err = (got[i] as f64 - want[i]).abs();
-        assert!(err <= tol, "{what}[{i}]: got {}, want {} (error {err:.3e} > {tol:.3e})", got[i], want[i]);
-    }
-}
-
 #[test]
 fn gemv_matches_reference_across_shapes_and_dtypes() {
     let dev = device();
@@ -47,8 +21,8 @@ fn gemv_matches_reference_across_shapes_and_dtypes() {
             let w = quantize(dtype, &rng.vec(n * k, -1.0, 1.0));
             let got = api::gemv(&tensor(&dev, dtype, &x, &[m, k]), &tensor(&dev, dtype, &w, &[n, k])).unwrap();
             assert_eq!((got.dtype(), got.shape()), (dtype, &[m, n][..]));
-            let (want, mag) = reference(&x, &w, m, n, k);
-            check(&format!("gemv {dtype} {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
+            let (want, mag) = linear_reference(&x, &w, m, n, k);
+            check_linear(&format!("gemv {dtype} {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
         }
     }
 }
@@ -64,8 +38,8 @@ fn unaligned_inputs_take_the_scalar_path() {
         // x starts one element into its buffer: not 16-byte aligned.
         let tx = tensor(&dev, dtype, &x, &[m * k + 1]).narrow(0, 1, m * k).unwrap().reshape(&[m, k]).unwrap();
         let got = api::gemv(&tx, &tensor(&dev, dtype, &w, &[n, k])).unwrap().to_f32_vec().unwrap();
-        let (want, mag) = reference(&x[1..], &w, m, n, k);
-        check(&format!("unaligned gemv {dtype}"), dtype, &got, &want, &mag, k);
+        let (want, mag) = linear_reference(&x[1..], &w, m, n, k);
+        check_linear(&format!("unaligned gemv {dtype}"), dtype, &got, &want, &mag, k);
     }
 }
 
@@ -82,9 +56,9 @@ fn split_k_matches_reference_and_reduces_in_order() {
             let out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
             let ws = Tensor::empty(&dev, DType::F32, &[splits * m * n]).unwrap();
             api::gemv_split_k_into(&stream, &tx, &tw, &out, &ws, splits).unwrap();
-            let (want, mag) = reference(&x, &w, m, n, k);
+            let (want, mag) = linear_reference(&x, &w, m, n, k);
             let got = out.to_f32_vec().unwrap();
-            check(&format!("split-k gemv {dtype} {m}x{n}x{k}/{splits}"), dtype, &got, &want, &mag, k);
+            check_linear(&format!("split-k gemv {dtype} {m}x{n}x{k}/{splits}"), dtype, &got, &want, &mag, k);
             // Deterministic: the same launch gives the same bits.
             api::gemv_split_k_into(&stream, &tx, &tw, &out, &ws, splits).unwrap();
             assert_bits("split-k rerun", &out.to_f32_vec().unwrap(), &got);

@@ -99,3 +99,29 @@ pub fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
         assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}[{i}]: got {g:e}, want {w:e}");
     }
 }
+
+/// `x[m, k] · w[n, k]ᵀ` in f64, and the sum of the products' magnitudes (for the tolerance).
+pub fn linear_reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut want = vec![0f64; m * n];
+    let mut mag = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                let prod = x[i * k + p] as f64 * w[j * k + p] as f64;
+                want[i * n + j] += prod;
+                mag[i * n + j] += prod.abs();
+            }
+        }
+    }
+    (want, mag)
+}
+
+/// A product over `k` accumulated in f32 (any order), then rounded once to `dtype`.
+pub fn check_linear(what: &str, dtype: DType, got: &[f32], want: &[f64], mag: &[f64], k: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for i in 0..got.len() {
+        let tol = k as f64 * f32::EPSILON as f64 * mag[i] + epsilon(dtype) * want[i].abs() + 1e-7;
+        let err = (got[i] as f64 - want[i]).abs();
+        assert!(err <= tol, "{what}[{i}]: got {}, want {} (error {err:.3e} > {tol:.3e})", got[i], want[i]);
+    }
+}

@@ -82,8 +82,7 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "gemm_simt", move || gemm_simt(&cfg)));
         }
     }
-    for ty in [ruda_ir::MmaType::F16, ruda_ir::MmaType::BF16] {
-        let cfg = GemmTcConfig { ty };
+    for cfg in gemm_tc::registered_configs() {
         out.push(Registered::new(cfg.id(), "gemm", move || gemm_tc(&cfg)));
     }
     // Attention: flash prefill (every dtype, head dim, causal or not; packed with or without

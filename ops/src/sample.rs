@@ -205,7 +205,9 @@ fn case(family: &str, id: &str) -> Option<Case> {
         "gemm" => {
             // Partial tiles in m and n; k a multiple of 8 (16-byte loads) but not of the tile.
             s.extend([("m", 70), ("n", 72), ("k", 40)]);
-            c.grid = [2, 2, 1];
+            // Two batch entries, one shared weight.
+            s.extend([("x_batch", 70 * 40), ("w_batch", 0), ("y_batch", 70 * 72)]);
+            c.grid = [2, 2, if id.contains(".batch") { 2 } else { 1 }];
         }
         "attention_prefill" => {
             // Two sequences of 5 and 12 queries over 9 and 21 keys, two heads, group 1,

@@ -308,6 +308,32 @@ impl<'a> Emitter<'a> {
                 self.line("__syncthreads();");
                 return Ok(());
             }
+            // "memory" on all three: the copy writes shared memory behind the compiler's back,
+            // so no shared access may move across the issue or the wait.
+            Op::CpAsync { dst, src, size, src_size } => {
+                let cache = if *size == 16 { "cg" } else { "ca" };
+                let form = format!("cp.async.{cache}.shared.global");
+                self.require(id, &form, Arch::Sm80);
+                let (d, sp) = (self.name(*dst), self.name(*src));
+                let (extra, n) = match src_size {
+                    Some(n) => (", %2", format!(", \"r\"({})", self.name(*n))),
+                    None => ("", String::new()),
+                };
+                self.line(format!(
+                    "asm volatile(\"{form} [%0], [%1], {size}{extra};\" :: \"r\"({d}), \"l\"(__cvta_generic_to_global({sp})){n} : \"memory\");"
+                ));
+                return Ok(());
+            }
+            Op::CpAsyncCommit => {
+                self.require(id, "cp.async.commit_group", Arch::Sm80);
+                self.line("asm volatile(\"cp.async.commit_group;\" ::: \"memory\");");
+                return Ok(());
+            }
+            Op::CpAsyncWait(n) => {
+                self.require(id, "cp.async.wait_group", Arch::Sm80);
+                self.line(format!("asm volatile(\"cp.async.wait_group {n};\" ::: \"memory\");"));
+                return Ok(());
+            }
             Op::Mma { ty, a, b, c } => {
                 let form = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
                 self.require(id, &form, Arch::Sm80);
@@ -411,7 +437,15 @@ impl<'a> Emitter<'a> {
                 let elems: Vec<String> = elems.iter().map(|e| self.name(*e)).collect();
                 format!("{{{{{}}}}}", elems.join(", "))
             }
-            Op::If { .. } | Op::For { .. } | Op::Store { .. } | Op::Barrier | Op::Mma { .. } | Op::LdMatrix { .. } => {
+            Op::If { .. }
+            | Op::For { .. }
+            | Op::Store { .. }
+            | Op::Barrier
+            | Op::Mma { .. }
+            | Op::LdMatrix { .. }
+            | Op::CpAsync { .. }
+            | Op::CpAsyncCommit
+            | Op::CpAsyncWait(_) => {
                 return Err(NvrtcError::Internal(format!("{} handled twice", self.op_at(id))))
             }
         };

@@ -505,6 +505,28 @@ impl<'a> Lower<'a> {
                 let d = self.def(*v)?;
                 self.ins(&form, format!("{}, [{p}]", RegList(&d)));
             }
+            Op::CpAsync { dst, src, size, src_size } => {
+                // `.cg` (L2 only) exists for 16-byte copies alone; smaller ones go through L1.
+                let cache = if *size == 16 { "cg" } else { "ca" };
+                let form = format!("cp.async.{cache}.shared.global");
+                self.require(id, &form, Arch::Sm80, PtxVersion::new(7, 0))?;
+                let (d, s) = (self.one(*dst)?, self.one(*src)?);
+                match src_size {
+                    Some(n) => {
+                        let n = self.one(*n)?;
+                        self.ins(&form, format!("[{d}], [{s}], {size}, {n}"));
+                    }
+                    None => self.ins(&form, format!("[{d}], [{s}], {size}")),
+                }
+            }
+            Op::CpAsyncCommit => {
+                self.require(id, "cp.async.commit_group", Arch::Sm80, PtxVersion::new(7, 0))?;
+                self.ins("cp.async.commit_group", "");
+            }
+            Op::CpAsyncWait(n) => {
+                self.require(id, "cp.async.wait_group", Arch::Sm80, PtxVersion::new(7, 0))?;
+                self.ins("cp.async.wait_group", n.to_string());
+            }
             Op::Extract(v, lane) => {
                 let src = self.regs.of(*v)?.get(*lane as usize).copied();
                 let src = src.ok_or_else(|| CodegenError::Internal(format!("lane {lane} of {v} out of range")))?;

@@ -453,6 +453,41 @@ impl KernelBuilder {
         self.push1(Op::LdMatrix { ptr, count, trans }, ty)
     }
 
+    /// `cp.async` of `size` (4, 8 or 16) bytes from the global `src` to the shared `dst`, both
+    /// aligned to `size` (see [`Op::CpAsync`]); it lands at a later [`Self::cp_async_wait`].
+    #[track_caller]
+    pub fn cp_async(&mut self, dst: Value, src: Value, size: u8) {
+        self.push(Op::CpAsync { dst, src, size, src_size: None }, &[]);
+    }
+
+    /// `cp.async` that reads only the first `src_size` (a `u32`, at most `size`) bytes of
+    /// `src` and zero-fills the rest of the `size` bytes at `dst` (`src_size` 0: all zeros,
+    /// nothing read; the predicated tile loads of GEMMs).
+    #[track_caller]
+    pub fn cp_async_zfill(&mut self, dst: Value, src: Value, size: u8, src_size: Value) {
+        self.push(Op::CpAsync { dst, src, size, src_size: Some(src_size) }, &[]);
+    }
+
+    /// `cp.async.commit_group`: close this thread's open group of copies.
+    #[track_caller]
+    pub fn cp_async_commit(&mut self) {
+        self.push(Op::CpAsyncCommit, &[]);
+    }
+
+    /// `cp.async.wait_group n`: wait until at most `n` of this thread's most recent committed
+    /// groups are pending. Other threads' copies need a barrier after it to be visible.
+    #[track_caller]
+    pub fn cp_async_wait(&mut self, n: u8) {
+        self.push(Op::CpAsyncWait(n), &[]);
+    }
+
+    /// `cp.async.wait_all`: commit the open group and wait for every group.
+    #[track_caller]
+    pub fn cp_async_wait_all(&mut self) {
+        self.cp_async_commit();
+        self.cp_async_wait(0);
+    }
+
     // ---- vectors --------------------------------------------------------------------------
 
     #[track_caller]

@@ -593,6 +593,128 @@ pub fn tensor_core_kernel(ty: MmaType, trans: bool) -> Result<Kernel, VerifyErro
     b.finish()
 }
 
+/// Tiles of `cp_async_kernel`: 32 threads copy 16 bytes each, 128 `u32` per tile.
+pub const CP_ASYNC_TILE: u32 = 128;
+
+/// `cp_async_pipeline`, one block of 32 threads: `x` holds `tiles` tiles of
+/// [`CP_ASYNC_TILE`] `u32`, streamed through a two-stage shared buffer by `cp.async.16`
+/// (the next tile's copy is issued before the current one is waited for, with a zero-fill
+/// past the last tile), each thread summing the words `(4 * tid + 5 * j) % 128`, `j < 8`, of
+/// every tile into `out[tid]` (wrapping). Then a tail of `cp.async.8` with source sizes
+/// `tid % 9` and `cp.async.4` with `tid % 5`, waited with `wait_all`, copies `x[2 * tid ..]`
+/// and `x[tid]` through shared memory to `out[32 + 2 * tid ..]` and `out[96 + tid]` (128
+/// words of `out` in all).
+pub fn cp_async_kernel(tiles: u32) -> Result<Kernel, VerifyError> {
+    use ScalarType::U32;
+    let mut b = KernelBuilder::new("cp_async_pipeline");
+    let x = b.param("x", global(U32));
+    let out = b.param("out", global(U32));
+    let stages = b.shared_array("stages", U32, 2 * CP_ASYNC_TILE);
+    let tail = b.shared_array("tail", U32, 96);
+    let s = b.shared_ptr(stages);
+    let tid = b.thread_id_x();
+    let (zero, one, two, four, five, sixteen) =
+        (b.const_u32(0), b.const_u32(1), b.const_u32(2), b.const_u32(4), b.const_u32(5), b.const_u32(16));
+    let (tile_words, last, n) = (b.const_u32(CP_ASYNC_TILE), b.const_u32(tiles - 1), b.const_u32(tiles));
+    let mask = b.const_u32(CP_ASYNC_TILE - 1);
+    let t4 = b.mul(tid, four);
+    // Issue tile `i` into stage `i % 2`; past the last tile, read nothing and zero-fill.
+    let issue = |b: &mut KernelBuilder, i: Value| {
+        let valid = b.lt(i, n);
+        let bytes = b.select(valid, sixteen, zero);
+        let clamped = b.min(i, last);
+        let base = b.mul(clamped, tile_words);
+        let at = b.add(base, t4);
+        let src = b.ptr_add(x, at);
+        let stage = b.and(i, one);
+        let soff = b.mul(stage, tile_words);
+        let soff = b.add(soff, t4);
+        let dst = b.ptr_add(s, soff);
+        b.cp_async_zfill(dst, src, 16, bytes);
+        b.cp_async_commit();
+    };
+    issue(&mut b, zero);
+    let sums = b.for_range(zero, n, one, &[zero], |b, i, carried| {
+        let next = b.add(i, one);
+        issue(b, next);
+        b.cp_async_wait(1);
+        b.barrier();
+        let stage = b.and(i, one);
+        let sbase = b.mul(stage, tile_words);
+        let mut acc = carried[0];
+        for j in 0..8 {
+            let k = b.const_u32(5 * j);
+            let w = b.add(t4, k);
+            let w = b.and(w, mask);
+            let w = b.add(sbase, w);
+            let p = b.ptr_add(s, w);
+            let v = b.load(p);
+            acc = b.add(acc, v);
+        }
+        b.barrier();
+        vec![acc]
+    });
+    b.cp_async_wait(0);
+    let q = b.ptr_add(out, tid);
+    b.store(q, sums[0]);
+    // The tail: 8- and 4-byte copies with partial source sizes.
+    let tl = b.shared_ptr(tail);
+    let t2 = b.mul(tid, two);
+    let nine = b.const_u32(9);
+    let src8 = b.ptr_add(x, t2);
+    let dst8 = b.ptr_add(tl, t2);
+    let bytes8 = b.rem(tid, nine);
+    b.cp_async_zfill(dst8, src8, 8, bytes8);
+    let src4 = b.ptr_add(x, tid);
+    let sixty_four = b.const_u32(64);
+    let at4 = b.add(sixty_four, tid);
+    let dst4 = b.ptr_add(tl, at4);
+    let bytes4 = b.rem(tid, five);
+    b.cp_async_zfill(dst4, src4, 4, bytes4);
+    b.cp_async_wait_all();
+    b.barrier();
+    let r8 = b.ptr_add(tl, t2);
+    let v8 = b.load_vec(r8, 2);
+    let thirty_two = b.const_u32(32);
+    let o8 = b.add(thirty_two, t2);
+    let q8 = b.ptr_add(out, o8);
+    b.store(q8, v8);
+    let r4 = b.ptr_add(tl, at4);
+    let v4 = b.load(r4);
+    let o4 = b.const_u32(96);
+    let o4 = b.add(o4, tid);
+    let q4 = b.ptr_add(out, o4);
+    b.store(q4, v4);
+    b.finish()
+}
+
+/// What [`cp_async_kernel`] writes to `out`, computed directly from `x`.
+pub fn cp_async_expected(x: &[u32], tiles: u32) -> Vec<u32> {
+    let n = CP_ASYNC_TILE as usize;
+    let mut out = vec![0u32; 128];
+    for t in 0..32usize {
+        for i in 0..tiles as usize {
+            for j in 0..8 {
+                out[t] = out[t].wrapping_add(x[i * n + (4 * t + 5 * j) % n]);
+            }
+        }
+        let bytes = |word: u32, keep: usize, from: usize| {
+            let b = word.to_le_bytes();
+            let mut r = [0u8; 4];
+            for (k, v) in r.iter_mut().enumerate() {
+                if from + k < keep {
+                    *v = b[k];
+                }
+            }
+            u32::from_le_bytes(r)
+        };
+        out[32 + 2 * t] = bytes(x[2 * t], t % 9, 0);
+        out[33 + 2 * t] = bytes(x[2 * t + 1], t % 9, 4);
+        out[96 + t] = bytes(x[t], t % 5, 0);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,6 +751,7 @@ mod tests {
         }
         bits_kernel().unwrap();
         memory_kernel().unwrap();
+        cp_async_kernel(3).unwrap();
         for ty in MmaType::ALL {
             tensor_core_kernel(*ty, false).unwrap();
             tensor_core_kernel(*ty, true).unwrap();

@@ -422,6 +422,32 @@ pub enum Op {
     /// `M_m[2 * (l % 4)][l / 4]` and `M_m[2 * (l % 4) + 1][l / 4]`. The pointer is a shared
     /// pointer to a 16-bit type; the result is `u32`, `v2u32` or `v4u32`.
     LdMatrix { ptr: Value, count: u8, trans: bool },
+    /// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src_size}`: each thread starts an
+    /// asynchronous copy of `size` (4, 8 or 16) bytes from global memory (`src`, a global
+    /// pointer) to shared memory (`dst`, a shared pointer), both aligned to `size`. With
+    /// `src_size` (a `u32` at most `size`), only the first `src_size` bytes are read from `src`
+    /// and the rest of the destination is zero-filled; `src_size` 0 reads nothing (the source
+    /// address is then checked for alignment only, so a guarded-off tile may point anywhere). Backends use
+    /// `.cg` (bypassing L1) for 16 bytes and `.ca` otherwise, as CUTLASS does.
+    ///
+    /// The copy belongs to the issuing thread's open group until a [`Op::CpAsyncCommit`] closes
+    /// that group; it completes only at a [`Op::CpAsyncWait`] of the same thread that waits for
+    /// its group. Until then it is *pending*, and every engine models it the same way: the
+    /// source is checked (bounds of its `src_size` bytes, alignment to `size`) and read at
+    /// issue; the destination is checked at issue and its bytes are reserved; any access to a
+    /// reserved byte by any thread (load, store, atomic, `ldmatrix`, another `cp.async`) is an
+    /// error naming the pending copy; the data lands in shared memory when the wait completes
+    /// the copy (a write by the issuing thread for race detection, as is the issue itself). A
+    /// barrier does not complete copies (as on hardware), and copies still pending when the
+    /// thread exits are dropped.
+    CpAsync { dst: Value, src: Value, size: u8, src_size: Option<Value> },
+    /// `cp.async.commit_group`: closes the thread's open group of `cp.async` copies (possibly
+    /// empty) and makes it the most recent committed group.
+    CpAsyncCommit,
+    /// `cp.async.wait_group n`: the thread waits until at most `n` of its most recent committed
+    /// groups are pending, completing all older ones (copies not yet committed stay pending).
+    /// `n = 0` waits for every committed group.
+    CpAsyncWait(u8),
     /// One element of a vector.
     Extract(Value, u8),
     /// A vector from scalars.
@@ -438,9 +464,13 @@ impl Op {
     /// The values this operation reads (not counting values used inside its regions).
     pub fn operands(&self) -> Vec<Value> {
         match self {
-            Op::Const(_) | Op::Special(_) | Op::SharedBase(_) | Op::DynSharedBase(_) | Op::Barrier => {
-                vec![]
-            }
+            Op::Const(_)
+            | Op::Special(_)
+            | Op::SharedBase(_)
+            | Op::DynSharedBase(_)
+            | Op::Barrier
+            | Op::CpAsyncCommit
+            | Op::CpAsyncWait(_) => vec![],
             Op::Unary(_, a) | Op::Cvt(a, _) | Op::Bitcast(a, _) | Op::PtrCast(a, _) | Op::Extract(a, _) => {
                 vec![*a]
             }
@@ -448,6 +478,11 @@ impl Op {
             Op::Vote { pred, .. } => vec![*pred],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::PtrAdd(a, b) => vec![*a, *b],
             Op::Store { ptr, value } => vec![*ptr, *value],
+            Op::CpAsync { dst, src, src_size, .. } => {
+                let mut v = vec![*dst, *src];
+                v.extend(src_size);
+                v
+            }
             Op::Shfl { value, lane, .. } => vec![*value, *lane],
             Op::Fma(a, b, c) | Op::Select(a, b, c) | Op::Mma { a, b, c, .. } => vec![*a, *b, *c],
             Op::Atomic { ptr, value, compare, .. } => {
@@ -468,9 +503,13 @@ impl Op {
     /// Mutable access to every operand, for passes that rename values.
     pub fn operands_mut(&mut self) -> Vec<&mut Value> {
         match self {
-            Op::Const(_) | Op::Special(_) | Op::SharedBase(_) | Op::DynSharedBase(_) | Op::Barrier => {
-                vec![]
-            }
+            Op::Const(_)
+            | Op::Special(_)
+            | Op::SharedBase(_)
+            | Op::DynSharedBase(_)
+            | Op::Barrier
+            | Op::CpAsyncCommit
+            | Op::CpAsyncWait(_) => vec![],
             Op::Unary(_, a) | Op::Cvt(a, _) | Op::Bitcast(a, _) | Op::PtrCast(a, _) | Op::Extract(a, _) => {
                 vec![a]
             }
@@ -478,6 +517,11 @@ impl Op {
             Op::Vote { pred, .. } => vec![pred],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) | Op::PtrAdd(a, b) => vec![a, b],
             Op::Store { ptr, value } => vec![ptr, value],
+            Op::CpAsync { dst, src, src_size, .. } => {
+                let mut v = vec![dst, src];
+                v.extend(src_size.as_mut());
+                v
+            }
             Op::Shfl { value, lane, .. } => vec![value, lane],
             Op::Fma(a, b, c) | Op::Select(a, b, c) | Op::Mma { a, b, c, .. } => vec![a, b, c],
             Op::Atomic { ptr, value, compare, .. } => {
@@ -507,7 +551,10 @@ impl Op {
     /// Whether the operation touches memory or synchronises (may not be removed or reordered
     /// freely).
     pub fn has_side_effects(&self) -> bool {
-        matches!(self, Op::Store { .. } | Op::Atomic { .. } | Op::Barrier)
+        matches!(
+            self,
+            Op::Store { .. } | Op::Atomic { .. } | Op::Barrier | Op::CpAsync { .. } | Op::CpAsyncCommit | Op::CpAsyncWait(_)
+        )
     }
 
     /// A short name for messages: the mnemonic as the text IR writes it.
@@ -534,6 +581,9 @@ impl Op {
             Op::Vote { mode, .. } => format!("vote.{mode}"),
             Op::Mma { ty, .. } => format!("mma.m16n8k16.{ty}"),
             Op::LdMatrix { count, trans, .. } => format!("ldmatrix.x{count}{}", if *trans { ".trans" } else { "" }),
+            Op::CpAsync { size, .. } => format!("cp.async.{size}"),
+            Op::CpAsyncCommit => "cp.async.commit_group".into(),
+            Op::CpAsyncWait(_) => "cp.async.wait_group".into(),
             Op::Extract(..) => "extract".into(),
             Op::MakeVector(_) => "vector".into(),
             Op::If { .. } => "if".into(),

@@ -158,6 +158,12 @@ impl Printer<'_> {
             Op::Vote { mode, pred } => format!("vote.{mode} {pred}"),
             Op::Mma { a, b, c, .. } => format!("{} {a}, {b}, {c}", inst.op.mnemonic()),
             Op::LdMatrix { ptr, .. } => format!("{} {ptr}", inst.op.mnemonic()),
+            Op::CpAsync { dst, src, src_size, .. } => match src_size {
+                Some(n) => format!("{} {dst}, {src}, {n}", inst.op.mnemonic()),
+                None => format!("{} {dst}, {src}", inst.op.mnemonic()),
+            },
+            Op::CpAsyncCommit => inst.op.mnemonic(),
+            Op::CpAsyncWait(n) => format!("{} {n}", inst.op.mnemonic()),
             Op::Extract(v, i) => format!("extract {v}, {i}"),
             Op::MakeVector(vals) => format!("vector {}", list(vals)),
             Op::If { cond, .. } => format!("if {cond}"),

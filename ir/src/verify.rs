@@ -431,6 +431,36 @@ impl<'a> Verifier<'a> {
                     n => return e(format!("`ldmatrix` loads 1, 2 or 4 matrices, not {n}")),
                 }
             }
+            Op::CpAsync { dst, src, size, src_size } => {
+                if !matches!(size, 4 | 8 | 16) {
+                    return e(format!("`cp.async` copies 4, 8 or 16 bytes, not {size}"));
+                }
+                match ty(*dst) {
+                    Type::Ptr(AddrSpace::Shared, elem) if elem != ScalarType::Pred => {}
+                    other => return e(format!("`cp.async` destination {dst} must be a shared pointer, found {other}")),
+                }
+                match ty(*src) {
+                    Type::Ptr(AddrSpace::Global, elem) if elem != ScalarType::Pred => {}
+                    other => return e(format!("`cp.async` source {src} must be a global pointer, found {other}")),
+                }
+                if let Some(n) = src_size {
+                    if ty(*n) != Type::U32 {
+                        return e(format!("`cp.async` source size {n} must be u32, found {}", ty(*n)));
+                    }
+                    if let Some(c) = constant_of(k, *n).filter(|c| c.bits > u64::from(*size)) {
+                        return e(format!("`cp.async` source size {} exceeds the copy size {size}", c.bits));
+                    }
+                }
+                if let Some(offset) = static_shared_offset(k, *dst) {
+                    if offset % u64::from(*size) != 0 {
+                        return e(format!(
+                            "`cp.async` destination {dst} is at shared offset {offset}, not aligned to the copy size {size}"
+                        ));
+                    }
+                }
+                vec![]
+            }
+            Op::CpAsyncCommit | Op::CpAsyncWait(_) => vec![],
             Op::Extract(v, i) => match ty(*v) {
                 Type::Vector(t, n) if *i < n => vec![Type::Scalar(t)],
                 other => return e(format!("cannot extract element {i} of {other}")),
@@ -573,6 +603,52 @@ pub fn uniformity(k: &Kernel) -> Vec<bool> {
         if !changed {
             return uniform;
         }
+    }
+}
+
+/// The instruction defining `v`, if any (a scan: used for the few ops checked through their
+/// operands' definitions).
+fn def_of(k: &Kernel, v: Value) -> Option<&Op> {
+    k.insts.iter().find(|i| i.results.contains(&v)).map(|i| &i.op)
+}
+
+fn constant_of(k: &Kernel, v: Value) -> Option<Constant> {
+    match def_of(k, v)? {
+        Op::Const(c) => Some(*c),
+        _ => None,
+    }
+}
+
+/// The byte offset in shared memory of a pointer built from a shared array (or the dynamic
+/// window, whose offset is taken as its 16-byte alignment, which is all that matters to
+/// alignment checks) by casts and constant `ptradd`s; `None` when not statically known. The
+/// depth bound keeps a malformed arena (a value defined by its own use) from recursing forever.
+fn static_shared_offset(k: &Kernel, p: Value) -> Option<u64> {
+    shared_offset_within(k, p, 64)
+}
+
+fn shared_offset_within(k: &Kernel, p: Value, depth: u32) -> Option<u64> {
+    let depth = depth.checked_sub(1)?;
+    match def_of(k, p)? {
+        Op::SharedBase(s) => {
+            let mut offset = 0u64;
+            for (i, decl) in k.shared.iter().enumerate() {
+                offset = offset.next_multiple_of(u64::from(decl.align.max(1)));
+                if i == s.index() {
+                    return Some(offset);
+                }
+                offset += u64::from(decl.bytes());
+            }
+            None
+        }
+        Op::DynSharedBase(_) => Some(0),
+        Op::PtrCast(q, _) => shared_offset_within(k, *q, depth),
+        Op::PtrAdd(q, i) => {
+            let c = constant_of(k, *i)?;
+            let elem = k.ty(*q).elem().bytes() as i64;
+            Some(shared_offset_within(k, *q, depth)?.wrapping_add((c.as_i64().wrapping_mul(elem)) as u64) & 0xffff_ffff)
+        }
+        _ => None,
     }
 }
 

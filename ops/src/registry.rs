@@ -82,8 +82,7 @@ pub fn registry() -> Vec<Registered> {
             out.push(Registered::new(cfg.id(), "gemm_simt", move || gemm_simt(&cfg)));
         }
     }
-    for ty in [ruda_ir::MmaType::F16, ruda_ir::MmaType::BF16] {
-        let cfg = GemmTcConfig { ty };
+    for cfg in gemm_tc::registered_configs() {
         out.push(Registered::new(cfg.id(), "gemm", move || gemm_tc(&cfg)));
     }
     // Attention: flash prefill (every dtype, head dim, causal or not; packed with or without
@@ -159,6 +158,15 @@ pub fn registry() -> Vec<Registered> {
         out.push(Registered::new(cfg.id(), "sampling", move || sampling::sampling(&cfg)));
     }
     out.push(Registered::new(argmax::ArgmaxConfig::reduce_id(), "argmax_reduce", argmax::argmax_reduce));
+    // Qwen2's projection biases and the repetition penalty.
+    for dtype in common::FLOAT_DTYPES {
+        for vector in [true, false] {
+            let cfg = elementwise::BiasConfig { dtype, vector };
+            out.push(Registered::new(cfg.id(), "add_bias", move || elementwise::add_bias(&cfg)));
+        }
+        let cfg = penalty::PenaltyConfig { dtype };
+        out.push(Registered::new(cfg.id(), "repetition_penalty", move || penalty::repetition_penalty(&cfg)));
+    }
     // End of the decode ops.
     out
 }

@@ -205,7 +205,9 @@ fn case(family: &str, id: &str) -> Option<Case> {
         "gemm" => {
             // Partial tiles in m and n; k a multiple of 8 (16-byte loads) but not of the tile.
             s.extend([("m", 70), ("n", 72), ("k", 40)]);
-            c.grid = [2, 2, 1];
+            // Two batch entries, one shared weight.
+            s.extend([("x_batch", 70 * 40), ("w_batch", 0), ("y_batch", 70 * 72)]);
+            c.grid = [2, 2, if id.contains(".batch") { 2 } else { 1 }];
         }
         "attention_prefill" => {
             // Two sequences of 5 and 12 queries over 9 and 21 keys, two heads, group 1,
@@ -268,6 +270,20 @@ fn case(family: &str, id: &str) -> Option<Case> {
         }
         "sampling" => {
             s.extend([("cols", 700), ("scale", f32_bits(1.4)), ("top_k", 50), ("top_p", f32_bits(0.9)), ("seed", 1234)]);
+        }
+        "add_bias" => {
+            // Rows of 520 elements (whole 16-byte units in every dtype), five rows over two
+            // block rows.
+            let per_thread = if id.contains("scalar") { 1 } else if id.contains("f32") { 4 } else { 8 };
+            s.extend([("units", 520 / per_thread), ("rows", 5)]);
+            c.grid = [3, 2, 1];
+        }
+        "repetition_penalty" => {
+            // Three rows of 300 ids over a vocabulary of 700: every id recurs 160 positions
+            // later (within the first tile and across its end), every 11th is past the vocabulary.
+            let ids = (0..900u32).map(|i| if i % 11 == 5 { 700 + i } else { (i * 37) % 160 }).collect();
+            c.indices.insert("token_ids", ids);
+            s.extend([("vocab", 700), ("n", 300), ("penalty", f32_bits(1.3))]);
         }
         _ => return None,
     }

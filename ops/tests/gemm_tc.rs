@@ -1,46 +1,167 @@
-//! Tensor-core GEMM (`gemm.{f16,bf16}.tc64x64`): the kernel against an f64 reference on shapes
-//! that are not multiples of the tile, the `linear` dispatch (tensor cores when aligned, the
-//! SIMT fallback otherwise), and HMMA in the SASS `ptxas` makes of it (when `nvdisasm` exists).
+//! Tensor-core GEMM family (`gemm.{f16,bf16}.tc*`): every registered configuration against an
+//! f64 reference on shapes that are not multiples of any tile (epilogues, f32 output, batch),
+//! the swizzle's freedom from bank conflicts, the `linear` entry points (dispatch, epilogue,
+//! batched, fallbacks, errors), and HMMA in the SASS `ptxas` makes (when `nvdisasm` exists).
 
 mod common;
 
 use common::*;
 use ruda_ir::passes::optimize;
-use ruda_ir::MmaType;
-use ruda_ops::api;
+use ruda_ir::{MmaType, ScalarType};
+use ruda_ops::api::{self, GemmTile};
+use ruda_ops::kernels::gemm_tc::{registered_configs, swizzle_chunk, TcTile, BK};
 use ruda_ops::kernels::{gemm_tc, GemmTcConfig};
 use ruda_runtime::{Arg, DType, LaunchConfig, Tensor};
 
-const DTYPES: [(DType, MmaType); 2] = [(DType::F16, MmaType::F16), (DType::BF16, MmaType::BF16)];
+fn dtype_of(t: ScalarType) -> DType {
+    match t {
+        ScalarType::F16 => DType::F16,
+        ScalarType::BF16 => DType::BF16,
+        _ => DType::F32,
+    }
+}
 
-/// Random `x[m, k]`, `w[n, k]` rounded to `dtype`, with their reference.
+/// Random `x[m, k]`, `w[n, k]` rounded to `dtype`.
 fn problem(rng: &mut Rng, dtype: DType, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
     (quantize(dtype, &rng.vec(m * k, -1.0, 1.0)), quantize(dtype, &rng.vec(n * k, -1.0, 1.0)))
 }
 
-#[test]
-fn tensor_core_kernel_matches_reference_on_partial_tiles() {
-    let dev = device();
-    let stream = dev.default_stream();
-    let mut rng = Rng::new(21);
-    for (dtype, ty) in DTYPES {
-        let cfg = GemmTcConfig { ty };
-        let mut kern = gemm_tc(&cfg).unwrap();
-        optimize(&mut kern).unwrap();
-        for (m, n, k) in [(1, 1, 8), (17, 33, 40), (64, 64, 64), (100, 70, 136)] {
-            let (x, w) = problem(&mut rng, dtype, m, n, k);
-            let (xt, wt) = (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]));
-            // Poisoned output: every element must be written.
-            let out = tensor(&dev, dtype, &vec![f32::NAN; m * n], &[m, n]);
-            let (mu, nu, ku) = (m as u32, n as u32, k as u32);
-            let launch =
-                LaunchConfig { grid: GemmTcConfig::grid(mu, nu), block: [GemmTcConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
-            let args = [Arg::Tensor(&xt), Arg::Tensor(&wt), Arg::Tensor(&out), Arg::scalar(mu), Arg::scalar(nu), Arg::scalar(ku)];
-            stream.launch(&kern, launch, &args).unwrap();
-            let (want, mag) = linear_reference(&x, &w, m, n, k);
-            check_linear(&format!("{} {m}x{n}x{k}", cfg.id()), dtype, &out.to_f32_vec().unwrap(), &want, &mag, k);
+/// `x · wᵀ + bias + residual` in f64 with the magnitudes for the tolerance (the addends count
+/// in the magnitude: each is one more f32 rounding).
+fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, res: Option<&[f32]>, m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut want, mut mag) = linear_reference(x, w, m, n, k);
+    for i in 0..m * n {
+        for add in [bias.map(|b| b[i % n]), res.map(|r| r[i])].into_iter().flatten() {
+            want[i] += add as f64;
+            mag[i] += add.abs() as f64;
         }
     }
+    (want, mag)
+}
+
+/// Run `cfg` directly on `batch` problems of `m × n × k` (one shared weight unless
+/// `w_batched`) and check every output element, poisoned beforehand, against the reference.
+fn check_config(rng: &mut Rng, cfg: &GemmTcConfig, m: usize, n: usize, k: usize, batch: usize, w_batched: bool) {
+    let dev = device();
+    let stream = dev.default_stream();
+    let (dt, odt) = (dtype_of(cfg.dtype()), dtype_of(cfg.out));
+    let mut kern = gemm_tc(cfg).unwrap();
+    optimize(&mut kern).unwrap();
+    let wb = if w_batched { batch } else { 1 };
+    let x = quantize(dt, &rng.vec(batch * m * k, -1.0, 1.0));
+    let w = quantize(dt, &rng.vec(wb * n * k, -1.0, 1.0));
+    let bias = quantize(dt, &rng.vec(n, -1.0, 1.0));
+    let res = quantize(odt, &rng.vec(batch * m * n, -2.0, 2.0));
+    let xt = tensor(&dev, dt, &x, &[batch * m * k]);
+    let wt = tensor(&dev, dt, &w, &[wb * n * k]);
+    let bt = tensor(&dev, dt, &bias, &[n]);
+    let rt = tensor(&dev, odt, &res, &[batch * m * n]);
+    let out = tensor(&dev, odt, &vec![f32::NAN; batch * m * n], &[batch * m * n]);
+    let (mu, nu, ku) = (m as u32, n as u32, k as u32);
+    let mut args = vec![Arg::Tensor(&xt), Arg::Tensor(&wt)];
+    if cfg.bias {
+        args.push(Arg::Tensor(&bt));
+    }
+    if cfg.residual {
+        args.push(Arg::Tensor(&rt));
+    }
+    args.extend([Arg::Tensor(&out), Arg::scalar(mu), Arg::scalar(nu), Arg::scalar(ku)]);
+    if cfg.batched {
+        args.extend([Arg::scalar(mu * ku), Arg::scalar(if w_batched { nu * ku } else { 0 }), Arg::scalar(mu * nu)]);
+    }
+    let launch = LaunchConfig { grid: cfg.grid(mu, nu, batch as u32), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
+    stream.launch(&kern, launch, &args).unwrap();
+    let got = out.to_f32_vec().unwrap();
+    for e in 0..batch {
+        let we = if w_batched { e } else { 0 };
+        let (want, mag) = reference(
+            &x[e * m * k..][..m * k],
+            &w[we * n * k..][..n * k],
+            cfg.bias.then_some(&bias[..]),
+            cfg.residual.then_some(&res[e * m * n..][..m * n]),
+            m,
+            n,
+            k,
+        );
+        let what = format!("{} {m}x{n}x{k} batch entry {e}", cfg.id());
+        check_linear(&what, odt, &got[e * m * n..][..m * n], &want, &mag, k);
+    }
+}
+
+#[test]
+fn every_registered_config_matches_the_reference_on_partial_tiles() {
+    let mut rng = Rng::new(21);
+    let cfgs = registered_configs();
+    // Ids are unique and name what they build.
+    let ids: std::collections::BTreeSet<String> = cfgs.iter().map(|c| c.id()).collect();
+    assert_eq!(ids.len(), cfgs.len());
+    assert!(ids.contains("gemm.bf16.tc128x128.s3.out_f32"), "{ids:?}");
+    for cfg in &cfgs {
+        // Partial tiles in m and n; k a multiple of 8 but not of BK (the last k-tile is
+        // partial), and more k-tiles than stages so the ring wraps.
+        let (bm, bn) = cfg.tile.dims();
+        let (m, n) = (bm as usize + 5, bn as usize - 7);
+        let k = if cfg.batched { 40 } else { 4 * BK as usize + 8 };
+        check_config(&mut rng, cfg, m, n, k, if cfg.batched { 3 } else { 1 }, false);
+    }
+}
+
+#[test]
+fn small_and_odd_shapes_and_batched_weights() {
+    let mut rng = Rng::new(23);
+    for ty in [MmaType::F16, MmaType::BF16] {
+        let cfg = GemmTcConfig { bias: true, residual: true, ..GemmTcConfig::new(ty, TcTile::T64x64, 2) };
+        // One row and column; a single partial k-tile; k shorter than the prologue.
+        for (m, n, k) in [(1, 1, 8), (3, 17, 16), (17, 33, 72)] {
+            check_config(&mut rng, &cfg, m, n, k, 1, false);
+        }
+    }
+    let cfg = GemmTcConfig { batched: true, ..GemmTcConfig::new(MmaType::BF16, TcTile::T64x128, 3) };
+    check_config(&mut rng, &cfg, 9, 70, 24, 2, true);
+}
+
+#[test]
+fn invalid_configs_are_errors() {
+    let bad = GemmTcConfig { stages: 1, ..GemmTcConfig::new(MmaType::BF16, TcTile::T64x64, 2) };
+    assert!(gemm_tc(&bad).unwrap_err().to_string().contains("1 stages"));
+    let bad = GemmTcConfig { out: ScalarType::U32, ..GemmTcConfig::new(MmaType::BF16, TcTile::T64x64, 2) };
+    assert!(gemm_tc(&bad).is_err());
+}
+
+/// The 16-byte bank group (0..8) of shared byte address `a`: 32 banks of 4 bytes.
+fn bank_group(a: u32) -> u32 {
+    (a / 16) % 8
+}
+
+#[test]
+fn swizzled_ldmatrix_phases_and_staging_stores_are_free_of_bank_conflicts() {
+    let row_bytes = BK * 2;
+    let addr = |row: u32, chunk: u32| row * row_bytes + swizzle_chunk(row, chunk) * 16;
+    // Swizzling permutes the chunks of a row.
+    for row in 0..16 {
+        let mut c: Vec<u32> = (0..BK / 8).map(|ch| swizzle_chunk(row, ch)).collect();
+        c.sort();
+        assert_eq!(c, (0..BK / 8).collect::<Vec<_>>());
+    }
+    // An ldmatrix phase: 8 rows from a multiple of 8, one logical chunk.
+    for r0 in (0..128).step_by(8) {
+        for chunk in 0..BK / 8 {
+            let mut groups: Vec<u32> = (r0..r0 + 8).map(|r| bank_group(addr(r, chunk))).collect();
+            groups.sort();
+            groups.dedup();
+            assert_eq!(groups.len(), 8, "rows {r0}.. chunk {chunk}");
+        }
+    }
+    // A quarter warp's staging stores: thread e writes row e / 4, chunk e % 4.
+    for q in (0..256).step_by(8) {
+        let mut groups: Vec<u32> = (q..q + 8).map(|e| bank_group(addr(e / 4, e % 4))).collect();
+        groups.sort();
+        groups.dedup();
+        assert_eq!(groups.len(), 8, "threads {q}..");
+    }
+    // Unswizzled, the same phase would hit 2 groups: the test can fail.
+    let plain: std::collections::BTreeSet<u32> = (0..8).map(|r| bank_group(r * row_bytes)).collect();
+    assert_eq!(plain.len(), 2);
 }
 
 #[test]
@@ -48,8 +169,8 @@ fn linear_uses_tensor_cores_when_aligned_and_falls_back_otherwise() {
     let dev = device();
     let mut rng = Rng::new(22);
     // K % 8 == 0 takes the tensor-core kernel; K = 36 and a misaligned view of x take SIMT.
-    for (dtype, _) in DTYPES {
-        for (m, n, k) in [(17, 33, 40), (100, 70, 136), (20, 9, 36)] {
+    for dtype in [DType::F16, DType::BF16] {
+        for (m, n, k) in [(17, 33, 40), (130, 70, 16), (20, 9, 36)] {
             let (x, w) = problem(&mut rng, dtype, m, n, k);
             let got = api::linear(&tensor(&dev, dtype, &x, &[m, k]), &tensor(&dev, dtype, &w, &[n, k])).unwrap();
             assert_eq!((got.dtype(), got.shape()), (dtype, &[m, n][..]));
@@ -69,6 +190,113 @@ fn linear_uses_tensor_cores_when_aligned_and_falls_back_otherwise() {
     }
 }
 
+#[test]
+fn linear_bias_fuses_the_epilogue_and_f32_output() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(24);
+    // M = 3 (GEMV territory) still takes the fused tensor-core path.
+    for (dtype, odt, m, n, k) in [(DType::BF16, DType::BF16, 20, 24, 32), (DType::F16, DType::F32, 3, 10, 16), (DType::BF16, DType::F32, 33, 8, 8)] {
+        let (x, w) = problem(&mut rng, dtype, m, n, k);
+        let bias = quantize(dtype, &rng.vec(n, -1.0, 1.0));
+        let res = quantize(odt, &rng.vec(m * n, -1.0, 1.0));
+        let (xt, wt) = (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]));
+        let (bt, rt) = (tensor(&dev, dtype, &bias, &[n]), tensor(&dev, odt, &res, &[m, n]));
+        for (b, r) in [(true, false), (false, true), (true, true), (false, false)] {
+            let out = Tensor::empty(&dev, odt, &[m, n]).unwrap();
+            api::linear_bias_into(&stream, &xt, &wt, b.then_some(&bt), r.then_some(&rt), &out).unwrap();
+            let (want, mag) = reference(&x, &w, b.then_some(&bias[..]), r.then_some(&res[..]), m, n, k);
+            check_linear(&format!("linear_bias {dtype}->{odt} {m}x{n}x{k} bias {b} residual {r}"), odt, &out.to_f32_vec().unwrap(), &want, &mag, k);
+        }
+        // An explicit tile gives the same bits as the heuristic's (same k order).
+        let a = Tensor::empty(&dev, odt, &[m, n]).unwrap();
+        let bb = Tensor::empty(&dev, odt, &[m, n]).unwrap();
+        api::linear_bias_into(&stream, &xt, &wt, Some(&bt), Some(&rt), &a).unwrap();
+        api::linear_tile_into(&stream, &xt, &wt, Some(&bt), Some(&rt), &bb, GemmTile { tile: TcTile::T128x128, stages: 2 }).unwrap();
+        assert_bits("tile independence", &bb.to_f32_vec().unwrap(), &a.to_f32_vec().unwrap());
+    }
+}
+
+#[test]
+fn linear_bias_allocating_falls_back_to_separate_ops() {
+    let dev = device();
+    let mut rng = Rng::new(25);
+    // f32 (no tensor cores), a decode-sized bf16 product (GEMV then elementwise), a large one.
+    for (dtype, m, n, k) in [(DType::F32, 5, 6, 7), (DType::BF16, 2, 16, 64), (DType::BF16, 40, 16, 64)] {
+        let (x, w) = problem(&mut rng, dtype, m, n, k);
+        let bias = quantize(dtype, &rng.vec(n, -1.0, 1.0));
+        let res = quantize(dtype, &rng.vec(m * n, -1.0, 1.0));
+        let got = api::linear_bias(
+            &tensor(&dev, dtype, &x, &[m, k]),
+            &tensor(&dev, dtype, &w, &[n, k]),
+            Some(&tensor(&dev, dtype, &bias, &[n])),
+            Some(&tensor(&dev, dtype, &res, &[m, n])),
+        )
+        .unwrap();
+        let (want, mag) = reference(&x, &w, Some(&bias), Some(&res), m, n, k);
+        // Separate ops round after each step: up to three roundings of the dtype, each within
+        // one unit of the magnitude.
+        for (i, g) in got.to_f32_vec().unwrap().iter().enumerate() {
+            let tol = (k as f64 * f32::EPSILON as f64 + 3.0 * epsilon(dtype)) * mag[i] + 1e-6;
+            let err = (*g as f64 - want[i]).abs();
+            assert!(err <= tol, "linear_bias {dtype} {m}x{n}x{k}[{i}]: got {g}, want {} (error {err:.3e} > {tol:.3e})", want[i]);
+        }
+    }
+}
+
+#[test]
+fn linear_batched_shares_or_batches_the_weight() {
+    let dev = device();
+    let mut rng = Rng::new(26);
+    // bf16: one tensor-core launch over the batch; f32: one SIMT product per entry.
+    for dtype in [DType::BF16, DType::F32] {
+        let (b, m, n, k) = (3, 19, 21, 24);
+        for w_batched in [false, true] {
+            let wb = if w_batched { b } else { 1 };
+            let x = quantize(dtype, &rng.vec(b * m * k, -1.0, 1.0));
+            let w = quantize(dtype, &rng.vec(wb * n * k, -1.0, 1.0));
+            let wshape: Vec<usize> = if w_batched { vec![b, n, k] } else { vec![n, k] };
+            let got = api::linear_batched(&tensor(&dev, dtype, &x, &[b, m, k]), &tensor(&dev, dtype, &w, &wshape)).unwrap();
+            assert_eq!(got.shape(), &[b, m, n]);
+            let got = got.to_f32_vec().unwrap();
+            for e in 0..b {
+                let we = if w_batched { e } else { 0 };
+                let (want, mag) = linear_reference(&x[e * m * k..][..m * k], &w[we * n * k..][..n * k], m, n, k);
+                check_linear(&format!("linear_batched {dtype} entry {e}"), dtype, &got[e * m * n..][..m * n], &want, &mag, k);
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_bias_rejects_bad_shapes_and_dtypes() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let z = |dt, shape: &[usize]| Tensor::zeros(&dev, dt, shape).unwrap();
+    let (x, w) = (z(DType::BF16, &[20, 16]), z(DType::BF16, &[8, 16]));
+    let out = z(DType::BF16, &[20, 8]);
+    let err = |r: ruda_ops::api::Result<()>| r.unwrap_err().to_string();
+    let e = err(api::linear_bias_into(&stream, &x, &w, None, None, &z(DType::F16, &[20, 8])));
+    assert!(e.contains("`out` is f16; for bf16 inputs it must be bf16 or f32"), "{e}");
+    let e = err(api::linear_bias_into(&stream, &x, &w, Some(&z(DType::BF16, &[9])), None, &out));
+    assert!(e.contains("`bias` is [9], expected [8]"), "{e}");
+    let e = err(api::linear_bias_into(&stream, &x, &w, Some(&z(DType::F32, &[8])), None, &out));
+    assert!(e.contains("`bias` is f32, expected bf16"), "{e}");
+    let e = err(api::linear_bias_into(&stream, &x, &w, None, Some(&z(DType::F32, &[20, 8])), &out));
+    assert!(e.contains("`residual` is f32, expected bf16"), "{e}");
+    let e = err(api::linear_bias_into(&stream, &x, &z(DType::BF16, &[8, 24]), None, None, &out));
+    assert!(e.contains("x is [20, 16] but w is [8, 24]"), "{e}");
+    let e = err(api::linear_bias_into(&stream, &z(DType::F32, &[20, 16]), &z(DType::F32, &[8, 16]), Some(&z(DType::F32, &[8])), None, &z(DType::F32, &[20, 8])));
+    assert!(e.contains("use `linear_bias`"), "{e}");
+    let e = err(api::linear_tile_into(&stream, &z(DType::BF16, &[20, 12]), &z(DType::BF16, &[8, 12]), None, None, &out, GemmTile { tile: TcTile::T64x64, stages: 2 }));
+    assert!(e.contains("K % 8 == 0"), "{e}");
+    let e = err(api::linear_batched_into(&stream, &z(DType::BF16, &[2, 20, 16]), &z(DType::BF16, &[3, 8, 16]), &z(DType::BF16, &[2, 20, 8])));
+    assert!(e.contains("expected [8, 16] or [2, 8, 16]"), "{e}");
+    let e = err(api::linear_batched_into(&stream, &x, &w, &out));
+    assert!(e.contains("expected x [B, M, K]"), "{e}");
+    assert!(GemmTile::from_name("tc128x64.s3").is_some() && GemmTile::from_name("tc96x64.s3").is_none());
+}
+
 /// `nvdisasm`: `$RUDA_NVDISASM`, else the PyPI wheel's (`nvidia-cuda-nvdisasm` 13.x, which
 /// reads 12.9 cubins) in the pinned tools folder, else on `PATH`.
 fn find_nvdisasm() -> Option<std::path::PathBuf> {
@@ -83,7 +311,7 @@ fn find_nvdisasm() -> Option<std::path::PathBuf> {
 }
 
 #[test]
-fn sass_uses_hmma() {
+fn sass_uses_hmma_and_async_copies() {
     use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
     let Some(ptxas_bin) = ptxas::ptxas_or_skip("gemm_tc::sass_uses_hmma").unwrap() else { return };
     let Some(nvdisasm) = find_nvdisasm() else {
@@ -98,27 +326,25 @@ fn sass_uses_hmma() {
     };
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemm_tc_sass");
     std::fs::create_dir_all(&dir).unwrap();
-    for ty in [MmaType::F16, MmaType::BF16] {
-        let cfg = GemmTcConfig { ty };
+    let cfgs = [GemmTcConfig::new(MmaType::F16, TcTile::T64x64, 2), GemmTcConfig::new(MmaType::BF16, TcTile::T128x128, 3)];
+    for cfg in cfgs {
         let mut kern = gemm_tc(&cfg).unwrap();
         optimize(&mut kern).unwrap();
         let ptx = emit_ptx(&kern, &Target::new(Arch::Sm80)).unwrap();
         let (ptx_path, cubin) = (dir.join(format!("{}.ptx", cfg.id())), dir.join(format!("{}.cubin", cfg.id())));
         std::fs::write(&ptx_path, ptx).unwrap();
-        let st = std::process::Command::new(&ptxas_bin)
-            .args(["-arch=sm_80", "-o"])
-            .arg(&cubin)
-            .arg(&ptx_path)
-            .status()
-            .unwrap();
+        let st = std::process::Command::new(&ptxas_bin).args(["-arch=sm_80", "-o"]).arg(&cubin).arg(&ptx_path).status().unwrap();
         assert!(st.success(), "ptxas failed on {}", cfg.id());
         let out = std::process::Command::new(&nvdisasm).arg(&cubin).output().unwrap();
         assert!(out.status.success(), "nvdisasm failed: {}", String::from_utf8_lossy(&out.stderr));
         let sass = String::from_utf8_lossy(&out.stdout);
-        let hmma = sass.matches("HMMA").count();
-        let ldsm = sass.matches("LDSM").count();
-        // Two k steps of 2 x 4 mma tiles per loop iteration; ldmatrix as LDSM.
-        assert!(hmma >= 16, "{}: {hmma} HMMA in SASS:\n{sass}", cfg.id());
-        assert!(ldsm >= 12, "{}: {ldsm} LDSM in SASS", cfg.id());
+        let (wm, wn) = cfg.tile.warp_tile();
+        // Per k-tile: two k steps of (WM / 16) x (WN / 8) mma tiles; ldmatrix as LDSM;
+        // cp.async as LDGSTS with its group waits (DEPBAR / LDGDEPBAR).
+        let (hmma, ldsm, ldgsts) = (sass.matches("HMMA").count(), sass.matches("LDSM").count(), sass.matches("LDGSTS").count());
+        let want = 2 * (wm / 16) * (wn / 8);
+        assert!(hmma as u32 >= want, "{}: {hmma} HMMA (want {want}) in SASS:\n{sass}", cfg.id());
+        assert!(ldsm >= 6, "{}: {ldsm} LDSM in SASS", cfg.id());
+        assert!(ldgsts >= 4, "{}: {ldgsts} LDGSTS in SASS", cfg.id());
     }
 }

@@ -350,3 +350,104 @@ fn argmax_and_sampling_errors() {
     let out = Tensor::empty(&dev, DType::U32, &[2]).unwrap();
     assert!(matches!(api::argmax_into(&stream, &x, &out, Some(&ws_f32)), Err(OpError::DType { .. })));
 }
+
+/// Hugging Face's repetition penalty on one row in `dtype`: each distinct id `< V` once, one
+/// f32 operation rounded to the dtype.
+fn penalty_reference(dtype: DType, row: &mut [f32], ids: &[u32], penalty: f32) {
+    let mut done = std::collections::BTreeSet::new();
+    for &id in ids {
+        let Some(z) = row.get_mut(id as usize) else { continue };
+        if done.insert(id) {
+            *z = round_to(dtype, if *z < 0.0 { *z * penalty } else { *z / penalty });
+        }
+    }
+}
+
+#[test]
+fn repetition_penalty_matches_hugging_face() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(45);
+    for dtype in FLOAT_DTYPES {
+        // Lists shorter than a tile, across tiles, and with repeats far apart.
+        for (rows, vocab, n) in [(1, 1, 1), (3, 17, 40), (2, 1000, 600), (2, 151_936, 300)] {
+            let logits = quantize(dtype, &rng.vec(rows * vocab, -10.0, 10.0));
+            // Ids from a range smaller than the list (many repeats), some past the vocabulary.
+            let ids: Vec<u32> = (0..rows * n)
+                .map(|_| {
+                    let r = rng.next_u64();
+                    if r.is_multiple_of(9) {
+                        vocab as u32 + (r >> 40) as u32 % 1000
+                    } else {
+                        (r >> 32) as u32 % (vocab.min(n / 2 + 1) as u32)
+                    }
+                })
+                .collect();
+            for penalty in [1.3, 0.7] {
+                let t = tensor(&dev, dtype, &logits, &[rows, vocab]);
+                let id_t = Tensor::from_slice(&dev, &ids, &[rows, n]).unwrap();
+                api::repetition_penalty_into(&stream, &t, &id_t, penalty).unwrap();
+                let mut want = logits.clone();
+                for (row, list) in want.chunks_mut(vocab).zip(ids.chunks(n)) {
+                    penalty_reference(dtype, row, list, penalty);
+                }
+                assert_bits(
+                    &format!("repetition_penalty {dtype} {rows}x{vocab} n={n} p={penalty}"),
+                    &t.to_f32_vec().unwrap(),
+                    &want,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn repetition_penalty_applies_once_per_distinct_id() {
+    let dev = device();
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let logits = [2.0, -2.0, 0.0, -0.0, inf, -inf, nan, 3.0];
+    // Every id repeated, 7 three times, and padding past the vocabulary.
+    let ids = [0, 1, 2, 3, 4, 5, 6, 0, 1, 7, 7, 7, 8, u32::MAX, 3];
+    for dtype in FLOAT_DTYPES {
+        let t = tensor(&dev, dtype, &logits, &[8]);
+        api::apply_repetition_penalty(&t, &ids, 2.0).unwrap();
+        let want = [1.0, -4.0, 0.0, -0.0, inf, -inf, nan, 1.5];
+        assert_bits(&format!("penalty once {dtype}"), &t.to_f32_vec().unwrap(), &want);
+        // bf16 rounding of the quotient: 1.0078125 / 1.1 is not a bf16.
+        let t = tensor(&dev, dtype, &[1.0078125, -1.0078125], &[1, 2]);
+        api::apply_repetition_penalty(&t, &[0, 1, 0], 1.1).unwrap();
+        let want = [round_to(dtype, round_to(dtype, 1.0078125) / 1.1), round_to(dtype, round_to(dtype, -1.0078125) * 1.1)];
+        assert_bits(&format!("penalty rounding {dtype}"), &t.to_f32_vec().unwrap(), &want);
+        // No ids, or penalty 1: unchanged.
+        api::apply_repetition_penalty(&t, &[], 1.5).unwrap();
+        api::apply_repetition_penalty(&t, &[0, 1], 1.0).unwrap();
+        assert_bits(&format!("penalty no-op {dtype}"), &t.to_f32_vec().unwrap(), &want);
+    }
+}
+
+#[test]
+fn repetition_penalty_errors() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let logits = tensor(&dev, DType::BF16, &[1.0; 6], &[2, 3]);
+    let ids = Tensor::from_slice(&dev, &[0u32, 1, 2, 0], &[2, 2]).unwrap();
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let err = api::repetition_penalty_into(&stream, &logits, &ids, bad).unwrap_err();
+        assert!(matches!(err, OpError::InvalidArgument { .. }) && err.to_string().contains("penalty"), "{err}");
+        assert!(matches!(api::apply_repetition_penalty(&logits.narrow(0, 0, 1).unwrap(), &[0], bad), Err(OpError::InvalidArgument { .. })));
+    }
+    let ids_i32 = Tensor::from_slice(&dev, &[0i32; 4], &[2, 2]).unwrap();
+    assert!(matches!(api::repetition_penalty_into(&stream, &logits, &ids_i32, 1.2), Err(OpError::DType { .. })));
+    let ids_rows = Tensor::from_slice(&dev, &[0u32; 3], &[3, 1]).unwrap();
+    let err = api::repetition_penalty_into(&stream, &logits, &ids_rows, 1.2).unwrap_err();
+    assert!(matches!(err, OpError::Shape { .. }) && err.to_string().contains("token_ids"), "{err}");
+    let ids_1d = Tensor::from_slice(&dev, &[0u32; 2], &[2]).unwrap();
+    assert!(matches!(api::repetition_penalty_into(&stream, &logits, &ids_1d, 1.2), Err(OpError::Shape { .. })));
+    let logits_3d = tensor(&dev, DType::F32, &[1.0; 6], &[1, 2, 3]);
+    assert!(matches!(api::repetition_penalty_into(&stream, &logits_3d, &ids, 1.2), Err(OpError::Shape { .. })));
+    let int_logits = Tensor::from_slice(&dev, &[0u32; 6], &[2, 3]).unwrap();
+    assert!(matches!(api::repetition_penalty_into(&stream, &int_logits, &ids, 1.2), Err(OpError::DType { .. })));
+    // The single-row helper wants one row.
+    let err = api::apply_repetition_penalty(&logits, &[0], 1.2).unwrap_err();
+    assert!(matches!(err, OpError::Shape { .. }) && err.to_string().contains("one row"), "{err}");
+}

@@ -179,3 +179,94 @@ fn errors_name_the_problem() {
     let ids_2d = Tensor::from_slice(&dev, &[0u32, 1], &[1, 2]).unwrap();
     assert!(matches!(api::embedding(&ids_2d, &table), Err(OpError::Shape { .. })));
 }
+
+/// PyTorch's `x + b` in `dtype`: the f32 sum of the (exact) widened values, rounded once.
+fn bias_reference(dtype: DType, x: &[f32], bias: &[f32]) -> Vec<f32> {
+    x.chunks(bias.len()).flat_map(|row| row.iter().zip(bias).map(|(a, b)| round_to(dtype, a + b))).collect()
+}
+
+#[test]
+fn add_bias_matches_pytorch_rounding() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(34);
+    for dtype in FLOAT_DTYPES {
+        // Whole 16-byte rows (vector path) in every dtype, and sizes that are not (scalar path).
+        for n in [1, 17, 64, 1000, 1152, 4097] {
+            for shape in [vec![1, n], vec![3, n], vec![2, 2, n]] {
+                let numel: usize = shape.iter().product();
+                // Mixed magnitudes so that sums need rounding and cancel.
+                let x = quantize(dtype, &rng.vec(numel, -100.0, 100.0));
+                let bias = quantize(dtype, &rng.vec(n, -1.0, 1.0));
+                let xt = tensor(&dev, dtype, &x, &shape);
+                let bt = tensor(&dev, dtype, &bias, &[n]);
+                let got = api::add_bias(&xt, &bt).unwrap();
+                assert_eq!((got.dtype(), got.shape()), (dtype, &shape[..]));
+                let want = bias_reference(dtype, &x, &bias);
+                assert_bits(&format!("add_bias {dtype} {shape:?}"), &got.to_f32_vec().unwrap(), &want);
+                let out = Tensor::empty(&dev, dtype, &shape).unwrap();
+                api::add_bias_into(&stream, &xt, &bt, &out).unwrap();
+                assert_bits(&format!("add_bias_into {dtype} {shape:?}"), &out.to_f32_vec().unwrap(), &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn add_bias_special_values_and_many_rows() {
+    let dev = device();
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let x = [1.0, -0.0, inf, 3.0e38, 65504.0, 1.0, -inf, 0.5];
+    let bias = [1.0, 0.0, -inf, 3.0e38, 32.0, nan, 1.0, -0.5];
+    for dtype in FLOAT_DTYPES {
+        let x = quantize(dtype, &x);
+        let bias = quantize(dtype, &bias);
+        let got = api::add_bias(&tensor(&dev, dtype, &x, &[1, 8]), &tensor(&dev, dtype, &bias, &[8])).unwrap();
+        assert_bits(&format!("add_bias specials {dtype}"), &got.to_f32_vec().unwrap(), &bias_reference(dtype, &x, &bias));
+    }
+    // More rows than the grid's row blocks: block rows loop.
+    let rows = 65_537;
+    let x: Vec<f32> = (0..rows * 2).map(|i| i as f32).collect();
+    let got = api::add_bias(&tensor(&dev, DType::F32, &x, &[rows, 2]), &tensor(&dev, DType::F32, &[0.5, -0.5], &[2])).unwrap();
+    assert_bits("add_bias many rows", &got.to_f32_vec().unwrap(), &bias_reference(DType::F32, &x, &[0.5, -0.5]));
+}
+
+#[test]
+fn add_bias_of_unaligned_views_uses_scalar_accesses() {
+    let dev = device();
+    let flat: Vec<f32> = (0..17).map(|i| i as f32).collect();
+    for dtype in FLOAT_DTYPES {
+        // 8 columns are a whole 16-byte unit for halves, but the views start one element in.
+        let x = tensor(&dev, dtype, &flat, &[17]).narrow(0, 1, 16).unwrap().reshape(&[2, 8]).unwrap();
+        let bias = tensor(&dev, dtype, &flat, &[17]).narrow(0, 9, 8).unwrap();
+        let got = api::add_bias(&x, &bias).unwrap();
+        let want = bias_reference(dtype, &flat[1..17], &flat[9..17]);
+        assert_bits(&format!("unaligned add_bias {dtype}"), &got.to_f32_vec().unwrap(), &want);
+    }
+}
+
+#[test]
+fn add_bias_errors() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let x = tensor(&dev, DType::BF16, &[1.0; 6], &[2, 3]);
+    let bias = tensor(&dev, DType::BF16, &[1.0; 3], &[3]);
+    let err = api::add_bias(&x, &tensor(&dev, DType::BF16, &[1.0; 2], &[2])).unwrap_err();
+    assert!(matches!(err, OpError::Shape { .. }) && err.to_string().contains("bias"), "{err}");
+    let err = api::add_bias(&x, &tensor(&dev, DType::F32, &[1.0; 3], &[3])).unwrap_err();
+    assert!(matches!(err, OpError::DType { .. }) && err.to_string().contains("bias"), "{err}");
+    let ints = Tensor::from_slice(&dev, &[1u32; 6], &[2, 3]).unwrap();
+    assert!(matches!(api::add_bias(&ints, &bias), Err(OpError::DType { .. })));
+    let out_f16 = Tensor::empty(&dev, DType::F16, &[2, 3]).unwrap();
+    let err = api::add_bias_into(&stream, &x, &bias, &out_f16).unwrap_err();
+    assert!(matches!(err, OpError::DType { .. }) && err.to_string().contains("out"), "{err}");
+    let out_small = Tensor::empty(&dev, DType::BF16, &[1, 3]).unwrap();
+    let err = api::add_bias_into(&stream, &x, &bias, &out_small).unwrap_err();
+    assert!(matches!(err, OpError::Shape { .. }) && err.to_string().contains("out"), "{err}");
+    let bias_2d = tensor(&dev, DType::BF16, &[1.0; 3], &[1, 3]);
+    assert!(matches!(api::add_bias(&x, &bias_2d), Err(OpError::Shape { .. })));
+    if !dev.is_cuda() {
+        // The interpreter takes one exclusive buffer per argument: in place is refused there.
+        assert!(api::add_bias_into(&stream, &x, &bias, &x).is_err());
+    }
+}

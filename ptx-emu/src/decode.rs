@@ -1534,13 +1534,23 @@ impl<'m> Decoder<'m> {
         if !m.has("async") {
             return self.unsup(format!("instruction `{}`", i.mnemonic));
         }
-        if m.has("commit_group") || m.has("wait_all") {
-            self.emit(Op::Nop);
+        if m.has("commit_group") {
+            self.emit(Op::CpAsyncCommit);
+            return Ok(());
+        }
+        if m.has("wait_all") {
+            self.emit(Op::CpAsyncCommit);
+            self.emit(Op::CpAsyncWait { n: 0 });
             return Ok(());
         }
         if m.has("wait_group") {
             self.operands(i, 1)?;
-            self.emit(Op::Nop);
+            let n = match i.operands[0] {
+                Operand::Imm(Imm::Int(n)) => u32::try_from(n).map_err(|_| ()),
+                _ => Err(()),
+            };
+            let Ok(n) = n else { return self.err("cp.async.wait_group takes an integer constant") };
+            self.emit(Op::CpAsyncWait { n });
             return Ok(());
         }
         if m.one_of(&["ca", "cg"]).is_none() {

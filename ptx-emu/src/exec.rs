@@ -4,7 +4,7 @@
 //! arrived. Threads run in order (warp by warp, lane by lane), so results are deterministic.
 
 use crate::decode::{LOCAL_WINDOW, SHARED_WINDOW};
-use crate::memory::{in_space, Global, Mem};
+use crate::memory::{in_space, AsyncCopies, Global, Mem};
 use crate::num::*;
 use crate::program::*;
 use ruda_ir::interp::num::{ldmatrix_fragments, mma_m16n8k16};
@@ -61,6 +61,7 @@ pub(crate) struct Worker<'a> {
     loops: Vec<u64>,
     shared: Vec<u8>,
     local: Vec<u8>,
+    copies: AsyncCopies,
     arrivals: [u32; 16],
 }
 
@@ -95,6 +96,7 @@ impl<'a> Worker<'a> {
             loops: vec![0; n],
             shared: vec![0; l.shared_bytes as usize],
             local: vec![0; n * l.prog.local_bytes as usize],
+            copies: AsyncCopies::new(l.shared_bytes as usize, n),
             arrivals: [0; 16],
         }
     }
@@ -131,6 +133,7 @@ impl<'a> Worker<'a> {
         self.loops.fill(0);
         self.shared.fill(0);
         self.local.fill(0);
+        self.copies.reset();
         self.arrivals = [0; 16];
     }
 
@@ -471,6 +474,9 @@ impl<'a> Worker<'a> {
                                 ),
                             ));
                         }
+                        if let Err(m) = self.copies.check(a, 16) {
+                            return Err(self.fault(t, FaultKind::Memory, m));
+                        }
                         for (c, v) in row.iter_mut().enumerate() {
                             let at = a as usize + 2 * c;
                             *v = u16::from_le_bytes([self.shared[at], self.shared[at + 1]]);
@@ -502,9 +508,9 @@ impl<'a> Worker<'a> {
         let l = self.l;
         let code = &l.prog.code;
         let lb = l.prog.local_bytes as usize;
-        let Worker { regs, pc, state, loops, shared, local, arrivals, stride, .. } = self;
+        let Worker { regs, pc, state, loops, shared, local, copies, arrivals, stride, .. } = self;
         let r = &mut regs[t * *stride..(t + 1) * *stride];
-        let mut mem = Mem { global: l.global, shared, local: &mut local[t * lb..(t + 1) * lb], params: l.params };
+        let mut mem = Mem { global: l.global, shared, local: &mut local[t * lb..(t + 1) * lb], params: l.params, copies };
         let mut p = pc[t] as usize;
         macro_rules! fault {
             ($kind:expr, $msg:expr) => {{
@@ -743,21 +749,28 @@ impl<'a> Worker<'a> {
                     if to % size as u64 != 0 || from % size as u64 != 0 {
                         fault!(FaultKind::Memory, format!("misaligned cp.async of {size} bytes"));
                     }
-                    let valid = (g!(src_size) as u32).min(size as u32) as u64;
-                    for k in 0..size as u64 {
-                        let byte = if k < valid {
-                            match mem.load(Space::Global, from + k, 1) {
-                                Ok(v) => v,
-                                Err(m) => fault!(FaultKind::Memory, m),
-                            }
-                        } else {
-                            0
-                        };
-                        if let Err(m) = mem.store(Space::Shared, to + k, 1, byte) {
-                            fault!(FaultKind::Memory, m);
+                    let valid = g!(src_size) as u32 as u64;
+                    if valid > size as u64 {
+                        fault!(FaultKind::Memory, format!("cp.async source size {valid} exceeds the copy size {size}"));
+                    }
+                    if to.checked_add(size as u64).is_none_or(|e| e > mem.shared.len() as u64) {
+                        let len = mem.shared.len();
+                        fault!(FaultKind::Memory, format!("cp.async destination {to:#x} of {size} bytes is outside the {len} bytes of shared memory"));
+                    }
+                    if let Err(m) = mem.copies.check(to, size as u32) {
+                        fault!(FaultKind::Memory, m);
+                    }
+                    let mut data = [0u8; 16];
+                    for (k, b) in data.iter_mut().enumerate().take(valid as usize) {
+                        match mem.load(Space::Global, from + k as u64, 1) {
+                            Ok(v) => *b = v as u8,
+                            Err(m) => fault!(FaultKind::Memory, m),
                         }
                     }
+                    mem.copies.issue(t, inst.line, to, &data[..size as usize]);
                 }
+                Op::CpAsyncCommit => mem.copies.commit(t),
+                Op::CpAsyncWait { n } => mem.copies.wait(t, n, mem.shared),
                 Op::Bra { target } => {
                     if target as usize <= p {
                         loops[t] += 1;

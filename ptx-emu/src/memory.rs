@@ -113,12 +113,102 @@ enum Win {
     Param,
 }
 
+/// A `cp.async` issued and not yet completed.
+struct AsyncCopy {
+    line: u32,
+    offset: usize,
+    size: usize,
+    data: [u8; 16],
+}
+
+/// One thread's `cp.async` groups: the open one, then the committed ones, oldest first.
+#[derive(Default)]
+struct AsyncGroups {
+    open: Vec<AsyncCopy>,
+    committed: std::collections::VecDeque<Vec<AsyncCopy>>,
+}
+
+/// A block's pending `cp.async` copies, with the interpreter's model (`ruda_ir::Op::CpAsync`):
+/// a copy's destination bytes are reserved from issue until the issuing thread's wait
+/// completes its group, any shared access to them is a fault, and the data lands at the wait.
+pub(crate) struct AsyncCopies {
+    /// Per shared byte, 1 + the thread whose pending copy will write it, or 0.
+    owner: Vec<u32>,
+    pending: usize,
+    threads: Vec<AsyncGroups>,
+}
+
+impl AsyncCopies {
+    pub(crate) fn new(shared_bytes: usize, threads: usize) -> AsyncCopies {
+        AsyncCopies { owner: vec![0; shared_bytes], pending: 0, threads: (0..threads).map(|_| AsyncGroups::default()).collect() }
+    }
+
+    /// Forget every copy (a new block; copies pending at exit are dropped).
+    pub(crate) fn reset(&mut self) {
+        if self.pending > 0 {
+            self.owner.fill(0);
+            self.pending = 0;
+        }
+        for g in &mut self.threads {
+            g.open.clear();
+            g.committed.clear();
+        }
+    }
+
+    /// Fail when a pending copy will write a byte of `offset..offset + size` (in bounds).
+    pub(crate) fn check(&self, offset: u64, size: u32) -> Result<(), String> {
+        if self.pending == 0 {
+            return Ok(());
+        }
+        let (lo, hi) = (offset as usize, offset as usize + size as usize);
+        let Some(i) = self.owner[lo..hi.min(self.owner.len())].iter().position(|&o| o != 0) else { return Ok(()) };
+        let (byte, thread) = (lo + i, self.owner[lo + i] as usize - 1);
+        let g = &self.threads[thread];
+        let line = g.committed.iter().flatten().chain(&g.open).find(|c| (c.offset..c.offset + c.size).contains(&byte));
+        let at = line.map_or_else(String::new, |c| format!(" (PTX line {})", c.line));
+        Err(format!(
+            "shared access touches byte {byte}, the destination of thread {thread}'s cp.async{at} that is still pending: \
+             it lands only when that thread's cp.async.wait_group waits for its group"
+        ))
+    }
+
+    /// Add thread `t`'s copy of `data` to `offset` (checked in bounds and not pending) to its
+    /// open group.
+    pub(crate) fn issue(&mut self, t: usize, line: u32, offset: u64, data: &[u8]) {
+        let (offset, size) = (offset as usize, data.len());
+        self.owner[offset..offset + size].fill(t as u32 + 1);
+        self.pending += size;
+        let mut bytes = [0u8; 16];
+        bytes[..size].copy_from_slice(data);
+        self.threads[t].open.push(AsyncCopy { line, offset, size, data: bytes });
+    }
+
+    pub(crate) fn commit(&mut self, t: usize) {
+        let g = &mut self.threads[t];
+        let open = std::mem::take(&mut g.open);
+        g.committed.push_back(open);
+    }
+
+    /// Complete thread `t`'s committed groups but the `n` most recent: their data lands.
+    pub(crate) fn wait(&mut self, t: usize, n: u32, shared: &mut [u8]) {
+        while self.threads[t].committed.len() > n as usize {
+            let Some(group) = self.threads[t].committed.pop_front() else { break };
+            for c in group {
+                shared[c.offset..c.offset + c.size].copy_from_slice(&c.data[..c.size]);
+                self.owner[c.offset..c.offset + c.size].fill(0);
+                self.pending -= c.size;
+            }
+        }
+    }
+}
+
 /// The memory one thread sees.
 pub(crate) struct Mem<'a> {
     pub(crate) global: &'a Global,
     pub(crate) shared: &'a mut [u8],
     pub(crate) local: &'a mut [u8],
     pub(crate) params: &'a [u8],
+    pub(crate) copies: &'a mut AsyncCopies,
 }
 
 fn read(buf: &[u8], off: u64, size: u32, what: &str) -> Result<u64, String> {
@@ -156,7 +246,11 @@ impl Mem<'_> {
     pub(crate) fn load(&mut self, space: Space, addr: u64, size: u32) -> Result<u64, String> {
         match Self::target(space, addr) {
             (Win::Global, a) => self.global.load(a, size),
-            (Win::Shared, a) => read(self.shared, a, size, "shared"),
+            (Win::Shared, a) => {
+                let v = read(self.shared, a, size, "shared")?;
+                self.copies.check(a, size)?;
+                Ok(v)
+            }
             (Win::Local, a) => read(self.local, a, size, "local"),
             (Win::Param, a) => read(self.params, a, size, "param"),
         }
@@ -165,7 +259,10 @@ impl Mem<'_> {
     pub(crate) fn store(&mut self, space: Space, addr: u64, size: u32, v: u64) -> Result<(), String> {
         match Self::target(space, addr) {
             (Win::Global, a) => self.global.store(a, size, v),
-            (Win::Shared, a) => write(self.shared, a, size, v, "shared"),
+            (Win::Shared, a) => {
+                self.copies.check(a.min(self.shared.len() as u64), size)?;
+                write(self.shared, a, size, v, "shared")
+            }
             (Win::Local, a) => write(self.local, a, size, v, "local"),
             (Win::Param, _) => Err("stores to the parameter space are not allowed in an entry".into()),
         }
@@ -177,6 +274,7 @@ impl Mem<'_> {
             (Win::Global, a) => self.global.rmw(a, size, f),
             (Win::Shared, a) => {
                 let old = read(self.shared, a, size, "shared")?;
+                self.copies.check(a, size)?;
                 write(self.shared, a, size, f(old), "shared")?;
                 Ok(old)
             }

@@ -294,8 +294,14 @@ pub(crate) enum Op {
     St { space: Space, size: u8, n: u8, ss: [R; 4], addr: R, off: i64 },
     Atom { space: Space, op: AtomOp, t: AtomTy, d: R, addr: R, off: i64, b: R, c: R },
     /// `cp.async`: copy `size` bytes (the first `src_size` of them from global, the rest
-    /// zeros) into shared memory; done at issue, which the waits then trivially satisfy.
+    /// zeros) into shared memory, pending until a wait completes its group, with the model of
+    /// `ruda_ir::Op::CpAsync` (source read at issue, destination reserved, data lands at the
+    /// wait).
     CpAsync { dst: R, doff: i64, src: R, soff: i64, size: u8, src_size: R },
+    /// `cp.async.commit_group`.
+    CpAsyncCommit,
+    /// `cp.async.wait_group n` (`wait_all` is a commit and `wait_group 0`).
+    CpAsyncWait { n: u32 },
     Bra { target: u32 },
     Exit,
     /// `bar.sync` / `barrier.sync` (`count` = `R::MAX`: all threads of the block), or

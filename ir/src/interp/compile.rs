@@ -204,6 +204,10 @@ pub(crate) enum Kind {
     Vote { mode: VoteMode, d: Slot, p: Slot },
     Mma { ty: MmaType, d: Slot, a: Slot, b: Slot, c: Slot },
     LdMatrix { count: u32, trans: bool, d: Slot, p: Slot },
+    /// `src_size`: the slot of the source size, if any.
+    CpAsync { size: u32, dst: Slot, src: Slot, src_size: Option<Slot> },
+    CpAsyncCommit,
+    CpAsyncWait { n: u32 },
     If(Box<IfElse>),
     For(Box<ForLoop>),
 }
@@ -283,6 +287,8 @@ pub(crate) struct Program {
     /// Permanent slots and the bits every lane of them holds.
     pub perm: Vec<(Slot, u64)>,
     pub body: Block,
+    /// How messages name each `cp.async` (mnemonic and Rust location), by instruction.
+    pub cp_async_sites: HashMap<InstId, String>,
 }
 
 const NONE: u32 = u32::MAX;
@@ -325,7 +331,14 @@ pub(crate) fn compile(k: &Kernel, param_bits: &[u64], layout: &SharedLayout) -> 
     let (slot_of, perm, nslots) = allocate(&a, k);
     let lower = Lower { k, slot_of };
     let body = lower.block(k.body)?;
-    Ok(Program { nslots, perm, body })
+    let mut cp_async_sites = HashMap::new();
+    k.walk(|id, inst| {
+        if let Op::CpAsync { .. } = inst.op {
+            let at = inst.loc.as_ref().map_or_else(String::new, |l| format!(" at {l}"));
+            cp_async_sites.insert(id, format!("`{}`{at}", inst.op.mnemonic()));
+        }
+    });
+    Ok(Program { nslots, perm, body, cp_async_sites })
 }
 
 /// Pass 1: scoping and live ranges.
@@ -822,6 +835,29 @@ impl Lower<'_> {
                 };
                 expect(&[ty])?;
                 push(Kind::LdMatrix { count: *count as u32, trans: *trans, d: d(), p: self.s(*ptr) });
+            }
+            Op::CpAsync { dst, src, size, src_size } => {
+                if !matches!(size, 4 | 8 | 16) {
+                    return Err(err(format!("`cp.async` copies 4, 8 or 16 bytes, not {size}")));
+                }
+                match (memory_ptr(self.ty(*dst)).map_err(err)?, memory_ptr(self.ty(*src)).map_err(err)?) {
+                    ((Space::Shared, _), (Space::Global, _)) => {}
+                    _ => return Err(err("`cp.async` copies from a global pointer to a shared pointer".into())),
+                }
+                if src_size.is_some_and(|n| self.ty(n) != Type::U32) {
+                    return Err(err("`cp.async` takes a u32 source size".into()));
+                }
+                expect(&[])?;
+                let src_size = src_size.map(|n| self.s(n));
+                push(Kind::CpAsync { size: u32::from(*size), dst: self.s(*dst), src: self.s(*src), src_size });
+            }
+            Op::CpAsyncCommit => {
+                expect(&[])?;
+                push(Kind::CpAsyncCommit);
+            }
+            Op::CpAsyncWait(n) => {
+                expect(&[])?;
+                push(Kind::CpAsyncWait { n: u32::from(*n) });
             }
             Op::Extract(v, i) => match self.ty(*v) {
                 Type::Vector(t, n) if *i < n => {

@@ -411,6 +411,21 @@ fn atomic_apply(f: AtomFn, old: u64, v: u64, expected: u64) -> u64 {
 
 type LaneResult = Result<(), (u32, String)>;
 
+/// A `cp.async` issued and not yet completed: where it lands and the bytes it carries.
+struct AsyncCopy {
+    inst: InstId,
+    offset: usize,
+    size: u32,
+    data: [u8; 16],
+}
+
+/// One thread's `cp.async` groups: the open one, then the committed ones, oldest first.
+#[derive(Default)]
+struct AsyncGroups {
+    open: Vec<AsyncCopy>,
+    committed: std::collections::VecDeque<Vec<AsyncCopy>>,
+}
+
 /// Runs blocks one after another; one per CPU thread.
 pub(crate) struct Worker<'a> {
     launch: &'a Launch<'a>,
@@ -421,6 +436,8 @@ pub(crate) struct Worker<'a> {
     pool: Vec<Vec<u32>>,
     /// Scratch for parallel copies of loop-carried values.
     temp: Vec<u64>,
+    /// Per thread, its pending `cp.async` copies (empty until a block issues one).
+    copies: Vec<AsyncGroups>,
 }
 
 impl<'a> Worker<'a> {
@@ -430,12 +447,17 @@ impl<'a> Worker<'a> {
         for &(s, bits) in &launch.prog.perm {
             regs.get_mut(s).fill(bits);
         }
-        Worker { launch, regs, shared: SharedMem::new(launch.shared_bytes), ctaid: [0; 3], pool: vec![], temp: vec![] }
+        Worker { launch, regs, shared: SharedMem::new(launch.shared_bytes), ctaid: [0; 3], pool: vec![], temp: vec![], copies: vec![] }
     }
 
     pub(crate) fn run_block(&mut self, ctaid: [u32; 3]) -> Result<(), Fault> {
         self.ctaid = ctaid;
         self.shared.start_block();
+        // Copies still pending when the previous block's threads exited are dropped.
+        for g in &mut self.copies {
+            g.open.clear();
+            g.committed.clear();
+        }
         let launch = self.launch;
         self.exec(&launch.prog.body, Mask::new(&launch.all, launch.n))
     }
@@ -552,6 +574,11 @@ impl<'a> Worker<'a> {
             Kind::Vote { mode, d, p } => self.vote(mode, d, p, m).map_err(fault)?,
             Kind::Mma { ty, d, a, b, c } => self.mma(ty, d, a, b, c, m).map_err(fault)?,
             Kind::LdMatrix { count, trans, d, p } => self.ldmatrix(count, trans, d, p, m).map_err(fault)?,
+            Kind::CpAsync { size, dst, src, src_size } => {
+                self.cp_async(node.inst, size, dst, src, src_size, m).map_err(fault)?
+            }
+            Kind::CpAsyncCommit => self.cp_async_commit(m),
+            Kind::CpAsyncWait { n } => self.cp_async_wait(n, m).map_err(fault)?,
             Kind::If(ref f) => self.exec_if(f, m)?,
             Kind::For(ref f) => self.exec_for(f, m)?,
         }
@@ -592,6 +619,33 @@ impl<'a> Worker<'a> {
         (lane, message)
     }
 
+    /// The offset of thread `t`'s shared access of `size` bytes at `addr`: in bounds, aligned,
+    /// and touching no byte a pending `cp.async` will write.
+    fn shared_at(&self, t: u32, addr: u64, size: u32, access: &str) -> Result<usize, (u32, String)> {
+        let off = self.shared.locate(addr, size, access).map_err(|e| (t, e))?;
+        match self.shared.pending_at(off, size) {
+            None => Ok(off),
+            Some((byte, owner)) => {
+                let site = self.copies[owner as usize]
+                    .committed
+                    .iter()
+                    .flatten()
+                    .chain(&self.copies[owner as usize].open)
+                    .find(|c| (c.offset..c.offset + c.size as usize).contains(&byte))
+                    .and_then(|c| self.launch.prog.cp_async_sites.get(&c.inst))
+                    .map_or("`cp.async`", String::as_str);
+                Err((
+                    t,
+                    format!(
+                        "shared {access} touches byte {byte} of shared memory, the destination of a {site} by thread {:?} \
+                         that is still pending: it lands only when that thread's `cp.async.wait_group` waits for its group",
+                        thread_of(self.launch.block, owner as u32)
+                    ),
+                ))
+            }
+        }
+    }
+
     fn load(&mut self, space: Space, eb: u32, lanes: u32, d: Slot, p: Slot, m: Mask<'_>) -> LaneResult {
         let size = eb * lanes;
         for &t in m.idx {
@@ -607,7 +661,7 @@ impl<'a> Worker<'a> {
                     }
                 }
                 Space::Shared => {
-                    let off = self.shared.locate(addr, size, "load").map_err(|e| (t, e))?;
+                    let off = self.shared_at(t, addr, size, "load")?;
                     self.shared.track(off, size, t as u16, false).map_err(|c| self.race(t, false, c))?;
                     for j in 0..lanes {
                         let v = self.shared.read(off + (j * eb) as usize, eb);
@@ -633,7 +687,7 @@ impl<'a> Worker<'a> {
                     }
                 }
                 Space::Shared => {
-                    let off = self.shared.locate(addr, size, "store").map_err(|e| (t, e))?;
+                    let off = self.shared_at(t, addr, size, "store")?;
                     self.shared.track(off, size, t as u16, true).map_err(|c| self.race(t, true, c))?;
                     for j in 0..lanes {
                         self.shared.write(off + (j * eb) as usize, eb, self.regs.at(v + j, i));
@@ -671,7 +725,7 @@ impl<'a> Worker<'a> {
                     unsafe { memory::rmw(ptr, bytes, apply) }
                 }
                 Space::Shared => {
-                    let off = self.shared.locate(addr, bytes, "atomic").map_err(|e| (t, e))?;
+                    let off = self.shared_at(t, addr, bytes, "atomic")?;
                     let old = self.shared.read(off, bytes);
                     self.shared.write(off, bytes, apply(old));
                     old
@@ -795,7 +849,7 @@ impl<'a> Worker<'a> {
                 for (r, row) in mat.iter_mut().enumerate() {
                     let t = w0 + (8 * mi + r) as u32;
                     let addr = self.regs.at(p, t as usize);
-                    let off = self.shared.locate(addr, 16, "ldmatrix row").map_err(|e| (t, e))?;
+                    let off = self.shared_at(t, addr, 16, "ldmatrix row")?;
                     self.shared.track(off, 16, t as u16, false).map_err(|c| self.race(t, false, c))?;
                     for (c, v) in row.iter_mut().enumerate() {
                         *v = self.shared.read(off + 2 * c, 2) as u16;
@@ -806,6 +860,69 @@ impl<'a> Worker<'a> {
             for (l, lane_regs) in regs.iter().enumerate() {
                 for (mi, &r) in lane_regs.iter().enumerate().take(count as usize) {
                     self.regs.set(d + mi as u32, w0 as usize + l, r as u64);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Issue each active thread's `cp.async` (see [`crate::Op::CpAsync`]): check and read the
+    /// source now, check and reserve the destination, and add the copy to the open group.
+    fn cp_async(&mut self, inst: InstId, size: u32, dst: Slot, src: Slot, src_size: Option<Slot>, m: Mask<'_>) -> LaneResult {
+        if self.copies.is_empty() {
+            self.copies.resize_with(self.launch.n, AsyncGroups::default);
+        }
+        for &t in m.idx {
+            let i = t as usize;
+            let n = src_size.map_or(size as u64, |s| self.regs.at(s, i) as u32 as u64);
+            if n > size as u64 {
+                return Err((t, format!("`cp.async` source size {n} exceeds the copy size {size}")));
+            }
+            let off = self.shared_at(t, self.regs.at(dst, i), size, "cp.async destination")?;
+            let from = self.regs.at(src, i);
+            let mut data = [0u8; 16];
+            if n == 0 {
+                // Nothing is read, so only the alignment the instruction demands is checked.
+                if from % size as u64 != 0 {
+                    return Err((t, format!("misaligned: `cp.async` source address {from:#x} must be {size}-byte aligned")));
+                }
+            } else {
+                let ptr = self.launch.global.locate_span(from, n as u32, size, "cp.async source").map_err(|e| (t, e))?;
+                for (j, b) in data.iter_mut().enumerate().take(n as usize) {
+                    // SAFETY: `locate_span` checked all `n` bytes.
+                    *b = unsafe { memory::read(ptr.add(j), 1) } as u8;
+                }
+            }
+            self.shared.track(off, size, t as u16, true).map_err(|c| self.race(t, true, c))?;
+            self.shared.reserve(off, size, t as u16);
+            self.copies[i].open.push(AsyncCopy { inst, offset: off, size, data });
+        }
+        Ok(())
+    }
+
+    fn cp_async_commit(&mut self, m: Mask<'_>) {
+        if self.copies.is_empty() {
+            self.copies.resize_with(self.launch.n, AsyncGroups::default);
+        }
+        for &t in m.idx {
+            let g = &mut self.copies[t as usize];
+            let open = std::mem::take(&mut g.open);
+            g.committed.push_back(open);
+        }
+    }
+
+    /// Complete each active thread's committed groups but its `n` most recent: their data
+    /// lands, as writes of that thread.
+    fn cp_async_wait(&mut self, n: u32, m: Mask<'_>) -> LaneResult {
+        if self.copies.is_empty() {
+            return Ok(());
+        }
+        for &t in m.idx {
+            while self.copies[t as usize].committed.len() > n as usize {
+                let Some(group) = self.copies[t as usize].committed.pop_front() else { break };
+                for c in group {
+                    self.shared.land(c.offset, &c.data[..c.size as usize]);
+                    self.shared.track(c.offset, c.size, t as u16, true).map_err(|e| self.race(t, true, e))?;
                 }
             }
         }

@@ -34,6 +34,13 @@ impl Global {
     /// buffer and to be aligned to `size`.
     #[inline]
     pub(crate) fn locate(&self, addr: u64, size: u32, access: &str) -> Result<*mut u8, String> {
+        self.locate_span(addr, size, size, access)
+    }
+
+    /// The host pointer of `size` bytes at `addr` (any count, 0 included), checked to lie
+    /// inside one buffer, with `addr` aligned to `align` (a power of two).
+    #[inline]
+    pub(crate) fn locate_span(&self, addr: u64, size: u32, align: u32, access: &str) -> Result<*mut u8, String> {
         let size = size as u64;
         let index = (addr >> BUFFER_SHIFT).wrapping_sub(1);
         let offset = addr & ((1 << BUFFER_SHIFT) - 1);
@@ -51,10 +58,10 @@ impl Global {
                 buf.len
             ));
         }
-        if addr & (size - 1) != 0 {
+        if addr & (align as u64 - 1) != 0 {
             return Err(format!(
                 "misaligned: global {access} of {size} bytes at address {addr:#x} (buffer {index}, offset {offset}) \
-                 must be {size}-byte aligned"
+                 must be {align}-byte aligned"
             ));
         }
         // SAFETY: offset + size <= len, so the pointer stays inside the buffer.
@@ -139,21 +146,57 @@ pub(crate) struct Conflict {
     pub other_wrote: bool,
 }
 
-/// One block's shared memory (zero-filled at block start) and its race-detection shadow.
+/// One block's shared memory (zero-filled at block start), its race-detection shadow, and the
+/// bytes pending `cp.async` copies will write.
 pub(crate) struct SharedMem {
     bytes: Vec<u8>,
     shadow: Vec<Shadow>,
     epoch: u32,
+    /// Per byte, the thread whose pending `cp.async` will write it, or `NO_THREAD`.
+    pending: Vec<u16>,
+    /// How many bytes are pending (0: accesses skip the check).
+    pending_bytes: usize,
 }
 
 impl SharedMem {
     pub(crate) fn new(size: usize) -> SharedMem {
-        SharedMem { bytes: vec![0; size], shadow: vec![FRESH; size], epoch: 0 }
+        SharedMem { bytes: vec![0; size], shadow: vec![FRESH; size], epoch: 0, pending: vec![], pending_bytes: 0 }
     }
 
     pub(crate) fn start_block(&mut self) {
         self.bytes.fill(0);
+        if self.pending_bytes > 0 {
+            self.pending.fill(NO_THREAD);
+            self.pending_bytes = 0;
+        }
         self.next_epoch();
+    }
+
+    /// The first byte of `offset..offset + bytes` a pending `cp.async` will write, and the
+    /// thread that issued it.
+    #[inline]
+    pub(crate) fn pending_at(&self, offset: usize, bytes: u32) -> Option<(usize, u16)> {
+        if self.pending_bytes == 0 {
+            return None;
+        }
+        let span = &self.pending[offset..offset + bytes as usize];
+        span.iter().position(|&t| t != NO_THREAD).map(|i| (offset + i, span[i]))
+    }
+
+    /// Mark located bytes as the destination of `thread`'s pending copy (none may be pending).
+    pub(crate) fn reserve(&mut self, offset: usize, bytes: u32, thread: u16) {
+        if self.pending.is_empty() {
+            self.pending = vec![NO_THREAD; self.bytes.len()];
+        }
+        self.pending[offset..offset + bytes as usize].fill(thread);
+        self.pending_bytes += bytes as usize;
+    }
+
+    /// A pending copy lands: its bytes are written and no longer reserved.
+    pub(crate) fn land(&mut self, offset: usize, data: &[u8]) {
+        self.bytes[offset..offset + data.len()].copy_from_slice(data);
+        self.pending[offset..offset + data.len()].fill(NO_THREAD);
+        self.pending_bytes -= data.len();
     }
 
     pub(crate) fn barrier(&mut self) {

@@ -32,6 +32,12 @@
 //!   one writing, is an error naming both (stores of one instruction by different threads to
 //!   the same byte included). Atomics are exempt; shared atomics apply lane by lane in thread
 //!   order, so float atomic sums depend on that order (as on hardware they depend on timing).
+//! - Asynchronous copies (`cp.async`, see [`crate::Op::CpAsync`]): a copy reads its global
+//!   source at issue and is pending, per issuing thread, until that thread's
+//!   `cp.async.wait_group` completes its group; its destination bytes are reserved meanwhile,
+//!   so any shared access to them by any thread is an error naming the copy, and its data lands
+//!   only at the wait (a missing wait is caught, never silently works). Barriers do not complete
+//!   copies.
 //!
 //! # Semantics
 //!
@@ -52,7 +58,8 @@
 //!
 //! Launches are validated before anything runs (grid and block shape, launch bounds, the
 //! arguments against the parameters, shared-memory size). At run time, out-of-bounds and
-//! misaligned accesses, shared-memory races, barriers not reached by every thread of the block,
+//! misaligned accesses, shared-memory races, accesses to the destination of a pending
+//! `cp.async`, barriers not reached by every thread of the block,
 //! warp operations with inactive lanes and integer division by zero are errors naming the
 //! kernel, the op, its Rust location, the block and the thread. The kernel is not verified
 //! here (run [`crate::verify()`] for that), but a malformed kernel is an error, not a panic.

@@ -488,7 +488,7 @@ impl<'a> Parser<'a> {
                 _ => Err(unknown(p)),
             }
         };
-        if !suffixes.is_empty() && !matches!(head, "cmp" | "cvt" | "atomic" | "shfl" | "vote" | "mma" | "ldmatrix") {
+        if !suffixes.is_empty() && !matches!(head, "cmp" | "cvt" | "atomic" | "shfl" | "vote" | "mma" | "ldmatrix" | "cp") {
             return Err(unknown(self));
         }
         Ok(match head {
@@ -609,6 +609,18 @@ impl<'a> Parser<'a> {
                 };
                 Op::LdMatrix { ptr: self.use_value()?, count, trans }
             }
+            "cp" => match suffixes.as_slice() {
+                ["async", "commit_group"] => Op::CpAsyncCommit,
+                ["async", "wait_group"] => Op::CpAsyncWait(self.number("a group count (0..=255)")?),
+                // Any byte count parses, so that the verifier can say which sizes exist.
+                ["async", size] => {
+                    let size = size.parse().map_err(|_| unknown(self))?;
+                    let (dst, src) = self.two()?;
+                    let src_size = if self.eat(Tok::Comma) { Some(self.use_value()?) } else { None };
+                    Op::CpAsync { dst, src, size, src_size }
+                }
+                _ => return Err(unknown(self)),
+            },
             "extract" => {
                 let v = self.use_value()?;
                 self.comma()?;

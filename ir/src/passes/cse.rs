@@ -101,6 +101,9 @@ fn key(op: &Op, epoch: u64) -> Option<Key> {
         | Op::Vote { .. }
         | Op::Mma { .. }
         | Op::LdMatrix { .. }
+        | Op::CpAsync { .. }
+        | Op::CpAsyncCommit
+        | Op::CpAsyncWait(_)
         | Op::If { .. }
         | Op::For { .. } => return None,
     })

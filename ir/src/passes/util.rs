@@ -140,6 +140,9 @@ pub(crate) fn is_speculatable(k: &Kernel, defs: &Defs, op: &Op) -> bool {
         | Op::Vote { .. }
         | Op::Mma { .. }
         | Op::LdMatrix { .. }
+        | Op::CpAsync { .. }
+        | Op::CpAsyncCommit
+        | Op::CpAsyncWait(_)
         | Op::If { .. }
         | Op::For { .. } => false,
     }

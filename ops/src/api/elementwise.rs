@@ -3,7 +3,7 @@
 use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
 
 use super::*;
-use crate::kernels::elementwise::ELEMENTWISE_BLOCK;
+use crate::kernels::elementwise::{BiasConfig, BIAS_MAX_ROW_BLOCKS, BIAS_THREADS, ELEMENTWISE_BLOCK};
 use crate::kernels::{elementwise, ElementwiseConfig, ElementwiseOp};
 
 fn elementwise_into(
@@ -85,3 +85,43 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(out)
 }
 
+
+/// `out[r, c] = x[r, c] + bias[c]` for `x` and `out` `[..., N]` and `bias` `[N]`, all of one
+/// float dtype, computed in `f32` and rounded once (as PyTorch's `x + b`). 16-byte accesses when
+/// `N` fills whole 16-byte units and every tensor is 16-byte aligned, one element per thread
+/// otherwise. `out` may be `x` itself (in place) on CUDA; the CPU interpreter device rejects
+/// arguments that share elements, so there `out` must be a separate tensor.
+pub fn add_bias_into(stream: &Stream, x: &Tensor, bias: &Tensor, out: &Tensor) -> Result<()> {
+    let name = "add_bias";
+    let dtype = float_dtype(name, x)?;
+    contiguous_nonempty(name, "x", x)?;
+    contiguous_nonempty(name, "bias", bias)?;
+    contiguous_nonempty(name, "out", out)?;
+    let (rows, cols) = rows_cols(name, x)?;
+    expect_dtype(name, "bias", bias, x.dtype())?;
+    expect_shape(name, "bias", bias, &[cols as usize])?;
+    expect_dtype(name, "out", out, x.dtype())?;
+    expect_shape(name, "out", out, x.shape())?;
+    same_device(name, stream, &[("x", x), ("bias", bias), ("out", out)])?;
+    let size = x.dtype().size();
+    let aligned = |t: &Tensor| (t.offset() * size).is_multiple_of(16);
+    let vector = (cols as usize * size).is_multiple_of(16) && aligned(x) && aligned(bias) && aligned(out);
+    let cfg = BiasConfig { dtype, vector };
+    let units = cols / cfg.per_thread();
+    let k = kernel(cfg.id(), || crate::kernels::elementwise::add_bias(&cfg))?;
+    let launch = LaunchConfig {
+        grid: [units.div_ceil(BIAS_THREADS), rows.min(BIAS_MAX_ROW_BLOCKS), 1],
+        block: [BIAS_THREADS, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let args = [Arg::Tensor(x), Arg::Tensor(bias), Arg::Tensor(out), Arg::scalar(units), Arg::scalar(rows)];
+    stream.launch(&*k, launch, &args)?;
+    Ok(())
+}
+
+/// `x + bias` broadcast over the rows of `x` (see [`add_bias_into`]).
+pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let out = Tensor::empty(x.device(), x.dtype(), x.shape())?;
+    add_bias_into(&x.device().default_stream(), x, bias, &out)?;
+    Ok(out)
+}

@@ -1,8 +1,11 @@
-//! Matrix multiplication.
+//! Matrix multiplication: `matmul` (`a · b`), and `linear` (`x · wᵀ`, the layout of
+//! `nn.Linear`) with its bias / residual epilogue and batched form.
 
-use ruda_runtime::{Arg, LaunchConfig, Stream, Tensor};
+use ruda_ir::ScalarType;
+use ruda_runtime::{Arg, DType, Device, LaunchConfig, Stream, Tensor};
 
 use super::*;
+use crate::kernels::gemm_tc::{TcTile, STAGES};
 use crate::kernels::{gemm_simt, gemm_tc, BLayout, GemmConfig, GemmTcConfig};
 
 fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
@@ -32,18 +35,9 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
         to_u32(name, &format!("elements of `{what}`"), len)?;
     }
     let (m, n, k) = (to_u32(name, "m", m)?, to_u32(name, "n", n)?, to_u32(name, "k", k)?);
-    // Tensor cores for `x · wᵀ` in f16/bf16 when every row start is 16-byte aligned (K a
-    // multiple of 8, first elements aligned; allocations themselves are).
-    let aligned = |t: &Tensor| (t.offset() * t.dtype().size()).is_multiple_of(16);
-    if let Some(cfg) = GemmTcConfig::for_dtype(dtype).filter(|_| {
-        layout == BLayout::Transposed && k.is_multiple_of(GemmTcConfig::K_MULTIPLE) && aligned(a) && aligned(b)
-    }) {
-        let kern = kernel(cfg.id(), || gemm_tc(&cfg))?;
-        let launch =
-            LaunchConfig { grid: GemmTcConfig::grid(m, n), block: [GemmTcConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
-        let args = [Arg::Tensor(a), Arg::Tensor(b), Arg::Tensor(out), Arg::scalar(m), Arg::scalar(n), Arg::scalar(k)];
-        stream.launch(&*kern, launch, &args)?;
-        return Ok(());
+    if layout == BLayout::Transposed && tensor_cores_apply(a, b, k as usize) {
+        let p = TcProblem { m, n, k, batch: 1, w_batch: 0, out: dtype };
+        return launch_tc(stream, a, b, None, None, out, &p, heuristic_gemm_tile(stream.device(), m as usize, n as usize));
     }
     let cfg = GemmConfig { dtype, b_layout: layout };
     let kern = kernel(cfg.id(), || gemm_simt(&cfg))?;
@@ -69,7 +63,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `out[M, N] = x[M, K] · wᵀ` for a weight `w[N, K]` (the layout of `nn.Linear`). Up to
 /// [`GEMV_MAX_M`] rows of `x` (decode) run on the GEMV kernels (without split-K, which needs a
 /// workspace: call [`gemv_into`] for it), more on the tensor-core GEMM (f16/bf16, `K % 8 == 0`,
-/// 16-byte aligned `x` and `w`) or else the tiled SIMT GEMM.
+/// 16-byte aligned `x` and `w`; tile by [`heuristic_gemm_tile`]) or else the tiled SIMT GEMM.
 pub fn linear_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
     if x.rank() == 2 && (1..=GEMV_MAX_M).contains(&x.shape()[0]) {
         return super::gemv::gemv_named("linear", stream, x, w, out, None);
@@ -82,5 +76,302 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (m, n) = (x.shape().first().copied().unwrap_or(0), w.shape().first().copied().unwrap_or(0));
     let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
     linear_into(&x.device().default_stream(), x, w, &out)?;
+    Ok(out)
+}
+
+/// A tensor-core GEMM configuration the host may pick (by heuristic or autotuning): the block
+/// tile and the number of shared-memory stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmTile {
+    pub tile: TcTile,
+    pub stages: u32,
+}
+
+impl GemmTile {
+    /// Every configuration `linear` can run: each tile (smallest first) at each pipeline depth.
+    pub fn all() -> Vec<GemmTile> {
+        TcTile::ALL.into_iter().flat_map(|tile| STAGES.map(|stages| GemmTile { tile, stages })).collect()
+    }
+
+    /// `tc128x64.s3`: the autotuning candidate name.
+    pub fn name(&self) -> String {
+        format!("{}.s{}", self.tile.name(), self.stages)
+    }
+
+    pub fn from_name(name: &str) -> Option<GemmTile> {
+        GemmTile::all().into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// SMs assumed where the device does not say (the CPU device).
+const DEFAULT_SMS: usize = 108;
+
+/// The tile `linear` uses for an `M × N` output when tuning is off: the largest tile that
+/// still gives every SM a block (128 × 128 for large outputs, 64 × 64 for small ones).
+pub fn heuristic_gemm_tile(device: &Device, m: usize, n: usize) -> GemmTile {
+    let sms = device.cuda_info().map_or(DEFAULT_SMS, |i| i.multiprocessor_count as usize);
+    let blocks = |t: TcTile| {
+        let (bm, bn) = t.dims();
+        m.div_ceil(bm as usize) * n.div_ceil(bn as usize)
+    };
+    let tile = [TcTile::T128x128, TcTile::T128x64, TcTile::T64x128]
+        .into_iter()
+        .find(|&t| {
+            let (bm, bn) = t.dims();
+            m >= bm as usize && n >= bn as usize && blocks(t) >= sms
+        })
+        .unwrap_or(TcTile::T64x64);
+    // The deepest pipeline: 48 KiB of shared memory at 128 × 128, still two blocks per SM.
+    GemmTile { tile, stages: STAGES[STAGES.len() - 1] }
+}
+
+/// Whether the tensor-core GEMM takes `x · wᵀ`: f16/bf16, `K % 8 == 0` and both first
+/// elements 16-byte aligned (allocations themselves are), so every row start is.
+fn tensor_cores_apply(x: &Tensor, w: &Tensor, k: usize) -> bool {
+    let aligned = |t: &Tensor| (t.offset() * t.dtype().size()).is_multiple_of(16);
+    GemmTcConfig::mma_type(x.dtype().scalar_type()).is_some()
+        && k.is_multiple_of(GemmTcConfig::K_MULTIPLE as usize)
+        && aligned(x)
+        && aligned(w)
+}
+
+/// The sizes of a validated tensor-core launch.
+struct TcProblem {
+    m: u32,
+    n: u32,
+    k: u32,
+    /// Batch entries (1: not batched).
+    batch: u32,
+    /// Elements between the weights of consecutive batch entries (0: one shared weight).
+    w_batch: u32,
+    out: ScalarType,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_tc(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    p: &TcProblem,
+    choice: GemmTile,
+) -> Result<()> {
+    let ty = GemmTcConfig::mma_type(x.dtype().scalar_type())
+        .ok_or_else(|| OpError::DType { op: "linear", message: format!("{} (tensor cores take f16 or bf16)", x.dtype()) })?;
+    let cfg = GemmTcConfig {
+        ty,
+        out: p.out,
+        tile: choice.tile,
+        stages: choice.stages,
+        bias: bias.is_some(),
+        residual: residual.is_some(),
+        batched: p.batch > 1,
+    };
+    let kern = kernel(cfg.id(), || gemm_tc(&cfg))?;
+    let launch = LaunchConfig { grid: cfg.grid(p.m, p.n, p.batch), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
+    let mut args = vec![Arg::Tensor(x), Arg::Tensor(w)];
+    args.extend(bias.map(Arg::Tensor));
+    args.extend(residual.map(Arg::Tensor));
+    args.extend([Arg::Tensor(out), Arg::scalar(p.m), Arg::scalar(p.n), Arg::scalar(p.k)]);
+    if cfg.batched {
+        args.extend([Arg::scalar(p.m * p.k), Arg::scalar(p.w_batch), Arg::scalar(p.m * p.n)]);
+    }
+    stream.launch(&*kern, launch, &args)?;
+    Ok(())
+}
+
+/// Validated operands of the epilogue and batched forms.
+struct Linear {
+    problem: TcProblem,
+    tensor_cores: bool,
+}
+
+/// Check `x[(B,) M, K]`, `w[(B,) N, K]`, `bias[N]`, `residual` and `out[(B,) M, N]`.
+#[allow(clippy::too_many_arguments)]
+fn check_linear(
+    name: &'static str,
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    batched: bool,
+) -> Result<Linear> {
+    float_dtype(name, x)?;
+    let mut all = vec![("x", x), ("w", w), ("out", out)];
+    all.extend(bias.map(|b| ("bias", b)));
+    all.extend(residual.map(|r| ("residual", r)));
+    for (tn, t) in &all {
+        contiguous_nonempty(name, tn, t)?;
+    }
+    same_device(name, stream, &all)?;
+    expect_dtype(name, "w", w, x.dtype())?;
+    let out_ok = out.dtype() == x.dtype() || (out.dtype() == DType::F32 && x.dtype() != DType::F32);
+    if !out_ok {
+        return Err(OpError::DType {
+            op: name,
+            message: format!("`out` is {}; for {} inputs it must be {} or f32", out.dtype(), x.dtype(), x.dtype()),
+        });
+    }
+    let rank = if batched { 3 } else { 2 };
+    if x.rank() != rank || !(w.rank() == 2 || (batched && w.rank() == 3)) {
+        let want = if batched { "x [B, M, K] and w [B, N, K] or [N, K]" } else { "x [M, K] and w [N, K]" };
+        return Err(OpError::Shape { op: name, message: format!("expected {want}, got x {:?} and w {:?}", x.shape(), w.shape()) });
+    }
+    let (batch, m, k) = if batched { (x.shape()[0], x.shape()[1], x.shape()[2]) } else { (1, x.shape()[0], x.shape()[1]) };
+    let (wb, n, wk) = if w.rank() == 3 { (w.shape()[0], w.shape()[1], w.shape()[2]) } else { (1, w.shape()[0], w.shape()[1]) };
+    if wk != k || (w.rank() == 3 && wb != batch) {
+        return Err(OpError::Shape {
+            op: name,
+            message: format!("x is {:?} but w is {:?} (expected [{n}, {k}] or [{batch}, {n}, {k}])", x.shape(), w.shape()),
+        });
+    }
+    let out_shape: Vec<usize> = if batched { vec![batch, m, n] } else { vec![m, n] };
+    expect_shape(name, "out", out, &out_shape)?;
+    if let Some(b) = bias {
+        expect_dtype(name, "bias", b, x.dtype())?;
+        expect_shape(name, "bias", b, &[n])?;
+    }
+    if let Some(r) = residual {
+        expect_dtype(name, "residual", r, out.dtype())?;
+        expect_shape(name, "residual", r, &out_shape)?;
+    }
+    // Element indices, batch offsets included, are computed in u32 inside the kernel.
+    for (what, len) in [("x", x.numel()), ("w", w.numel()), ("out", out.numel())] {
+        to_u32(name, &format!("elements of `{what}`"), len)?;
+    }
+    let w_batch = if w.rank() == 3 { n * k } else { 0 };
+    let problem = TcProblem {
+        m: to_u32(name, "m", m)?,
+        n: to_u32(name, "n", n)?,
+        k: to_u32(name, "k", k)?,
+        batch: to_u32(name, "batch", batch)?,
+        w_batch: to_u32(name, "w batch stride", w_batch)?,
+        out: out.dtype().scalar_type(),
+    };
+    Ok(Linear { problem, tensor_cores: tensor_cores_apply(x, w, k) })
+}
+
+/// `out[M, N] = x[M, K] · w[N, K]ᵀ + bias[N] + residual[M, N]` with either addend optional,
+/// added in f32 to the f32 accumulator and rounded once to `out`'s dtype (see
+/// `kernels::gemm_tc` for how that compares with PyTorch's `F.linear(x, w, b) + residual`).
+/// `out` is `x`'s dtype, or f32 for f16/bf16 inputs; `bias` has `x`'s dtype, `residual`
+/// `out`'s. Without addends and with `out` in `x`'s dtype this is [`linear_into`]. The addends
+/// run on the tensor-core GEMM (any `M`, tile by [`heuristic_gemm_tile`]), so they need
+/// f16/bf16 inputs with `K % 8 == 0` and 16-byte aligned `x` and `w`; [`linear_bias`] takes
+/// the rest. On CUDA `residual` may be `out` itself (in place).
+pub fn linear_bias_into(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+) -> Result<()> {
+    let l = check_linear("linear", stream, x, w, bias, residual, out, false)?;
+    let p = &l.problem;
+    if bias.is_none() && residual.is_none() && p.out == x.dtype().scalar_type() {
+        return linear_into(stream, x, w, out);
+    }
+    if !l.tensor_cores {
+        return Err(OpError::InvalidArgument {
+            op: "linear",
+            message: format!(
+                "a bias, residual or f32 output needs f16/bf16 inputs with K % 8 == 0 and 16-byte aligned x and w \
+                 (x is {} {:?}): use `linear_bias`, which falls back to separate ops",
+                x.dtype(),
+                x.shape()
+            ),
+        });
+    }
+    launch_tc(stream, x, w, bias, residual, out, p, heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize))
+}
+
+/// [`linear_bias_into`] with an explicit tensor-core configuration (what autotuning picks);
+/// an error when tensor cores do not apply to the operands.
+pub fn linear_tile_into(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    tile: GemmTile,
+) -> Result<()> {
+    let l = check_linear("linear", stream, x, w, bias, residual, out, false)?;
+    if !l.tensor_cores {
+        return Err(OpError::InvalidArgument {
+            op: "linear",
+            message: format!(
+                "tile {}: the tensor-core GEMM needs f16/bf16 inputs with K % 8 == 0 and 16-byte aligned x and w (x is {} {:?})",
+                tile.name(),
+                x.dtype(),
+                x.shape()
+            ),
+        });
+    }
+    launch_tc(stream, x, w, bias, residual, out, &l.problem, tile)
+}
+
+/// `x · wᵀ + bias + residual` in `x`'s dtype (see [`linear_bias_into`]), allocating the output.
+/// Decode-sized `x` (at most [`GEMV_MAX_M`] rows) and operands the tensor-core GEMM does not
+/// take run the plain product (GEMV, autotuned on a GPU) and then add the bias and residual
+/// with the elementwise ops (rounding after each step); larger f16/bf16 products use the
+/// tensor-core GEMM with its fused epilogue, its tile autotuned on a GPU.
+pub fn linear_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+    let stream = x.device().default_stream();
+    let (m, n) = (x.shape().first().copied().unwrap_or(0), w.shape().first().copied().unwrap_or(0));
+    let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
+    let l = check_linear("linear", &stream, x, w, bias, residual, &out, false)?;
+    if l.tensor_cores && m > GEMV_MAX_M {
+        crate::tune::gemm_tuned_into(&stream, x, w, bias, residual, &out)?;
+        return Ok(out);
+    }
+    let mut y = if m <= GEMV_MAX_M { super::gemv(x, w)? } else { linear(x, w)? };
+    if let Some(b) = bias {
+        y = super::add_bias(&y, b)?;
+    }
+    if let Some(r) = residual {
+        y = super::add(&y, r)?;
+    }
+    Ok(y)
+}
+
+/// `out[b] = x[b] · w[b]ᵀ` for `x[B, M, K]`, `w[B, N, K]` (or one `w[N, K]` shared by every
+/// entry) and `out[B, M, N]`, in `x`'s dtype or f32 for f16/bf16 inputs. One tensor-core launch
+/// over the batch (`grid.z`) when tensor cores apply, else one plain product per entry.
+pub fn linear_batched_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    let l = check_linear("linear_batched", stream, x, w, None, None, out, true)?;
+    let p = &l.problem;
+    if l.tensor_cores {
+        return launch_tc(stream, x, w, None, None, out, p, heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize));
+    }
+    if p.out != x.dtype().scalar_type() {
+        return Err(OpError::InvalidArgument {
+            op: "linear_batched",
+            message: format!("an f32 output needs f16/bf16 inputs with K % 8 == 0 and 16-byte aligned x and w (x is {})", x.dtype()),
+        });
+    }
+    let entry = |t: &Tensor, b: usize| -> Result<Tensor> {
+        let shape = t.shape()[1..].to_vec();
+        Ok(t.narrow(0, b, 1)?.reshape(&shape)?)
+    };
+    for b in 0..p.batch as usize {
+        let wb = if w.rank() == 3 { entry(w, b)? } else { w.clone() };
+        gemm_into("linear_batched", BLayout::Transposed, stream, &entry(x, b)?, &wb, &entry(out, b)?)?;
+    }
+    Ok(())
+}
+
+/// `x[B, M, K] · w[(B,) N, K]ᵀ` (see [`linear_batched_into`]).
+pub fn linear_batched(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let b = x.shape().first().copied().unwrap_or(0);
+    let m = x.shape().get(1).copied().unwrap_or(0);
+    let n = if w.rank() == 3 { w.shape().get(1) } else { w.shape().first() }.copied().unwrap_or(0);
+    let out = Tensor::empty(x.device(), x.dtype(), &[b, m, n])?;
+    linear_batched_into(&x.device().default_stream(), x, w, &out)?;
     Ok(out)
 }

@@ -1,199 +1,332 @@
-//! Tensor-core GEMM: `y[M, N] = x[M, K] · w[N, K]ᵀ` (both row-major, `K` contiguous: the
-//! layout of `nn.Linear`), f16 or bf16 inputs, f32 accumulation with `mma.m16n8k16`, output in
-//! the input dtype.
+//! Tensor-core GEMM family: `y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]) (+ residual[M, N])`,
+//! both operands row-major with `K` contiguous (the layout of `nn.Linear`), f16 or bf16 inputs,
+//! f32 accumulation with `mma.m16n8k16`, output in bf16, f16 or f32, optionally batched over
+//! `grid.z`.
 //!
-//! Each block of 4 warps computes a `64 × 64` tile of `y`; warp `w` owns the `32 × 32` warp
-//! tile at `(32 * (w / 2), 32 * (w % 2))`, i.e. `2 × 4` mma tiles of `16 × 8`. Tiles of `x` and
-//! `w`, [`BK`] deep in `k`, are staged through shared memory as 16-bit values with 16-byte
+//! **Tiles.** A block computes a [`TcTile`] (`BM × BN`) of `y` with warps laid out
+//! `warps_m × warps_n`, each owning a `WM × WN` warp tile of `WM / 16 × WN / 8` mma tiles.
+//! Tiles of `x` and `w`, [`BK`] deep in `k`, are staged through shared memory with 16-byte
 //! global loads (the host requires `K % 8 == 0` and 16-byte aligned bases), zero-filled past
-//! the matrix edges. Shared rows are padded to [`SROW`] elements (80 bytes) so the 8 rows one
-//! `ldmatrix` reads fall in distinct banks while staying 16-byte aligned.
+//! the matrix edges.
 //!
-//! Fragments (see `Op::Mma` / `Op::LdMatrix`): A (`x` rows `m`, columns `k`) is `ldmatrix.x4`
-//! of the four 8x8 quadrants (rows 0-7/8-15 × k 0-7, then × k 8-15); B is `16 × 8` with rows
-//! `k`, whose column `n` is row `n` of `w`, so `ldmatrix.x2` (not transposed) of `w`'s rows
-//! `n` at k 0-7 and k 8-15 gives exactly B's registers.
+//! **Swizzle.** A staged row is `BK = 32` halves: 64 bytes, four 16-byte chunks, so two rows
+//! fill the 128 bytes of the 32 four-byte banks. Chunk `c` of row `r` is stored at chunk
+//! `c ^ ((r >> 1) & 3)` of its row ([`swizzle_chunk`]). One phase of an `ldmatrix` reads 8
+//! rows `r0..r0 + 8` (`r0` a multiple of 8) at one logical chunk `c`; its 16-byte bank group
+//! is `(4 * (r & 1) + (c ^ ((r >> 1) & 3))) % 8`, and as `r` runs over the 8 rows,
+//! `(r & 1, (r >> 1) & 3)` takes all 8 values, so the 8 groups are distinct: no conflicts. The
+//! stores of a quarter warp (8 consecutive 16-byte chunks: two rows × four chunks) hit 8
+//! distinct groups by the same argument. Row offsets that are multiples of 8 leave the swizzle
+//! unchanged, so per-mma-tile offsets stay compile-time constants. (Padding rows to 80 bytes
+//! would also avoid conflicts, at 25% more shared memory.)
+//!
+//! **Fragments** (see `Op::Mma` / `Op::LdMatrix`): A (`x` rows `m`, columns `k`) is
+//! `ldmatrix.x4` of the four 8x8 quadrants (rows 0-7/8-15 × k 0-7, then × k 8-15); B is
+//! `16 × 8` with rows `k`, whose column `n` is row `n` of `w`, so one `ldmatrix.x4` (not
+//! transposed) of `w`'s rows `n..n + 8` and `n + 8..n + 16` at k 0-7 and k 8-15 gives the B
+//! registers of two adjacent mma tiles.
+//!
+//! **Epilogue.** `acc + bias[col]` then `+ residual[row, col]`, in f32, rounded once to the
+//! output type (nearest even). PyTorch's `F.linear(x, w, b) + r` in bf16 rounds twice (after
+//! the bias epilogue, then after the add), so results may differ from it by one rounding of
+//! the output type; with an f32 output they agree up to the f32 summation order. The bias has
+//! the input dtype, the residual the output dtype; `residual` may alias `y` (each element is
+//! read before the same thread writes it).
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, MmaType, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{AddrSpace, Kernel, KernelBuilder, MmaType, ScalarType, SpecialReg, Type, Value, VerifyError};
 
-use super::common::store_from_f32;
+use super::common::{load_f32, store_from_f32};
 
-const BM: u32 = 64;
-const BN: u32 = 64;
-const BK: u32 = 32;
-/// Padded shared row length in 16-bit elements (`BK + 8`: 80 bytes).
-const SROW: u32 = BK + 8;
-const THREADS: u32 = 128;
-/// 16-byte chunks (8 elements) per staged row.
+/// The pipeline depths built: shared-memory stages filled by `cp.async`.
+pub const STAGES: [u32; 2] = [2, 3];
+
+/// Depth in `k` of a staged tile.
+pub const BK: u32 = 32;
+/// 16-byte chunks (8 halves) per staged row.
 const CHUNKS_PER_ROW: u32 = BK / 8;
-/// mma tiles per warp along `m` (16 rows each) and `n` (8 columns each).
-const WARP_TILES_M: u32 = 2;
-const WARP_TILES_N: u32 = 4;
 
+/// The physical 16-byte chunk (0..4) of a row where logical chunk `chunk` of staged row `row`
+/// lives (see the module documentation).
+pub fn swizzle_chunk(row: u32, chunk: u32) -> u32 {
+    chunk ^ ((row >> 1) & 3)
+}
+
+/// The block tile and its warp layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TcTile {
+    /// 4 warps of 32 × 32.
+    T64x64,
+    /// 4 warps of 32 × 64.
+    T64x128,
+    /// 4 warps of 64 × 32.
+    T128x64,
+    /// 8 warps (2 × 4) of 64 × 32.
+    T128x128,
+}
+
+impl TcTile {
+    pub const ALL: [TcTile; 4] = [TcTile::T64x64, TcTile::T64x128, TcTile::T128x64, TcTile::T128x128];
+
+    /// `(BM, BN)`.
+    pub fn dims(self) -> (u32, u32) {
+        match self {
+            TcTile::T64x64 => (64, 64),
+            TcTile::T64x128 => (64, 128),
+            TcTile::T128x64 => (128, 64),
+            TcTile::T128x128 => (128, 128),
+        }
+    }
+
+    /// Warps along `m` and along `n`.
+    pub fn warps(self) -> (u32, u32) {
+        match self {
+            TcTile::T128x128 => (2, 4),
+            _ => (2, 2),
+        }
+    }
+
+    pub fn threads(self) -> u32 {
+        let (a, b) = self.warps();
+        32 * a * b
+    }
+
+    /// `(WM, WN)`: the warp tile.
+    pub fn warp_tile(self) -> (u32, u32) {
+        let ((bm, bn), (wm, wn)) = (self.dims(), self.warps());
+        (bm / wm, bn / wn)
+    }
+
+    /// `tc128x64`, the id part.
+    pub fn name(self) -> String {
+        let (bm, bn) = self.dims();
+        format!("tc{bm}x{bn}")
+    }
+
+    pub fn from_name(name: &str) -> Option<TcTile> {
+        TcTile::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// One configuration of the family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmTcConfig {
-    /// The input (and output) type.
+    /// The input type of `x` and `w` (and of the bias).
     pub ty: MmaType,
+    /// The output type (f16, bf16 or f32; also the residual's).
+    pub out: ScalarType,
+    pub tile: TcTile,
+    /// Shared-memory stages filled by `cp.async` (at least 2; see [`STAGES`]).
+    pub stages: u32,
+    /// Adds `bias[N]`.
+    pub bias: bool,
+    /// Adds `residual[M, N]`.
+    pub residual: bool,
+    /// `grid.z` runs over a batch; `x`, `w`, `y` (and the residual, like `y`) advance by
+    /// per-batch strides given as parameters (`w_batch = 0` shares one weight).
+    pub batched: bool,
 }
 
 impl GemmTcConfig {
-    /// The config for a tensor dtype, if tensor cores take it.
-    pub fn for_dtype(dtype: ScalarType) -> Option<GemmTcConfig> {
+    /// Elements of `k` each 16-byte load covers: `K` must be a multiple.
+    pub const K_MULTIPLE: u32 = 8;
+
+    /// The plain configuration: output in the input dtype, no epilogue, no batch.
+    pub fn new(ty: MmaType, tile: TcTile, stages: u32) -> GemmTcConfig {
+        let out = mma_dtype(ty);
+        GemmTcConfig { ty, out, tile, stages, bias: false, residual: false, batched: false }
+    }
+
+    /// The tensor-core input type of a tensor dtype, if tensor cores take it.
+    pub fn mma_type(dtype: ScalarType) -> Option<MmaType> {
         match dtype {
-            ScalarType::F16 => Some(GemmTcConfig { ty: MmaType::F16 }),
-            ScalarType::BF16 => Some(GemmTcConfig { ty: MmaType::BF16 }),
+            ScalarType::F16 => Some(MmaType::F16),
+            ScalarType::BF16 => Some(MmaType::BF16),
             _ => None,
         }
     }
 
     pub fn dtype(&self) -> ScalarType {
-        match self.ty {
-            MmaType::F16 => ScalarType::F16,
-            MmaType::BF16 => ScalarType::BF16,
-        }
+        mma_dtype(self.ty)
     }
 
+    /// `gemm.bf16.tc128x128.s1` then `.out_f32` (output not the input dtype), `.bias`,
+    /// `.residual`, `.batch`.
     pub fn id(&self) -> String {
-        format!("gemm.{}.tc{BM}x{BN}", self.dtype())
+        let mut id = format!("gemm.{}.{}.s{}", self.dtype(), self.tile.name(), self.stages);
+        if self.out != self.dtype() {
+            id.push_str(&format!(".out_{}", self.out));
+        }
+        for (on, s) in [(self.bias, ".bias"), (self.residual, ".residual"), (self.batched, ".batch")] {
+            if on {
+                id.push_str(s);
+            }
+        }
+        id
     }
 
-    /// Grid for an `M × N` output: `(ceil(N / 64), ceil(M / 64))`.
-    pub fn grid(m: u32, n: u32) -> [u32; 3] {
-        [n.div_ceil(BN), m.div_ceil(BM), 1]
+    pub fn threads(&self) -> u32 {
+        self.tile.threads()
     }
 
-    /// Elements of `k` each 16-byte load covers: `K` must be a multiple.
-    pub const K_MULTIPLE: u32 = 8;
-    pub const THREADS: u32 = THREADS;
+    /// Grid for `batch` outputs of `M × N`: `(ceil(N / BN), ceil(M / BM), batch)`.
+    pub fn grid(&self, m: u32, n: u32, batch: u32) -> [u32; 3] {
+        let (bm, bn) = self.tile.dims();
+        [n.div_ceil(bn), m.div_ceil(bm), batch]
+    }
+
+    /// Bytes of static shared memory.
+    pub fn shared_bytes(&self) -> u32 {
+        let (bm, bn) = self.tile.dims();
+        self.stages * (bm + bn) * BK * 2
+    }
 }
 
-/// Build the kernel. Parameters: x, w, y, m, n, k (all `u32` dimensions).
+/// The registered configurations: every tile and pipeline depth plain in bf16 (any may be
+/// picked or tuned) and the deepest in f16; Qwen's fused epilogues (the QKV bias, the residual
+/// add after `o_proj` / `down_proj`) on every bf16 tile; f32 output, both addends together and
+/// the batched form once or twice each.
+pub fn registered_configs() -> Vec<GemmTcConfig> {
+    use MmaType::{BF16, F16};
+    let deep = *STAGES.last().unwrap_or(&1);
+    let mut cfgs: Vec<GemmTcConfig> = Vec::new();
+    for tile in TcTile::ALL {
+        cfgs.extend(STAGES.map(|s| GemmTcConfig::new(BF16, tile, s)));
+        cfgs.push(GemmTcConfig::new(F16, tile, deep));
+    }
+    for tile in TcTile::ALL {
+        cfgs.push(GemmTcConfig { bias: true, ..GemmTcConfig::new(BF16, tile, deep) });
+        cfgs.push(GemmTcConfig { residual: true, ..GemmTcConfig::new(BF16, tile, deep) });
+    }
+    let (small, large) = (TcTile::T64x64, TcTile::T128x128);
+    cfgs.push(GemmTcConfig { bias: true, residual: true, ..GemmTcConfig::new(F16, small, deep) });
+    cfgs.push(GemmTcConfig { out: ScalarType::F32, ..GemmTcConfig::new(BF16, large, deep) });
+    cfgs.push(GemmTcConfig { out: ScalarType::F32, bias: true, ..GemmTcConfig::new(F16, small, deep) });
+    cfgs.push(GemmTcConfig { batched: true, ..GemmTcConfig::new(BF16, small, deep) });
+    cfgs.push(GemmTcConfig { batched: true, out: ScalarType::F32, ..GemmTcConfig::new(F16, large, deep) });
+    cfgs
+}
+
+fn mma_dtype(ty: MmaType) -> ScalarType {
+    match ty {
+        MmaType::F16 => ScalarType::F16,
+        MmaType::BF16 => ScalarType::BF16,
+    }
+}
+
+/// Build the kernel. Parameters: `x`, `w`, [`bias`], [`residual`], `y`, `m`, `n`, `k`, and
+/// when batched `x_batch`, `w_batch`, `y_batch` (element strides between batch entries; the
+/// residual uses `y_batch`). All dimensions `u32`.
 pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
-    let mma_ty = cfg.ty;
+    if !(2..=8).contains(&cfg.stages) || !matches!(cfg.out, ScalarType::F16 | ScalarType::BF16 | ScalarType::F32) {
+        return Err(VerifyError {
+            kernel: cfg.id().replace('.', "_"),
+            op: "kernel".into(),
+            loc: None,
+            message: format!("gemm_tc: {} stages and output {} (2 to 8 stages; f16, bf16 or f32 output)", cfg.stages, cfg.out),
+            context: String::new(),
+        });
+    }
     let dtype = cfg.dtype();
+    let (bm, bn) = cfg.tile.dims();
+    let warps_n = cfg.tile.warps().1;
+    let (wm, wn) = cfg.tile.warp_tile();
+    let (tiles_m, tiles_n) = (wm / 16, wn / 8);
+    let threads = cfg.threads();
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x_ptr = b.param("x", Type::Ptr(AddrSpace::Global, dtype));
-    let w_ptr = b.param("w", Type::Ptr(AddrSpace::Global, dtype));
-    let y_ptr = b.param("y", Type::Ptr(AddrSpace::Global, dtype));
+    let x_param = b.param("x", Type::Ptr(AddrSpace::Global, dtype));
+    let w_param = b.param("w", Type::Ptr(AddrSpace::Global, dtype));
+    let bias_ptr = cfg.bias.then(|| b.param("bias", Type::Ptr(AddrSpace::Global, dtype)));
+    let res_param = cfg.residual.then(|| b.param("residual", Type::Ptr(AddrSpace::Global, cfg.out)));
+    let y_param = b.param("y", Type::Ptr(AddrSpace::Global, cfg.out));
     let m = b.param("m", Type::U32);
     let n = b.param("n", Type::U32);
     let k = b.param("k", Type::U32);
-    b.launch_bounds(THREADS, None);
-    let x_tile = b.shared_array("x_tile", dtype, BM * SROW);
-    let w_tile = b.shared_array("w_tile", dtype, BN * SROW);
+    b.launch_bounds(threads, None);
+    let x_tile = b.shared_array("x_tile", dtype, cfg.stages * bm * BK);
+    let w_tile = b.shared_array("w_tile", dtype, cfg.stages * bn * BK);
+
+    // Batch entry `ctaid.z`: advance the base pointers.
+    let (x_ptr, w_ptr, y_ptr, res_ptr) = if cfg.batched {
+        let xs = b.param("x_batch", Type::U32);
+        let ws = b.param("w_batch", Type::U32);
+        let ys = b.param("y_batch", Type::U32);
+        let z = b.special(SpecialReg::CtaidZ);
+        let (xo, wo, yo) = (b.mul(z, xs), b.mul(z, ws), b.mul(z, ys));
+        let res = res_param.map(|r| b.ptr_add(r, yo));
+        (b.ptr_add(x_param, xo), b.ptr_add(w_param, wo), b.ptr_add(y_param, yo), res)
+    } else {
+        (x_param, w_param, y_param, res_param)
+    };
 
     let tid = b.thread_id_x();
     let lane = b.lane_id();
     let c32 = b.const_u32(32);
     let warp = b.div(tid, c32);
     let (one, two, four, eight) = (b.const_u32(1), b.const_u32(2), b.const_u32(4), b.const_u32(8));
-    let wm = b.div(warp, two);
-    let wn = b.rem(warp, two);
-    let warp_row = b.mul(wm, c32);
-    let warp_col = b.mul(wn, c32);
-    let (bm_c, bn_c) = (b.const_u32(BM), b.const_u32(BN));
+    let warps_n_c = b.const_u32(warps_n);
+    let wmi = b.div(warp, warps_n_c);
+    let wni = b.rem(warp, warps_n_c);
+    let (wm_c, wn_c) = (b.const_u32(wm), b.const_u32(wn));
+    let warp_row = b.mul(wmi, wm_c);
+    let warp_col = b.mul(wni, wn_c);
+    let (bm_c, bn_c) = (b.const_u32(bm), b.const_u32(bn));
     let block_col = b.block_id_x();
     let block_row = b.block_id_y();
     let col0 = b.mul(block_col, bn_c);
     let row0 = b.mul(block_row, bm_c);
     let x_smem = b.shared_ptr(x_tile);
     let w_smem = b.shared_ptr(w_tile);
-    let x_gmem32 = b.ptr_cast(x_ptr, ScalarType::U32);
-    let w_gmem32 = b.ptr_cast(w_ptr, ScalarType::U32);
-    let x_smem32 = b.ptr_cast(x_smem, ScalarType::U32);
-    let w_smem32 = b.ptr_cast(w_smem, ScalarType::U32);
-    let srow = b.const_u32(SROW);
-    let zero_u = b.const_u32(0);
-    let zero_chunk = b.make_vector(&[zero_u; 4]);
-
-    // ldmatrix row addresses (element offsets into a tile, before the k step and tile offset).
-    // A (x4): lane l addresses row l % 16 of the 16-row tile, at k 8 * (l / 16).
-    let c16 = b.const_u32(16);
-    let a_r = b.rem(lane, c16);
-    let a_k8 = b.div(lane, c16);
-    let a_k = b.mul(a_k8, eight);
-    let a_row = b.add(warp_row, a_r);
-    let a_off = b.fma(a_row, srow, a_k);
-    // B (x2): lane l addresses row l % 8 of the 8 `w` rows, at k 8 * ((l / 8) % 2); lanes
-    // 16-31 repeat lanes 0-15 (their addresses are ignored).
-    let b_r = b.rem(lane, eight);
-    let b_m = b.div(lane, eight);
-    let b_m = b.rem(b_m, two);
-    let b_k = b.mul(b_m, eight);
-    let b_row = b.add(warp_col, b_r);
-    let b_off = b.fma(b_row, srow, b_k);
-
-    let zero_f = b.const_f32(0.0);
-    let tiles = (WARP_TILES_M * WARP_TILES_N) as usize;
-    let init = vec![zero_f; tiles * 4];
     let bk_c = b.const_u32(BK);
 
-    let acc = b.for_range(zero_u, k, bk_c, &init, |b, k0, acc| {
-        for (gmem32, smem32, dim, base) in [(x_gmem32, x_smem32, m, row0), (w_gmem32, w_smem32, n, col0)] {
-            for r in 0..(BM * CHUNKS_PER_ROW / THREADS) {
-                let e = offset(b, tid, r * THREADS);
-                let cpr = b.const_u32(CHUNKS_PER_ROW);
-                let row = b.div(e, cpr);
-                let chunk = b.rem(e, cpr);
-                let kc = b.mul(chunk, eight);
-                let grow = b.add(base, row);
-                let gk = b.add(k0, kc);
-                let row_ok = b.lt(grow, dim);
-                let k_ok = b.lt(gk, k);
-                let ok = b.and(row_ok, k_ok);
-                // Shared offset in u32 units: (row * SROW + kc) / 2.
-                let half_srow = b.const_u32(SROW / 2);
-                let half_kc = b.mul(chunk, four);
-                let s = b.fma(row, half_srow, half_kc);
-                let sp = b.ptr_add(smem32, s);
-                b.if_else(
-                    ok,
-                    |b| {
-                        let idx = b.fma(grow, k, gk);
-                        let idx = b.shr(idx, one);
-                        let gp = b.ptr_add(gmem32, idx);
-                        let v = b.load_vec(gp, 4);
-                        b.store(sp, v);
-                        vec![]
-                    },
-                    |b| {
-                        b.store(sp, zero_chunk);
-                        vec![]
-                    },
-                );
-            }
+    let mut chunks: Vec<(bool, Chunk)> = Vec::new();
+    for (is_x, rows, dim, base) in [(true, bm, m, row0), (false, bn, n, col0)] {
+        for r in 0..(rows * CHUNKS_PER_ROW / threads) {
+            let e = offset(&mut b, tid, r * threads);
+            let row = b.shr(e, two);
+            let three = b.const_u32(CHUNKS_PER_ROW - 1);
+            let chunk = b.and(e, three);
+            let phys = swizzle(&mut b, row, chunk);
+            let p8 = b_mul(&mut b, phys, 8);
+            let smem = b.fma(row, bk_c, p8);
+            let kc = b.mul(chunk, eight);
+            let grow = b.add(base, row);
+            let row_ok = b.lt(grow, dim);
+            let last = b.sub(dim, one);
+            let grow = b.min(grow, last);
+            let gidx = b.fma(grow, k, kc);
+            chunks.push((is_x, Chunk { smem, gidx, row_ok, kc }));
         }
-        b.barrier();
-        let mut acc: Vec<Value> = acc.to_vec();
-        for ks in 0..(BK / 16) {
-            let a_frags: Vec<Value> = (0..WARP_TILES_M)
-                .map(|i| {
-                    let o = offset(b, a_off, i * 16 * SROW + ks * 16);
-                    let p = b.ptr_add(x_smem, o);
-                    b.ldmatrix(p, 4, false)
-                })
-                .collect();
-            let b_frags: Vec<Value> = (0..WARP_TILES_N)
-                .map(|j| {
-                    let o = offset(b, b_off, j * 8 * SROW + ks * 16);
-                    let p = b.ptr_add(w_smem, o);
-                    b.ldmatrix(p, 2, false)
-                })
-                .collect();
-            for i in 0..WARP_TILES_M as usize {
-                for j in 0..WARP_TILES_N as usize {
-                    let t = (i * WARP_TILES_N as usize + j) * 4;
-                    let c = b.make_vector(&acc[t..t + 4]);
-                    let d = b.mma_m16n8k16(mma_ty, a_frags[i], b_frags[j], c);
-                    for (e, slot) in acc[t..t + 4].iter_mut().enumerate() {
-                        *slot = b.extract(d, e as u8);
-                    }
-                }
-            }
+    }
+
+    // ldmatrix row addresses (element offsets into a stage, per k step of 16).
+    // A (x4): lane l addresses row l % 16 of the 16-row tile, logical chunk l / 16 (+ 2 ks).
+    let c16 = b.const_u32(16);
+    let a_r = b.rem(lane, c16);
+    let a_c = b.div(lane, c16);
+    let a_row = b.add(warp_row, a_r);
+    // B (x4): lane l addresses matrix q = l / 8: row l % 8 + 8 (q / 2), logical chunk q % 2.
+    let q = b.div(lane, eight);
+    let b_r = b.rem(lane, eight);
+    let q_hi = b.shr(q, one);
+    let b_r = b.fma(q_hi, eight, b_r);
+    let b_c = b.and(q, one);
+    let b_row = b.add(warp_col, b_r);
+    let mut a_off = Vec::new();
+    let mut b_off = Vec::new();
+    for ks in 0..BK / 16 {
+        for (row, c, out) in [(a_row, a_c, &mut a_off), (b_row, b_c, &mut b_off)] {
+            let c = offset(&mut b, c, 2 * ks);
+            let phys = swizzle(&mut b, row, c);
+            let p8 = b_mul(&mut b, phys, 8);
+            out.push(b.fma(row, bk_c, p8));
         }
-        // The tiles are overwritten next iteration only after every warp has read them.
-        b.barrier();
-        acc
+    }
+
+    let zero_f = b.const_f32(0.0);
+    let acc_len = (tiles_m * tiles_n * 4) as usize;
+    let init = vec![zero_f; acc_len];
+    let acc = k_loop(&mut b, cfg, &chunks, [x_ptr, w_ptr], [x_smem, w_smem], k, &init, |b, (x_stage, w_stage), acc| {
+        mma_k_tile(b, cfg, x_stage, w_stage, &a_off, &b_off, acc)
     });
 
     // Element e of mma tile (i, j) is y[16 i + g + 8 (e / 2)][8 j + 2 t + e % 2] of the warp tile.
@@ -204,23 +337,196 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let r_base = b.add(r_base, g);
     let c_base = b.add(col0, warp_col);
     let c_base = b.add(c_base, t2);
-    for i in 0..WARP_TILES_M {
-        for j in 0..WARP_TILES_N {
-            for e in 0..4u32 {
-                let row = offset(&mut b, r_base, 16 * i + 8 * (e / 2));
-                let col = offset(&mut b, c_base, 8 * j + e % 2);
-                let row_ok = b.lt(row, m);
-                let col_ok = b.lt(col, n);
-                let ok = b.and(row_ok, col_ok);
-                let value = acc[((i * WARP_TILES_N + j) * 4 + e) as usize];
-                b.if_then(ok, |b| {
-                    let idx = b.fma(row, n, col);
-                    store_from_f32(b, y_ptr, idx, value);
-                });
-            }
+    // Columns (j, e % 2): index, in range, and the bias there (0 past the edge).
+    let cols: Vec<(Value, Value, Option<Value>)> = (0..tiles_n * 2)
+        .map(|jc| {
+            let col = offset(&mut b, c_base, 8 * (jc / 2) + jc % 2);
+            let ok = b.lt(col, n);
+            let bias = bias_ptr.map(|bp| {
+                b.if_else(ok, |b| vec![load_f32(b, bp, col)], |b| vec![b.const_f32(0.0)])[0]
+            });
+            (col, ok, bias)
+        })
+        .collect();
+    for ir in 0..tiles_m * 2 {
+        let row = offset(&mut b, r_base, 16 * (ir / 2) + 8 * (ir % 2));
+        let row_ok = b.lt(row, m);
+        let row_idx = b.mul(row, n);
+        for (jc, (col, col_ok, bias)) in cols.iter().enumerate() {
+            let (i, j) = (ir / 2, jc as u32 / 2);
+            let e = 2 * (ir % 2) + jc as u32 % 2;
+            let value = acc[((i * tiles_n + j) * 4 + e) as usize];
+            let ok = b.and(row_ok, *col_ok);
+            b.if_then(ok, |b| {
+                let idx = b.add(row_idx, *col);
+                let mut v = value;
+                if let Some(bias) = bias {
+                    v = b.add(v, *bias);
+                }
+                if let Some(rp) = res_ptr {
+                    let r = load_f32(b, rp, idx);
+                    v = b.add(v, r);
+                }
+                store_from_f32(b, y_ptr, idx, v);
+            });
         }
     }
     b.finish()
+}
+
+/// A 16-byte chunk a thread stages per k-tile.
+struct Chunk {
+    /// Element offset in its stage (swizzled).
+    smem: Value,
+    /// Global element index at `k = 0`, the row clamped into the matrix.
+    gidx: Value,
+    /// Whether the row exists.
+    row_ok: Value,
+    /// The chunk's first `k`.
+    kc: Value,
+}
+
+/// Whether chunk `c` exists at `k0`, and its global element index there.
+#[track_caller]
+fn chunk_at(b: &mut KernelBuilder, c: &Chunk, k0: Value, k: Value) -> (Value, Value) {
+    let gk = b.add(k0, c.kc);
+    let k_ok = b.lt(gk, k);
+    let ok = b.and(c.row_ok, k_ok);
+    let idx = b.add(c.gidx, k0);
+    (ok, idx)
+}
+
+/// `cfg.stages` shared stages in a ring, filled by `cp.async` (zero-filling chunks past the
+/// matrix edges with a source size of 0). The prologue issues k-tiles `0..S-1`, one commit
+/// group each; iteration `t` waits until tile `t`'s group is complete (at most `S - 2`
+/// younger groups pending), and one barrier then makes every thread's copies of tile `t`
+/// visible and guarantees that every warp has finished tile `t - 1`, whose stage the copies of
+/// tile `t + S - 1` issued next overwrite while the mma consumes tile `t`.
+#[allow(clippy::too_many_arguments)]
+fn k_loop(
+    b: &mut KernelBuilder,
+    cfg: &GemmTcConfig,
+    chunks: &[(bool, Chunk)],
+    gmem: [Value; 2],
+    smem: [Value; 2],
+    k: Value,
+    init: &[Value],
+    mut compute: impl FnMut(&mut KernelBuilder, (Value, Value), &[Value]) -> Vec<Value>,
+) -> Vec<Value> {
+    let s = cfg.stages;
+    let (bm, bn) = cfg.tile.dims();
+    let stage_elems = [bm * BK, bn * BK].map(|e| b.const_u32(e));
+    let (zero, one) = (b.const_u32(0), b.const_u32(1));
+    let (sixteen, last_stage) = (b.const_u32(16), b.const_u32(s - 1));
+    let bk = b.const_u32(BK);
+    // Issue the copies of the k-tile at `k0` into stage `stage`, then commit them as a group.
+    let issue = |b: &mut KernelBuilder, stage: Value, k0: Value| {
+        let bases = stage_elems.map(|e| b.mul(stage, e));
+        for (is_x, c) in chunks {
+            let op = if *is_x { 0 } else { 1 };
+            let (ok, idx) = chunk_at(b, c, k0, k);
+            let so = b.add(bases[op], c.smem);
+            let dst = b.ptr_add(smem[op], so);
+            // A chunk past the edge reads nothing from the matrix's first element.
+            let idx = b.select(ok, idx, zero);
+            let src = b.ptr_add(gmem[op], idx);
+            let size = b.select(ok, sixteen, zero);
+            b.cp_async_zfill(dst, src, 16, size);
+        }
+        b.cp_async_commit();
+    };
+    for t in 0..s - 1 {
+        let stage = b.const_u32(t);
+        let k0 = b.const_u32(t * BK);
+        issue(b, stage, k0);
+    }
+    // Carried: the stage to read, the stage to fill, then the accumulators.
+    let mut carried = vec![zero, last_stage];
+    carried.extend_from_slice(init);
+    let out = b.for_range(zero, k, bk, &carried, |b, k0, c| {
+        let (rd, wr) = (c[0], c[1]);
+        b.cp_async_wait((s - 2) as u8);
+        b.barrier();
+        let ahead = b.const_u32((s - 1) * BK);
+        let k_next = b.add(k0, ahead);
+        issue(b, wr, k_next);
+        let stage = [0, 1].map(|op| {
+            let o = b.mul(rd, stage_elems[op]);
+            b.ptr_add(smem[op], o)
+        });
+        let acc = compute(b, (stage[0], stage[1]), &c[2..]);
+        let next = |b: &mut KernelBuilder, v: Value| {
+            let at_end = b.eq(v, last_stage);
+            let inc = b.add(v, one);
+            b.select(at_end, zero, inc)
+        };
+        let mut yields = vec![next(b, rd), next(b, wr)];
+        yields.extend(acc);
+        yields
+    });
+    out[2..].to_vec()
+}
+
+/// The mma work of one staged k-tile: two k steps of ldmatrix + `tiles_m × tiles_n` mma.
+fn mma_k_tile(
+    b: &mut KernelBuilder,
+    cfg: &GemmTcConfig,
+    x_stage: Value,
+    w_stage: Value,
+    a_off: &[Value],
+    b_off: &[Value],
+    acc: &[Value],
+) -> Vec<Value> {
+    let (wm, wn) = cfg.tile.warp_tile();
+    let (tiles_m, tiles_n) = ((wm / 16) as usize, (wn / 8) as usize);
+    let mut acc = acc.to_vec();
+    for ks in 0..(BK / 16) as usize {
+        let a_frags: Vec<Value> = (0..tiles_m)
+            .map(|i| {
+                let o = offset(b, a_off[ks], i as u32 * 16 * BK);
+                let p = b.ptr_add(x_stage, o);
+                b.ldmatrix(p, 4, false)
+            })
+            .collect();
+        let mut b_frags = Vec::with_capacity(tiles_n);
+        for j2 in 0..tiles_n / 2 {
+            let o = offset(b, b_off[ks], j2 as u32 * 16 * BK);
+            let p = b.ptr_add(w_stage, o);
+            let regs = b.ldmatrix(p, 4, false);
+            for half in 0..2u8 {
+                let lo = b.extract(regs, 2 * half);
+                let hi = b.extract(regs, 2 * half + 1);
+                b_frags.push(b.make_vector(&[lo, hi]));
+            }
+        }
+        for (i, &a) in a_frags.iter().enumerate() {
+            for (j, &bf) in b_frags.iter().enumerate() {
+                let t = (i * tiles_n + j) * 4;
+                let c = b.make_vector(&acc[t..t + 4]);
+                let d = b.mma_m16n8k16(cfg.ty, a, bf, c);
+                for (e, slot) in acc[t..t + 4].iter_mut().enumerate() {
+                    *slot = b.extract(d, e as u8);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// `chunk ^ ((row >> 1) & 3)` in the IR ([`swizzle_chunk`]).
+#[track_caller]
+fn swizzle(b: &mut KernelBuilder, row: Value, chunk: Value) -> Value {
+    let one = b.const_u32(1);
+    let s = b.shr(row, one);
+    let three = b.const_u32(3);
+    let s = b.and(s, three);
+    b.xor(chunk, s)
+}
+
+#[track_caller]
+fn b_mul(b: &mut KernelBuilder, v: Value, c: u32) -> Value {
+    let c = b.const_u32(c);
+    b.mul(v, c)
 }
 
 /// `v + constant` (the constant folded away when zero).

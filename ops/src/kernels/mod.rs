@@ -9,6 +9,7 @@ pub mod gemm;
 pub mod gemm_tc;
 pub mod gemv;
 pub mod norm;
+pub mod penalty;
 pub mod rope;
 pub mod rows;
 pub mod sampling;

@@ -19,6 +19,9 @@ use ruda_runtime::{
 use crate::api::{self, gemv_split_k_into, gemv_splits, OpError, Result, GEMV_MAX_M};
 use crate::kernels::gemv::{GemvConfig, GemvLoads, GemvReduceConfig};
 
+mod gemm;
+pub use gemm::*;
+
 /// The split-K counts GEMV tries besides its heuristic's.
 pub const GEMV_SPLIT_CANDIDATES: [usize; 5] = [1, 2, 4, 8, 16];
 

@@ -95,7 +95,7 @@ fn every_registered_config_matches_the_reference_on_partial_tiles() {
     // Ids are unique and name what they build.
     let ids: std::collections::BTreeSet<String> = cfgs.iter().map(|c| c.id()).collect();
     assert_eq!(ids.len(), cfgs.len());
-    assert!(ids.contains("gemm.bf16.tc128x128.s3.out_f32"), "{ids:?}");
+    assert!(ids.contains("gemm.bf16.tc128x128w4.s3.out_f32"), "{ids:?}");
     for cfg in &cfgs {
         // Partial tiles in m and n; k a multiple of 8 but not of BK (the last k-tile is
         // partial), and more k-tiles than stages so the ring wraps.
@@ -326,7 +326,7 @@ fn sass_uses_hmma_and_async_copies() {
     };
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemm_tc_sass");
     std::fs::create_dir_all(&dir).unwrap();
-    let cfgs = [GemmTcConfig::new(MmaType::F16, TcTile::T64x64, 2), GemmTcConfig::new(MmaType::BF16, TcTile::T128x128, 3)];
+    let cfgs = [GemmTcConfig::new(MmaType::F16, TcTile::T64x64, 2), GemmTcConfig::new(MmaType::BF16, TcTile::T128x128W4, 3)];
     for cfg in cfgs {
         let mut kern = gemm_tc(&cfg).unwrap();
         optimize(&mut kern).unwrap();

@@ -41,7 +41,7 @@ fn gemm_tiles_tune_with_injected_timings_and_cache_the_choice() {
     let heuristic = heuristic_gemm_tile(&dev, 40, 24);
     assert_eq!(heuristic, GemmTile { tile: TcTile::T64x64, stages: 3 });
     let fastest = GemmTile { tile: TcTile::T128x64, stages: 2 };
-    let broken = GemmTile { tile: TcTile::T128x128, stages: 3 };
+    let broken = GemmTile { tile: TcTile::T128x128W4, stages: 3 };
     let mut measured = Vec::new();
     let choice = tune_gemm_with(&tuner, &dev, &x, &w, |t| {
         measured.push(t);
@@ -98,8 +98,8 @@ fn the_heuristic_prefers_large_tiles_only_when_they_fill_the_gpu() {
     let dev = Device::cpu();
     let h = |m, n| heuristic_gemm_tile(&dev, m, n).tile;
     // 108 SMs assumed without a GPU.
-    assert_eq!(h(4096, 4096), TcTile::T128x128);
-    assert_eq!(h(2048, 896), TcTile::T128x128);
+    assert_eq!(h(4096, 4096), TcTile::T128x128W4);
+    assert_eq!(h(2048, 896), TcTile::T128x128W4);
     assert_eq!(h(1024, 896), TcTile::T128x64);
     assert_eq!(h(100, 8192), TcTile::T64x128);
     assert_eq!(h(128, 896), TcTile::T64x64);

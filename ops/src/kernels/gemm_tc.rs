@@ -62,10 +62,13 @@ pub enum TcTile {
     T128x64,
     /// 8 warps (2 × 4) of 64 × 32.
     T128x128,
+    /// 4 warps of 64 × 64: half the `ldmatrix` traffic per mma of the 8-warp tile, at twice
+    /// the accumulator registers.
+    T128x128W4,
 }
 
 impl TcTile {
-    pub const ALL: [TcTile; 4] = [TcTile::T64x64, TcTile::T64x128, TcTile::T128x64, TcTile::T128x128];
+    pub const ALL: [TcTile; 5] = [TcTile::T64x64, TcTile::T64x128, TcTile::T128x64, TcTile::T128x128, TcTile::T128x128W4];
 
     /// `(BM, BN)`.
     pub fn dims(self) -> (u32, u32) {
@@ -73,7 +76,7 @@ impl TcTile {
             TcTile::T64x64 => (64, 64),
             TcTile::T64x128 => (64, 128),
             TcTile::T128x64 => (128, 64),
-            TcTile::T128x128 => (128, 128),
+            TcTile::T128x128 | TcTile::T128x128W4 => (128, 128),
         }
     }
 
@@ -96,10 +99,11 @@ impl TcTile {
         (bm / wm, bn / wn)
     }
 
-    /// `tc128x64`, the id part.
+    /// `tc128x64`, the id part (`w4` marks the 4-warp variant of a tile).
     pub fn name(self) -> String {
         let (bm, bn) = self.dims();
-        format!("tc{bm}x{bn}")
+        let w4 = if self == TcTile::T128x128W4 { "w4" } else { "" };
+        format!("tc{bm}x{bn}{w4}")
     }
 
     pub fn from_name(name: &str) -> Option<TcTile> {
@@ -197,7 +201,7 @@ pub fn registered_configs() -> Vec<GemmTcConfig> {
         cfgs.push(GemmTcConfig { bias: true, ..GemmTcConfig::new(BF16, tile, deep) });
         cfgs.push(GemmTcConfig { residual: true, ..GemmTcConfig::new(BF16, tile, deep) });
     }
-    let (small, large) = (TcTile::T64x64, TcTile::T128x128);
+    let (small, large) = (TcTile::T64x64, TcTile::T128x128W4);
     cfgs.push(GemmTcConfig { bias: true, residual: true, ..GemmTcConfig::new(F16, small, deep) });
     cfgs.push(GemmTcConfig { out: ScalarType::F32, ..GemmTcConfig::new(BF16, large, deep) });
     cfgs.push(GemmTcConfig { out: ScalarType::F32, bias: true, ..GemmTcConfig::new(F16, small, deep) });

@@ -100,7 +100,7 @@ pub fn run(model_type: ModelType, args: &[String], out: &mut dyn Write, notices:
             max_new_tokens: args.max_new_tokens,
             eos_token_ids: loaded.default_eos_token_ids.clone(),
         };
-        let g = pipeline.generate(&args.prompt, &config.into(), true, true, |_| StreamControl::Continue)?;
+        let g = pipeline.generate(&args.prompt, &config.into(), true, true, |_, _| StreamControl::Continue)?;
         let line = json_line(&[
             ("event", json!("generation")),
             ("run", json!(run)),

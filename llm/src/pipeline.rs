@@ -248,7 +248,7 @@ impl Pipeline {
         add_special_tokens: bool,
         skip_special_tokens: bool,
     ) -> Result<GeneratedText, LlmError> {
-        self.generate(prompt, &config.into(), add_special_tokens, skip_special_tokens, |_| StreamControl::Continue)
+        self.generate(prompt, &config.into(), add_special_tokens, skip_special_tokens, |_, _| StreamControl::Continue)
     }
 
     /// Sampled generation after `prompt` (seed 000's `generate_text_sampled`).
@@ -259,25 +259,27 @@ impl Pipeline {
         add_special_tokens: bool,
         skip_special_tokens: bool,
     ) -> Result<GeneratedText, LlmError> {
-        self.generate(prompt, &config.into(), add_special_tokens, skip_special_tokens, |_| StreamControl::Continue)
+        self.generate(prompt, &config.into(), add_special_tokens, skip_special_tokens, |_, _| StreamControl::Continue)
     }
 
-    /// Generate after `prompt` with every setting, handing each new piece of the reply to
-    /// `on_text` as it is decoded (pieces end at character boundaries and never reveal part of a
-    /// stop sequence); `on_text` returning [`StreamControl::Stop`] ends generation.
+    /// Generate after `prompt` with every setting, calling `on_token(id, piece)` for each
+    /// generated token with the piece of reply text it completes: pieces end at character
+    /// boundaries and never reveal part of a stop sequence, so a piece may be empty and a later
+    /// one carry several tokens' text (the last call gets the rest). Returning
+    /// [`StreamControl::Stop`] ends generation after that token.
     pub fn generate(
         &self,
         prompt: &str,
         params: &GenerateParams,
         add_special_tokens: bool,
         skip_special_tokens: bool,
-        on_text: impl FnMut(&str) -> StreamControl,
+        on_token: impl FnMut(u32, &str) -> StreamControl,
     ) -> Result<GeneratedText, LlmError> {
         let ids = self.encode(prompt, add_special_tokens)?;
         if ids.is_empty() {
             return Err(LlmError::InvalidArgument("the prompt is empty (it encodes to no tokens)".into()));
         }
-        self.generate_from_ids(&ids, params, skip_special_tokens, on_text)
+        self.generate_from_ids(&ids, params, skip_special_tokens, on_token)
     }
 
     /// [`Pipeline::generate`] from prompt token ids.
@@ -286,7 +288,7 @@ impl Pipeline {
         prompt_ids: &[u32],
         params: &GenerateParams,
         skip_special_tokens: bool,
-        mut on_text: impl FnMut(&str) -> StreamControl,
+        mut on_token: impl FnMut(u32, &str) -> StreamControl,
     ) -> Result<GeneratedText, LlmError> {
         params.validate()?;
         if prompt_ids.is_empty() {
@@ -327,26 +329,23 @@ impl Pipeline {
             if let Some(end) = cut {
                 reply.truncate(end);
             }
-            let piece = stream.next(&reply, cut.is_some());
-            if !piece.is_empty() && on_text(piece) == StreamControl::Stop {
-                break StopReason::Callback;
-            }
-            if cut.is_some() {
-                break StopReason::StopSequence;
-            }
-            if params.eos_token_ids.contains(&id) {
-                break StopReason::Eos;
-            }
-            if generated.len() == params.max_new_tokens {
-                break StopReason::Length;
+            let ending = if cut.is_some() {
+                Some(StopReason::StopSequence)
+            } else if params.eos_token_ids.contains(&id) {
+                Some(StopReason::Eos)
+            } else if generated.len() == params.max_new_tokens {
+                Some(StopReason::Length)
+            } else {
+                None
+            };
+            // The last call also gets whatever text was held back.
+            let control = on_token(id, stream.next(&reply, ending.is_some()));
+            if let Some(reason) = ending.or((control == StreamControl::Stop).then_some(StopReason::Callback)) {
+                break reason;
             }
             logits = self.model.decode_step(cache, id, &mut acts)?;
         };
         let decode_seconds = decode_start.elapsed().as_secs_f64();
-        let rest = stream.next(&reply, true);
-        if !rest.is_empty() && stop != StopReason::Callback {
-            on_text(rest);
-        }
         let text = if stop == StopReason::StopSequence {
             self.decode(prompt_ids, skip_special_tokens)? + &reply
         } else {

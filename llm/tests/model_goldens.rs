@@ -77,7 +77,7 @@ fn check_model(name: &str) {
         let want = ids(&greedy["ids"]);
         let margins = floats(&greedy["margins"]);
         let params = GenerateParams { max_new_tokens: want.len(), eos_token_ids: vec![], ..Default::default() };
-        let out = p.generate_from_ids(&want_ids, &params, false, |_| StreamControl::Continue).unwrap();
+        let out = p.generate_from_ids(&want_ids, &params, false, |_, _| StreamControl::Continue).unwrap();
         let mut compared = 0;
         for (step, (&got, &w)) in out.generated_token_ids.iter().zip(&want).enumerate() {
             if margins[step] < 1e-3 {
@@ -101,7 +101,7 @@ fn check_model(name: &str) {
                 repetition_penalty: pen["repetition_penalty"].as_f64().unwrap() as f32,
                 ..Default::default()
             };
-            let out = p.generate_from_ids(&want_ids, &params, false, |_| StreamControl::Continue).unwrap();
+            let out = p.generate_from_ids(&want_ids, &params, false, |_, _| StreamControl::Continue).unwrap();
             let agree = out.generated_token_ids.iter().zip(&want).zip(&margins).take_while(|(_, &m)| m >= 1e-3);
             for (step, ((got, w), _)) in agree.enumerate() {
                 assert_eq!(got, w, "{label}: penalised greedy token {step}");

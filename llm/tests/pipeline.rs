@@ -66,25 +66,27 @@ fn load_err(c: &Copy) -> String {
 #[test]
 fn streaming_matches_the_whole_reply_and_can_stop() {
     let p = cpu_pipeline("qwen2-tied");
-    let whole = p.generate("Hello world!", &greedy(10), false, false, |_| StreamControl::Continue).unwrap();
+    let whole = p.generate("Hello world!", &greedy(10), false, false, |_, _| StreamControl::Continue).unwrap();
     assert_eq!(whole.generated_token_ids.len(), 10);
     assert_eq!(whole.stop_reason, StopReason::Length);
     assert!(!whole.stopped_on_eos);
     assert!(whole.text.starts_with("Hello world!") && whole.text.ends_with(&whole.generated_text));
 
-    let mut pieces = Vec::new();
+    let (mut pieces, mut ids) = (Vec::new(), Vec::new());
     let streamed = p
-        .generate("Hello world!", &greedy(10), false, false, |piece| {
+        .generate("Hello world!", &greedy(10), false, false, |id, piece| {
+            ids.push(id);
             pieces.push(piece.to_string());
             StreamControl::Continue
         })
         .unwrap();
     assert_eq!((&streamed.text, &streamed.generated_token_ids), (&whole.text, &whole.generated_token_ids));
     assert_eq!(pieces.concat(), whole.generated_text);
+    assert_eq!(ids, whole.generated_token_ids, "one call per token");
 
     let mut calls = 0;
     let stopped = p
-        .generate("Hello world!", &greedy(10), false, false, |_| {
+        .generate("Hello world!", &greedy(10), false, false, |_, _| {
             calls += 1;
             if calls == 2 {
                 StreamControl::Stop
@@ -94,14 +96,14 @@ fn streaming_matches_the_whole_reply_and_can_stop() {
         })
         .unwrap();
     assert_eq!(stopped.stop_reason, StopReason::Callback);
-    assert!(stopped.generated_token_ids.len() < 10);
+    assert_eq!(stopped.generated_token_ids.len(), 2);
     assert_eq!(stopped.generated_token_ids[..], whole.generated_token_ids[..stopped.generated_token_ids.len()]);
 }
 
 #[test]
 fn stop_sequences_cut_the_reply() {
     let p = cpu_pipeline("qwen2-tied");
-    let whole = p.generate("Hello world!", &greedy(12), false, false, |_| StreamControl::Continue).unwrap();
+    let whole = p.generate("Hello world!", &greedy(12), false, false, |_, _| StreamControl::Continue).unwrap();
     // A stop sequence taken from the middle of the greedy reply.
     let chars: Vec<char> = whole.generated_text.chars().collect();
     assert!(chars.len() >= 6, "reply too short: {:?}", whole.generated_text);
@@ -110,7 +112,7 @@ fn stop_sequences_cut_the_reply() {
     let params = GenerateParams { stop_sequences: vec![stop.clone()], ..greedy(12) };
     let mut streamed = String::new();
     let out = p
-        .generate("Hello world!", &params, false, false, |piece| {
+        .generate("Hello world!", &params, false, false, |_, piece| {
             streamed.push_str(piece);
             StreamControl::Continue
         })
@@ -124,7 +126,7 @@ fn stop_sequences_cut_the_reply() {
 #[test]
 fn eos_stops_generation() {
     let p = cpu_pipeline("qwen3");
-    let whole = p.generate("Hello world!", &greedy(6), false, false, |_| StreamControl::Continue).unwrap();
+    let whole = p.generate("Hello world!", &greedy(6), false, false, |_, _| StreamControl::Continue).unwrap();
     // Declare the third generated token an EOS: generation ends right after it.
     let eos = whole.generated_token_ids[2];
     let first = whole.generated_token_ids.iter().position(|&t| t == eos).unwrap();
@@ -151,7 +153,7 @@ fn sampling_is_reproducible_per_seed() {
     assert!(others.iter().any(|o| *o != a.generated_token_ids), "every seed drew the same tokens");
     // top_k = 1 is the greedy reply.
     let top1 = SamplingGenerationConfig { sampling: SamplingConfig { top_k: 1, ..config(3).sampling }, ..config(3) };
-    let greedy_ids = p.generate("Hello", &greedy(8), false, true, |_| StreamControl::Continue).unwrap().generated_token_ids;
+    let greedy_ids = p.generate("Hello", &greedy(8), false, true, |_, _| StreamControl::Continue).unwrap().generated_token_ids;
     assert_eq!(p.generate_text_sampled("Hello", top1, false, true).unwrap().generated_token_ids, greedy_ids);
 }
 
@@ -173,12 +175,12 @@ fn chat_rendering_and_defaults_come_from_the_model_folder() {
 fn bad_input_is_a_clear_error() {
     let p = cpu_pipeline("qwen2-tied");
     let err = |r: Result<ruda_llm::GeneratedText, LlmError>| r.unwrap_err().to_string();
-    assert!(err(p.generate("", &greedy(4), false, false, |_| StreamControl::Continue)).contains("empty"));
-    assert!(err(p.generate("Hi", &greedy(0), false, false, |_| StreamControl::Continue)).contains("max_new_tokens"));
-    assert!(err(p.generate("Hi", &greedy(1000), false, false, |_| StreamControl::Continue)).contains("256 positions"));
-    assert!(err(p.generate_from_ids(&[5000], &greedy(1), false, |_| StreamControl::Continue)).contains("outside the vocabulary"));
+    assert!(err(p.generate("", &greedy(4), false, false, |_, _| StreamControl::Continue)).contains("empty"));
+    assert!(err(p.generate("Hi", &greedy(0), false, false, |_, _| StreamControl::Continue)).contains("max_new_tokens"));
+    assert!(err(p.generate("Hi", &greedy(1000), false, false, |_, _| StreamControl::Continue)).contains("256 positions"));
+    assert!(err(p.generate_from_ids(&[5000], &greedy(1), false, |_, _| StreamControl::Continue)).contains("outside the vocabulary"));
     let hot = GenerateParams { sampling: Some(SamplingConfig { temperature: -1.0, ..Default::default() }), ..greedy(2) };
-    assert!(err(p.generate("Hi", &hot, false, false, |_| StreamControl::Continue)).contains("temperature"));
+    assert!(err(p.generate("Hi", &hot, false, false, |_, _| StreamControl::Continue)).contains("temperature"));
 
     // The wrong loader for the folder's architecture.
     let wrong = load_huggingface_qwen3_pipeline(fixture("qwen2-tied"), &Device::cpu()).err().unwrap().to_string();

@@ -89,3 +89,46 @@ pub(crate) fn read_text(path: &Path) -> Result<String, LoadError> {
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, LoadError> {
     serde_json::from_str(&read_text(path)?).map_err(|e| LoadError::json(path, e))
 }
+
+/// Why a pipeline could not load, or a forward pass or generation failed. Every message says
+/// what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The model directory holds another architecture than the loader's.
+    #[error("{}: config.json has model_type \"{found}\", this loader takes \"{expected}\"", path.display())]
+    WrongModelType { path: PathBuf, expected: &'static str, found: String },
+    /// An op refused its inputs or failed on the device.
+    #[error("{context}: {source}")]
+    Op {
+        context: String,
+        #[source]
+        source: Box<ruda_ops::api::OpError>,
+    },
+    #[error(transparent)]
+    Runtime(Box<RuntimeError>),
+    /// A bad argument from the caller: an empty prompt, zero runs, an invalid sampling value.
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+impl From<RuntimeError> for LlmError {
+    fn from(e: RuntimeError) -> LlmError {
+        LlmError::Runtime(Box::new(e))
+    }
+}
+
+impl LlmError {
+    pub(crate) fn op(context: impl Into<String>, source: ruda_ops::api::OpError) -> LlmError {
+        LlmError::Op { context: context.into(), source: Box::new(source) }
+    }
+
+    pub(crate) fn missing_tensor(name: &str) -> LlmError {
+        LlmError::InvalidArgument(format!("tensor {name} is not in the validated weights"))
+    }
+
+    pub(crate) fn upload(name: &str, device: &ruda_runtime::Device, source: RuntimeError) -> LlmError {
+        LlmError::Load(LoadError::Upload { name: name.into(), device: device.description(), source: Box::new(source) })
+    }
+}

@@ -1,5 +1,9 @@
-//! `ruda-llm`: RUDA's model layer. This part loads a Hugging Face model folder, never
-//! downloading anything:
+//! `ruda-llm`: RUDA's model layer. It loads a Hugging Face Qwen2 / Qwen2.5 / Qwen3 folder (never
+//! downloading anything), runs the model from `ruda_ops` kernels ([`QwenModel`]: KV cache,
+//! chunked prefill, decode) and generates text through the [`Pipeline`] API of seed 000: greedy,
+//! sampled and streamed, with stop sequences and a repetition penalty.
+//!
+//! The files of a model folder:
 //!
 //! | file | read by | gives |
 //! | --- | --- | --- |
@@ -22,14 +26,28 @@
 mod chat;
 mod config;
 mod error;
+pub mod example;
+mod generate;
 mod generation;
+mod model;
+mod pipeline;
 pub mod safetensors;
 mod tokenizer;
 mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};
-pub use error::LoadError;
+pub use error::{LlmError, LoadError};
+pub use generate::{
+    GenerateParams, GeneratedText, GreedyGenerationConfig, SamplingConfig, SamplingGenerationConfig, StopReason,
+    StreamControl,
+};
+pub use model::{DecodeActivations, KvCache, QwenModel};
+pub use pipeline::{
+    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError,
+    HuggingFaceQwen2Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions, Qwen2ChatMessage,
+    Qwen2ChatRole,
+};
 pub use generation::GenerationConfig;
 pub use tokenizer::Tokenizer;
 pub use weights::{expected_tensors, ExpectedTensor, WeightInfo, Weights, EMBED_TOKENS, LM_HEAD};

@@ -130,6 +130,34 @@ impl Buffer {
         }
     }
 
+    /// Copy `bytes` from the host into the buffer at byte `offset`. On CUDA the copy is queued
+    /// on the device's stream, after every earlier launch.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        let end = offset.checked_add(bytes.len()).filter(|&e| e <= self.inner.len).ok_or_else(|| {
+            RuntimeError::Shape(format!("writing {} bytes at {offset} into a {}-byte buffer", bytes.len(), self.inner.len))
+        })?;
+        match &self.inner.storage {
+            Storage::Host(m) => lock(m)[offset..end].copy_from_slice(bytes),
+            Storage::Cuda(slice) => {
+                let core = self.inner.device.cuda_core().ok_or_else(|| {
+                    RuntimeError::driver("writing a buffer", "a CUDA buffer on a non-CUDA device")
+                })?;
+                if bytes.is_empty() {
+                    return Ok(());
+                }
+                // Event tracking is off (see `cuda::open`), so the guard records nothing.
+                let (ptr, _guard) = slice.device_ptr(&core.stream);
+                // SAFETY: `offset..end` lies inside the allocation (checked above). A copy from
+                // pageable memory returns once `bytes` are staged, so they may be dropped after.
+                unsafe { cudarc::driver::result::memcpy_htod_async(ptr + offset as u64, bytes, core.stream.cu_stream()) }
+                    .map_err(|e| {
+                        RuntimeError::driver(format!("copying {} bytes to {}", bytes.len(), self.inner.device), describe(e))
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The host bytes, locked (CPU buffers only).
     pub(crate) fn host(&self) -> Option<&Mutex<Vec<u8>>> {
         match &self.inner.storage {

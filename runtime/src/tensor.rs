@@ -197,6 +197,31 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Overwrite the elements (row-major) with `data`, which must have `numel` elements of this
+    /// tensor's dtype. Contiguous tensors only. On CUDA the copy is ordered after earlier
+    /// launches on the device's stream.
+    pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
+        self.check_dtype("Tensor::copy_from_slice", T::DTYPE)?;
+        if data.len() != self.numel() {
+            return Err(RuntimeError::Shape(format!(
+                "Tensor::copy_from_slice: {} elements into a tensor of shape {:?}",
+                data.len(),
+                self.shape
+            )));
+        }
+        if !self.is_contiguous() {
+            return Err(RuntimeError::Shape(format!(
+                "Tensor::copy_from_slice: the tensor of shape {:?} with strides {:?} is not contiguous",
+                self.shape, self.strides
+            )));
+        }
+        let mut bytes = Vec::with_capacity(data.len() * self.dtype.size());
+        for &x in data {
+            x.write_le(&mut bytes);
+        }
+        self.buffer.write(self.offset * self.dtype.size(), &bytes)
+    }
+
     fn check_dtype(&self, op: &str, dtype: DType) -> Result<()> {
         if self.dtype != dtype {
             return Err(RuntimeError::DType { op: op.into(), expected: dtype.to_string(), got: self.dtype.to_string() });

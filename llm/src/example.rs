@@ -1,0 +1,129 @@
+//! The `qwen2_generate` / `qwen3_generate` examples: `MODEL_DIR PROMPT [MAX_NEW_TOKENS=32]
+//! [RUNS=1]`, or no arguments for the bundled tiny model. Standard output is JSON lines only: one
+//! `load` event, then one `generation` event per run; notices go to standard error.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use crate::config::ModelType;
+use crate::error::LlmError;
+use crate::generate::{GreedyGenerationConfig, StreamControl};
+use crate::pipeline::{Pipeline, PipelineOptions};
+
+/// The bundled tiny model of `model_type` (random weights, a small byte-level BPE tokenizer):
+/// what the examples run without arguments.
+pub fn bundled_model(model_type: ModelType) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(format!("tiny-{}", model_type.name()))
+}
+
+/// The parsed command line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExampleArgs {
+    pub model_dir: PathBuf,
+    pub prompt: String,
+    pub max_new_tokens: usize,
+    pub runs: usize,
+}
+
+impl ExampleArgs {
+    /// Parse `MODEL_DIR PROMPT [MAX_NEW_TOKENS] [RUNS]` (without the program name).
+    pub fn parse(model_type: ModelType, args: &[String]) -> Result<ExampleArgs, LlmError> {
+        let usage = || {
+            format!(
+                "usage: {}_generate [MODEL_DIR PROMPT [MAX_NEW_TOKENS=32] [RUNS=1]] (no arguments: the bundled tiny model)",
+                model_type.name()
+            )
+        };
+        let positive = |what: &str, s: &str| -> Result<usize, LlmError> {
+            match s.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(LlmError::InvalidArgument(format!("{what} must be a positive integer, got \"{s}\"\n{}", usage()))),
+            }
+        };
+        match args {
+            [] => Ok(ExampleArgs {
+                model_dir: bundled_model(model_type),
+                prompt: "Hello".into(),
+                max_new_tokens: 32,
+                runs: 1,
+            }),
+            [dir, prompt, rest @ ..] if rest.len() <= 2 => Ok(ExampleArgs {
+                model_dir: PathBuf::from(dir),
+                prompt: prompt.clone(),
+                max_new_tokens: rest.first().map(|s| positive("MAX_NEW_TOKENS", s)).transpose()?.unwrap_or(32),
+                runs: rest.get(1).map(|s| positive("RUNS", s)).transpose()?.unwrap_or(1),
+            }),
+            _ => Err(LlmError::InvalidArgument(usage())),
+        }
+    }
+}
+
+/// One JSON object with its keys in the given order.
+fn json_line(fields: &[(&str, Value)]) -> String {
+    let body: Vec<String> = fields.iter().map(|(k, v)| format!("{}:{v}", Value::from(*k))).collect();
+    format!("{{{}}}", body.join(","))
+}
+
+/// Run the example for `model_type` with `args`, writing JSON lines to `out` and notices to
+/// `notices`.
+pub fn run(model_type: ModelType, args: &[String], out: &mut dyn Write, notices: &mut dyn Write) -> Result<(), LlmError> {
+    let args = ExampleArgs::parse(model_type, args)?;
+    if args.prompt.is_empty() {
+        return Err(LlmError::InvalidArgument("the prompt is empty".into()));
+    }
+    let pipeline = Pipeline::load_expecting_type(&args.model_dir, model_type, &PipelineOptions::default())?;
+    let device = pipeline.device();
+    let compiler = device.compiler().map_or("interpreter".to_string(), |c| c.to_string());
+    if device.is_cpu() {
+        // A notice, not an error: the interpreter is exact but slow.
+        let _ = writeln!(
+            notices,
+            "note: running on the CPU through RUDA's IR interpreter (no GPU in use; RUDA_DEVICE=cuda requires one)"
+        );
+    }
+    let io = |e: std::io::Error| LlmError::InvalidArgument(format!("writing output: {e}"));
+    let loaded = &pipeline.loaded;
+    let line = json_line(&[
+        ("event", json!("load")),
+        ("model_type", json!(loaded.config.model_type.name())),
+        ("load_seconds", json!(loaded.load_seconds)),
+        ("device", json!(device.description())),
+        ("dtype", json!(loaded.dtype.name())),
+        ("compiler", json!(compiler)),
+        ("parameters", json!(loaded.parameters)),
+    ]);
+    writeln!(out, "{line}").map_err(io)?;
+    for run in 1..=args.runs {
+        let config = GreedyGenerationConfig {
+            max_new_tokens: args.max_new_tokens,
+            eos_token_ids: loaded.default_eos_token_ids.clone(),
+        };
+        let g = pipeline.generate(&args.prompt, &config.into(), true, true, |_| StreamControl::Continue)?;
+        let line = json_line(&[
+            ("event", json!("generation")),
+            ("run", json!(run)),
+            ("text", json!(g.text)),
+            ("generated_text", json!(g.generated_text)),
+            ("generated_token_ids", json!(g.generated_token_ids)),
+            ("stopped_on_eos", json!(g.stopped_on_eos)),
+            ("stop_reason", json!(g.stop_reason.as_str())),
+            ("prompt_tokens", json!(g.prompt_token_ids.len())),
+            ("prefill_ms", json!(g.prefill_ms)),
+            ("decode_tokens_per_second", json!(g.decode_tokens_per_second)),
+        ]);
+        writeln!(out, "{line}").map_err(io)?;
+        out.flush().map_err(io)?;
+    }
+    Ok(())
+}
+
+/// `main` of an example: run, and on error print it to standard error and exit with status 1.
+pub fn main(model_type: ModelType) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Err(e) = run(model_type, &args, &mut std::io::stdout().lock(), &mut std::io::stderr()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,482 @@
+//! The dense Qwen decoder (Qwen2, Qwen2.5, Qwen3) built only from `ruda_ops` entry points, with
+//! a KV cache, chunked prefill and single-token decode. The math is that of transformers'
+//! `Qwen2DecoderLayer` / `Qwen3DecoderLayer`:
+//!
+//! ```text
+//! h = embed(ids)
+//! per layer:  n = rms_norm(h);  q, k, v = n·Wqᵀ(+b), n·Wkᵀ(+b), n·Wvᵀ(+b)
+//!             (qwen3: q, k = rms_norm per head)
+//!             q, k = rope(q, k);  append k, v to the cache
+//!             h = h + attention(q, cache)·Woᵀ
+//!             h = h + down(silu(n'·Wgateᵀ) · n'·Wupᵀ)  with n' = rms_norm(h)
+//! logits = rms_norm(h)·Wlmᵀ
+//! ```
+//!
+//! Each residual add is fused with the RMSNorm that follows it (`rms_norm_residual`), gate and up
+//! are one projection (`gate_up`, concatenated at load) followed by `swiglu`, and RoPE of `k` is
+//! fused with the cache append (`rope_kv_cache`). Norm weights are kept in `f32` (exact for
+//! every checkpoint dtype), the rest in the compute dtype.
+
+use ruda_ops::api::{self, DecodeWorkspace, RopeTable};
+use ruda_runtime::{DType, Device, Stream, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::LlmError;
+use crate::weights::{Weights, EMBED_TOKENS, LM_HEAD};
+
+/// A linear layer: `weight [out, in]` and maybe `bias [out]`, in the compute dtype.
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+struct Layer {
+    input_norm: Tensor,
+    post_attention_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    /// Qwen3's per-head norms of q and k (`f32 [head_dim]`).
+    qk_norm: Option<(Tensor, Tensor)>,
+    /// `gate_proj` and `up_proj` stacked: `[2 · intermediate, hidden]`.
+    gate_up: Tensor,
+    down: Tensor,
+}
+
+/// A loaded Qwen decoder on one device.
+pub struct QwenModel {
+    config: ModelConfig,
+    device: Device,
+    dtype: DType,
+    embed: Tensor,
+    lm_head: Tensor,
+    layers: Vec<Layer>,
+    final_norm: Tensor,
+    rope: RopeTable,
+    eps: f32,
+    parameters: usize,
+}
+
+/// The keys and values of one sequence, per layer `[1, kv_heads, capacity, head_dim]`, and how
+/// many positions are filled.
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    capacity: usize,
+    len: usize,
+    decode: Option<DecodeWorkspace>,
+}
+
+impl KvCache {
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forget the sequence (the memory is kept).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Per-forward activations for `tokens` rows, allocated once per chunk size and reused (decode
+/// runs every step with the same buffers).
+struct Activations {
+    tokens: usize,
+    ids: Tensor,
+    positions: Tensor,
+    slots: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens: Tensor,
+    residual: [Tensor; 2],
+    normed: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    /// Projections before their bias, or q/k before their Qwen3 norm.
+    q_pre: Tensor,
+    k_pre: Tensor,
+    v_pre: Tensor,
+    q_rot: Tensor,
+    attn: Tensor,
+    hidden_out: Tensor,
+    hidden_pre: Tensor,
+    gate_up: Tensor,
+    act: Tensor,
+}
+
+impl Activations {
+    fn new(model: &QwenModel, tokens: usize) -> Result<Activations, LlmError> {
+        let c = &model.config;
+        let (dev, dt) = (&model.device, model.dtype);
+        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let empty = |shape: &[usize]| Tensor::empty(dev, dt, shape);
+        let u32s = |n: usize| Tensor::zeros(dev, DType::U32, &[n]);
+        Ok(Activations {
+            tokens,
+            ids: u32s(tokens)?,
+            positions: u32s(tokens)?,
+            slots: u32s(tokens)?,
+            seq_lens: u32s(1)?,
+            cu_seqlens: u32s(2)?,
+            residual: [empty(&[tokens, c.hidden_size])?, empty(&[tokens, c.hidden_size])?],
+            normed: empty(&[tokens, c.hidden_size])?,
+            q: empty(&[tokens, q_dim])?,
+            k: empty(&[tokens, kv_dim])?,
+            v: empty(&[tokens, kv_dim])?,
+            q_pre: empty(&[tokens, q_dim])?,
+            k_pre: empty(&[tokens, kv_dim])?,
+            v_pre: empty(&[tokens, kv_dim])?,
+            q_rot: empty(&[tokens, c.num_attention_heads, c.head_dim])?,
+            attn: empty(&[tokens, q_dim])?,
+            hidden_out: empty(&[tokens, c.hidden_size])?,
+            hidden_pre: empty(&[tokens, c.hidden_size])?,
+            gate_up: empty(&[tokens, 2 * c.intermediate_size])?,
+            act: empty(&[tokens, c.intermediate_size])?,
+        })
+    }
+}
+
+/// Reads tensors out of validated weights, converting to the compute dtype on the device.
+struct Loader<'a> {
+    weights: &'a Weights,
+    device: &'a Device,
+    dtype: DType,
+}
+
+impl Loader<'_> {
+    fn upload(&self, name: &str, dtype: DType) -> Result<Tensor, LlmError> {
+        let info = self.weights.get(name).ok_or_else(|| LlmError::missing_tensor(name))?;
+        let bytes = self.weights.bytes(name).ok_or_else(|| LlmError::missing_tensor(name))?;
+        let t = Tensor::from_bytes(self.device, info.dtype, &info.shape, bytes).map_err(|e| LlmError::upload(name, self.device, e))?;
+        convert(t, dtype, name)
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor, LlmError> {
+        self.upload(name, self.dtype)
+    }
+
+    /// Norm weights stay `f32` (the ops take `f32` gammas; every checkpoint dtype converts exactly).
+    fn norm(&self, name: &str) -> Result<Tensor, LlmError> {
+        self.upload(name, DType::F32)
+    }
+
+    fn linear(&self, prefix: &str, bias: bool) -> Result<Linear, LlmError> {
+        Ok(Linear {
+            weight: self.tensor(&format!("{prefix}.weight"))?,
+            bias: if bias { Some(self.tensor(&format!("{prefix}.bias"))?) } else { None },
+        })
+    }
+
+    /// Several `[rows_i, K]` weights of one dtype stacked into `[Σ rows_i, K]` (one host copy of
+    /// these tensors only).
+    fn stacked(&self, names: &[String]) -> Result<Tensor, LlmError> {
+        let mut bytes = Vec::new();
+        let (mut rows, mut cols, mut dtype) = (0, 0, None);
+        for name in names {
+            let info = self.weights.get(name).ok_or_else(|| LlmError::missing_tensor(name))?;
+            bytes.extend_from_slice(self.weights.bytes(name).ok_or_else(|| LlmError::missing_tensor(name))?);
+            rows += info.shape[0];
+            cols = info.shape[1];
+            if dtype.is_some_and(|d| d != info.dtype) {
+                return Err(LlmError::InvalidArgument(format!(
+                    "{} are stored in different dtypes; they must match to be fused",
+                    names.join(" and ")
+                )));
+            }
+            dtype = Some(info.dtype);
+        }
+        let dtype = dtype.unwrap_or(self.dtype);
+        let t = Tensor::from_bytes(self.device, dtype, &[rows, cols], &bytes).map_err(|e| LlmError::upload(&names[0], self.device, e))?;
+        convert(t, self.dtype, &names[0])
+    }
+}
+
+fn convert(t: Tensor, dtype: DType, name: &str) -> Result<Tensor, LlmError> {
+    if t.dtype() == dtype {
+        return Ok(t);
+    }
+    api::cast(&t, dtype).map_err(|e| LlmError::Op { context: format!("converting {name} to {dtype}"), source: Box::new(e) })
+}
+
+impl QwenModel {
+    /// Upload `weights` (validated against `config`) to `device` in `dtype` (f32, f16 or bf16).
+    pub fn load(config: &ModelConfig, weights: &Weights, device: &Device, dtype: DType) -> Result<QwenModel, LlmError> {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(LlmError::InvalidArgument(format!("the compute dtype must be f32, f16 or bf16, not {dtype}")));
+        }
+        let ld = Loader { weights, device, dtype };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let attn = format!("{p}.self_attn");
+            layers.push(Layer {
+                input_norm: ld.norm(&format!("{p}.input_layernorm.weight"))?,
+                post_attention_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                q: ld.linear(&format!("{attn}.q_proj"), config.qkv_bias)?,
+                k: ld.linear(&format!("{attn}.k_proj"), config.qkv_bias)?,
+                v: ld.linear(&format!("{attn}.v_proj"), config.qkv_bias)?,
+                o: ld.linear(&format!("{attn}.o_proj"), config.o_proj_bias)?,
+                qk_norm: if config.qk_norm {
+                    Some((ld.norm(&format!("{attn}.q_norm.weight"))?, ld.norm(&format!("{attn}.k_norm.weight"))?))
+                } else {
+                    None
+                },
+                gate_up: ld.stacked(&[format!("{p}.mlp.gate_proj.weight"), format!("{p}.mlp.up_proj.weight")])?,
+                down: ld.tensor(&format!("{p}.mlp.down_proj.weight"))?,
+            });
+        }
+        let embed = ld.tensor(EMBED_TOKENS)?;
+        let lm_head = if weights.lm_head_is_embedding() { embed.clone() } else { ld.tensor(LM_HEAD)? };
+        let rope = RopeTable::new(device, config.rope_theta, config.head_dim, config.max_position_embeddings)
+            .map_err(|e| LlmError::op("building the rotary table", e))?;
+        let parameters = weights.tensors().values().map(|t| t.shape.iter().product::<usize>()).sum();
+        Ok(QwenModel {
+            config: config.clone(),
+            device: device.clone(),
+            dtype,
+            embed,
+            lm_head,
+            layers,
+            final_norm: ld.norm("model.norm.weight")?,
+            rope,
+            eps: config.rms_norm_eps as f32,
+            parameters,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Parameters in the checkpoint (a tied `lm_head` counted once).
+    pub fn parameters(&self) -> usize {
+        self.parameters
+    }
+
+    /// An empty cache for up to `capacity` positions (at most `max_position_embeddings`).
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, LlmError> {
+        let c = &self.config;
+        if capacity == 0 || capacity > c.max_position_embeddings {
+            return Err(LlmError::InvalidArgument(format!(
+                "a KV cache of {capacity} positions: the model supports 1 to {} (max_position_embeddings)",
+                c.max_position_embeddings
+            )));
+        }
+        let shape = [1, c.num_key_value_heads, capacity, c.head_dim];
+        let mut k = Vec::with_capacity(c.num_hidden_layers);
+        let mut v = Vec::with_capacity(c.num_hidden_layers);
+        for _ in 0..c.num_hidden_layers {
+            k.push(Tensor::zeros(&self.device, self.dtype, &shape)?);
+            v.push(Tensor::zeros(&self.device, self.dtype, &shape)?);
+        }
+        Ok(KvCache { k, v, capacity, len: 0, decode: None })
+    }
+
+    /// Run `ids` at positions `cache.len()..` (appending them to the cache) and return the
+    /// logits `[rows, vocab]` in the compute dtype: of the last token only, or of every token
+    /// with `all_logits`. Long inputs run in chunks of `chunk` tokens.
+    pub fn forward(&self, cache: &mut KvCache, ids: &[u32], chunk: usize, all_logits: bool) -> Result<Tensor, LlmError> {
+        if ids.is_empty() {
+            return Err(LlmError::InvalidArgument("forward needs at least one token".into()));
+        }
+        if cache.len + ids.len() > cache.capacity {
+            return Err(LlmError::InvalidArgument(format!(
+                "{} tokens after {} cached exceed the cache's {} positions",
+                ids.len(),
+                cache.len,
+                cache.capacity
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+            return Err(LlmError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({} ids)",
+                self.config.vocab_size
+            )));
+        }
+        let chunk = chunk.max(1);
+        let mut pieces = Vec::new();
+        let mut scratch: Option<Activations> = None;
+        for part in ids.chunks(chunk) {
+            if scratch.as_ref().is_none_or(|s| s.tokens != part.len()) {
+                scratch = Some(Activations::new(self, part.len())?);
+            }
+            let acts = scratch.as_ref().ok_or_else(|| LlmError::InvalidArgument("no activations".into()))?;
+            pieces.push(self.forward_chunk(cache, part, acts, all_logits)?);
+        }
+        if pieces.len() == 1 {
+            return Ok(pieces.remove(0));
+        }
+        if !all_logits {
+            return Ok(pieces.pop().unwrap_or_else(|| unreachable!("ids is not empty")));
+        }
+        // Every position's logits: gather the chunks' rows on the host (tests and scoring only).
+        let mut bytes = Vec::new();
+        for p in &pieces {
+            bytes.extend(p.to_bytes()?);
+        }
+        Ok(Tensor::from_bytes(&self.device, self.dtype, &[ids.len(), self.config.vocab_size], &bytes)?)
+    }
+
+    /// One decode step: the logits `[1, vocab]` after appending `id`. Reuses its buffers across
+    /// steps.
+    pub fn decode_step(&self, cache: &mut KvCache, id: u32, acts: &mut Option<DecodeActivations>) -> Result<Tensor, LlmError> {
+        if acts.is_none() {
+            *acts = Some(DecodeActivations(Activations::new(self, 1)?));
+        }
+        let acts = &acts.as_ref().ok_or_else(|| LlmError::InvalidArgument("no activations".into()))?.0;
+        if cache.len + 1 > cache.capacity {
+            return Err(LlmError::InvalidArgument(format!("the KV cache is full ({} positions)", cache.capacity)));
+        }
+        if id as usize >= self.config.vocab_size {
+            return Err(LlmError::InvalidArgument(format!("token id {id} is outside the vocabulary")));
+        }
+        self.forward_chunk(cache, &[id], acts, false)
+    }
+
+    fn forward_chunk(&self, cache: &mut KvCache, ids: &[u32], a: &Activations, all_logits: bool) -> Result<Tensor, LlmError> {
+        let c = &self.config;
+        let stream = self.device.default_stream();
+        let s = &stream;
+        let t = ids.len();
+        let start = cache.len;
+        let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
+        a.ids.copy_from_slice(ids)?;
+        a.positions.copy_from_slice(&positions)?;
+        a.seq_lens.copy_from_slice(&[(start + t) as u32])?;
+        a.cu_seqlens.copy_from_slice(&[0, t as u32])?;
+        let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+
+        if t == 1 && cache.decode.is_none() {
+            let q = a.q_rot.reshape(&[1, hq, d])?;
+            let splits = api::decode_splits(1, hq, hkv, d, cache.capacity);
+            cache.decode = Some(DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?);
+        }
+
+        // The residual stream alternates between two buffers (the CPU device forbids an op
+        // writing a tensor it also reads).
+        let mut cur = 0;
+        api::embedding_into(s, &a.ids, &self.embed, &a.residual[cur]).map_err(op("embedding"))?;
+        api::rms_norm_into(s, &a.residual[cur], &self.layers[0].input_norm, self.eps, &a.normed)
+            .map_err(op("input norm"))?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.project(s, &a.normed, &layer.q, &a.q, &a.q_pre)?;
+            self.project(s, &a.normed, &layer.k, &a.k, &a.k_pre)?;
+            self.project(s, &a.normed, &layer.v, &a.v, &a.v_pre)?;
+            let (q, k) = match &layer.qk_norm {
+                Some((qn, kn)) => {
+                    api::rms_norm_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_pre.reshape(&[t * hq, d])?)
+                        .map_err(op("q norm"))?;
+                    api::rms_norm_into(s, &a.k.reshape(&[t * hkv, d])?, kn, self.eps, &a.k_pre.reshape(&[t * hkv, d])?)
+                        .map_err(op("k norm"))?;
+                    (&a.q_pre, &a.k_pre)
+                }
+                None => (&a.q, &a.k),
+            };
+            let (q3, k3, v3) = (q.reshape(&[t, hq, d])?, k.reshape(&[t, hkv, d])?, a.v.reshape(&[t, hkv, d])?);
+            api::rope_into(s, &q3, &a.positions, &self.rope, &a.q_rot).map_err(op("rope"))?;
+            api::rope_kv_cache_into(s, &k3, &v3, &a.positions, &a.slots, &self.rope, &cache.k[l], &cache.v[l])
+                .map_err(op("rope + cache append"))?;
+            let attn = a.attn.reshape(&[t, hq, d])?;
+            match (&cache.decode, t) {
+                (Some(ws), 1) => api::attention_decode_into(
+                    s,
+                    &a.q_rot.reshape(&[1, hq, d])?,
+                    &cache.k[l],
+                    &cache.v[l],
+                    &a.seq_lens,
+                    None,
+                    ws,
+                    &attn.reshape(&[1, hq, d])?,
+                )
+                .map_err(op("decode attention"))?,
+                _ => api::attention_prefill_cache_into(
+                    s,
+                    &a.q_rot,
+                    &a.cu_seqlens,
+                    t,
+                    &cache.k[l],
+                    &cache.v[l],
+                    &a.seq_lens,
+                    None,
+                    true,
+                    &attn,
+                )
+                .map_err(op("prefill attention"))?,
+            }
+            self.project(s, &a.attn, &layer.o, &a.hidden_out, &a.hidden_pre)?;
+            api::rms_norm_residual_into(
+                s,
+                &a.hidden_out,
+                &a.residual[cur],
+                &layer.post_attention_norm,
+                self.eps,
+                &a.normed,
+                &a.residual[1 - cur],
+            )
+            .map_err(op("residual + post-attention norm"))?;
+            cur = 1 - cur;
+            api::linear_into(s, &a.normed, &layer.gate_up, &a.gate_up).map_err(op("gate/up projection"))?;
+            api::swiglu_into(s, &a.gate_up, &a.act).map_err(op("swiglu"))?;
+            api::linear_into(s, &a.act, &layer.down, &a.hidden_out).map_err(op("down projection"))?;
+            let next_norm = self.layers.get(l + 1).map_or(&self.final_norm, |n| &n.input_norm);
+            api::rms_norm_residual_into(s, &a.hidden_out, &a.residual[cur], next_norm, self.eps, &a.normed, &a.residual[1 - cur])
+                .map_err(op("residual + norm"))?;
+            cur = 1 - cur;
+        }
+        cache.len += t;
+        let rows = if all_logits { a.normed.clone() } else { a.normed.narrow(0, t - 1, 1)? };
+        let logits = Tensor::empty(&self.device, self.dtype, &[rows.shape()[0], c.vocab_size])?;
+        api::linear_into(s, &rows, &self.lm_head, &logits).map_err(op("lm_head"))?;
+        Ok(logits)
+    }
+
+    /// `out = x·Wᵀ + bias` (through `pre` when there is a bias).
+    fn project(&self, s: &Stream, x: &Tensor, lin: &Linear, out: &Tensor, pre: &Tensor) -> Result<(), LlmError> {
+        match &lin.bias {
+            None => api::linear_into(s, x, &lin.weight, out).map_err(|e| LlmError::op("projection", e)),
+            Some(b) => {
+                api::linear_into(s, x, &lin.weight, pre).map_err(|e| LlmError::op("projection", e))?;
+                api::add_bias_into(s, pre, b, out).map_err(|e| LlmError::op("projection bias", e))
+            }
+        }
+    }
+
+    /// The shapes every `linear` of a forward over `tokens` rows runs: `(name, m, n, k)`.
+    pub fn linear_shapes(&self, tokens: usize) -> Vec<(&'static str, usize, usize, usize)> {
+        let c = &self.config;
+        let (h, q, kv, i) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+        vec![
+            ("q_proj", tokens, q, h),
+            ("k_proj", tokens, kv, h),
+            ("v_proj", tokens, kv, h),
+            ("o_proj", tokens, h, q),
+            ("gate_up_proj", tokens, 2 * i, h),
+            ("down_proj", tokens, h, i),
+            ("lm_head", 1, c.vocab_size, h),
+        ]
+    }
+}
+
+/// The buffers [`QwenModel::decode_step`] reuses across steps.
+pub struct DecodeActivations(Activations);

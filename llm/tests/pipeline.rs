@@ -1,0 +1,271 @@
+//! The pipeline API on the fixture models through the interpreter: streaming, stop sequences,
+//! sampling, the examples' output, and clear errors for bad input.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ruda_llm::example::{self, ExampleArgs};
+use ruda_llm::{
+    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatMessage, ChatRole,
+    GenerateParams, GreedyGenerationConfig, LlmError, ModelType, Pipeline, PipelineOptions, SamplingConfig,
+    SamplingGenerationConfig, StopReason, StreamControl,
+};
+use ruda_runtime::Device;
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn cpu_pipeline(name: &str) -> Pipeline {
+    let options = PipelineOptions { device: Some(Device::cpu()), ..Default::default() };
+    load_pipeline(fixture(name), &options).unwrap()
+}
+
+fn greedy(max_new_tokens: usize) -> GenerateParams {
+    GenerateParams { max_new_tokens, ..Default::default() }
+}
+
+/// A copy of a fixture folder in a fresh temp dir, removed when dropped.
+struct Copy(PathBuf);
+
+impl Copy {
+    fn of(name: &str) -> Copy {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ruda-llm-pipeline-{}-{name}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(fixture(name)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        Copy(dir)
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn load(&self) -> Result<Pipeline, LlmError> {
+        load_pipeline(&self.0, &PipelineOptions { device: Some(Device::cpu()), ..Default::default() })
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn load_err(c: &Copy) -> String {
+    match c.load() {
+        Ok(_) => panic!("loading {} should fail", c.0.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn streaming_matches_the_whole_reply_and_can_stop() {
+    let p = cpu_pipeline("qwen2-tied");
+    let whole = p.generate("Hello world!", &greedy(10), false, false, |_| StreamControl::Continue).unwrap();
+    assert_eq!(whole.generated_token_ids.len(), 10);
+    assert_eq!(whole.stop_reason, StopReason::Length);
+    assert!(!whole.stopped_on_eos);
+    assert!(whole.text.starts_with("Hello world!") && whole.text.ends_with(&whole.generated_text));
+
+    let mut pieces = Vec::new();
+    let streamed = p
+        .generate("Hello world!", &greedy(10), false, false, |piece| {
+            pieces.push(piece.to_string());
+            StreamControl::Continue
+        })
+        .unwrap();
+    assert_eq!((&streamed.text, &streamed.generated_token_ids), (&whole.text, &whole.generated_token_ids));
+    assert_eq!(pieces.concat(), whole.generated_text);
+
+    let mut calls = 0;
+    let stopped = p
+        .generate("Hello world!", &greedy(10), false, false, |_| {
+            calls += 1;
+            if calls == 2 {
+                StreamControl::Stop
+            } else {
+                StreamControl::Continue
+            }
+        })
+        .unwrap();
+    assert_eq!(stopped.stop_reason, StopReason::Callback);
+    assert!(stopped.generated_token_ids.len() < 10);
+    assert_eq!(stopped.generated_token_ids[..], whole.generated_token_ids[..stopped.generated_token_ids.len()]);
+}
+
+#[test]
+fn stop_sequences_cut_the_reply() {
+    let p = cpu_pipeline("qwen2-tied");
+    let whole = p.generate("Hello world!", &greedy(12), false, false, |_| StreamControl::Continue).unwrap();
+    // A stop sequence taken from the middle of the greedy reply.
+    let chars: Vec<char> = whole.generated_text.chars().collect();
+    assert!(chars.len() >= 6, "reply too short: {:?}", whole.generated_text);
+    let stop: String = chars[3..5].iter().collect();
+    let cut = whole.generated_text.find(&stop).unwrap();
+    let params = GenerateParams { stop_sequences: vec![stop.clone()], ..greedy(12) };
+    let mut streamed = String::new();
+    let out = p
+        .generate("Hello world!", &params, false, false, |piece| {
+            streamed.push_str(piece);
+            StreamControl::Continue
+        })
+        .unwrap();
+    assert_eq!(out.stop_reason, StopReason::StopSequence);
+    assert_eq!(out.generated_text, whole.generated_text[..cut]);
+    assert_eq!(streamed, out.generated_text, "the stream never shows the stop sequence");
+    assert_eq!(out.text, format!("Hello world!{}", out.generated_text));
+}
+
+#[test]
+fn eos_stops_generation() {
+    let p = cpu_pipeline("qwen3");
+    let whole = p.generate("Hello world!", &greedy(6), false, false, |_| StreamControl::Continue).unwrap();
+    // Declare the third generated token an EOS: generation ends right after it.
+    let eos = whole.generated_token_ids[2];
+    let first = whole.generated_token_ids.iter().position(|&t| t == eos).unwrap();
+    let params = GreedyGenerationConfig { max_new_tokens: 6, eos_token_ids: vec![eos] };
+    let out = p.generate_text("Hello world!", params, false, false).unwrap();
+    assert!(out.stopped_on_eos);
+    assert_eq!(out.stop_reason, StopReason::Eos);
+    assert_eq!(out.generated_token_ids, whole.generated_token_ids[..=first]);
+}
+
+#[test]
+fn sampling_is_reproducible_per_seed() {
+    let p = cpu_pipeline("qwen2-untied");
+    let config = |seed| SamplingGenerationConfig {
+        max_new_tokens: 8,
+        eos_token_ids: vec![],
+        sampling: SamplingConfig { temperature: 1.5, top_k: 0, top_p: 1.0, seed: Some(seed) },
+    };
+    let a = p.generate_text_sampled("Hello", config(7), false, true).unwrap();
+    let b = p.generate_text_sampled("Hello", config(7), false, true).unwrap();
+    assert_eq!(a.generated_token_ids, b.generated_token_ids);
+    let others: Vec<Vec<u32>> =
+        (8..12).map(|s| p.generate_text_sampled("Hello", config(s), false, true).unwrap().generated_token_ids).collect();
+    assert!(others.iter().any(|o| *o != a.generated_token_ids), "every seed drew the same tokens");
+    // top_k = 1 is the greedy reply.
+    let top1 = SamplingGenerationConfig { sampling: SamplingConfig { top_k: 1, ..config(3).sampling }, ..config(3) };
+    let greedy_ids = p.generate("Hello", &greedy(8), false, true, |_| StreamControl::Continue).unwrap().generated_token_ids;
+    assert_eq!(p.generate_text_sampled("Hello", top1, false, true).unwrap().generated_token_ids, greedy_ids);
+}
+
+#[test]
+fn chat_rendering_and_defaults_come_from_the_model_folder() {
+    let p = load_huggingface_qwen3_pipeline(fixture("qwen3"), &Device::cpu()).unwrap();
+    let messages = [ChatMessage::new(ChatRole::User, "Hi")];
+    let thinking_off = p.render_chat_thinking(&messages, true, false).unwrap();
+    assert!(thinking_off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{thinking_off:?}");
+    assert!(p.render_chat(&messages, true).unwrap().ends_with("<|im_start|>assistant\n"));
+    assert_eq!(p.loaded.default_eos_token_ids, vec![399, 397]);
+    let sampling = p.default_sampling();
+    assert_eq!((sampling.temperature, sampling.top_k, sampling.top_p), (0.6, 20, 0.95));
+    let params = p.default_generate_params();
+    assert!(params.sampling.is_some(), "generation_config.json says do_sample");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let p = cpu_pipeline("qwen2-tied");
+    let err = |r: Result<ruda_llm::GeneratedText, LlmError>| r.unwrap_err().to_string();
+    assert!(err(p.generate("", &greedy(4), false, false, |_| StreamControl::Continue)).contains("empty"));
+    assert!(err(p.generate("Hi", &greedy(0), false, false, |_| StreamControl::Continue)).contains("max_new_tokens"));
+    assert!(err(p.generate("Hi", &greedy(1000), false, false, |_| StreamControl::Continue)).contains("256 positions"));
+    assert!(err(p.generate_from_ids(&[5000], &greedy(1), false, |_| StreamControl::Continue)).contains("outside the vocabulary"));
+    let hot = GenerateParams { sampling: Some(SamplingConfig { temperature: -1.0, ..Default::default() }), ..greedy(2) };
+    assert!(err(p.generate("Hi", &hot, false, false, |_| StreamControl::Continue)).contains("temperature"));
+
+    // The wrong loader for the folder's architecture.
+    let wrong = load_huggingface_qwen3_pipeline(fixture("qwen2-tied"), &Device::cpu()).err().unwrap().to_string();
+    assert!(wrong.contains("model_type \"qwen2\"") && wrong.contains("qwen3"), "{wrong}");
+    assert!(load_huggingface_qwen2_pipeline(fixture("qwen2-tied"), &Device::cpu()).is_ok());
+}
+
+#[test]
+fn broken_model_folders_are_clear_errors() {
+    let c = Copy::of("qwen2-tied");
+    std::fs::remove_file(c.file("tokenizer.json")).unwrap();
+    assert!(load_err(&c).contains("tokenizer.json"), "{}", load_err(&c));
+
+    let c = Copy::of("qwen2-tied");
+    let bytes = std::fs::read(c.file("model.safetensors")).unwrap();
+    std::fs::write(c.file("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    assert!(load_err(&c).contains("model.safetensors"), "{}", load_err(&c));
+
+    let c = Copy::of("qwen2-tied");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(c.file("config.json")).unwrap()).unwrap();
+    config["hidden_size"] = Value::from(96);
+    std::fs::write(c.file("config.json"), config.to_string()).unwrap();
+    let e = load_err(&c);
+    assert!(e.contains("shape") || e.contains("hidden"), "{e}");
+
+    let c = Copy::of("qwen2-tied");
+    std::fs::write(c.file("config.json"), "{ not json").unwrap();
+    assert!(load_err(&c).contains("config.json"), "{}", load_err(&c));
+
+    let missing = load_pipeline("/nonexistent/model", &PipelineOptions { device: Some(Device::cpu()), ..Default::default() });
+    assert!(missing.err().unwrap().to_string().contains("not a model directory"));
+}
+
+#[test]
+fn example_arguments() {
+    let args = |a: &[&str]| ExampleArgs::parse(ModelType::Qwen2, &a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    let bundled = args(&[]).unwrap();
+    assert_eq!(bundled.model_dir, example::bundled_model(ModelType::Qwen2));
+    assert_eq!((bundled.max_new_tokens, bundled.runs), (32, 1));
+    let full = args(&["dir", "Hello", "8", "3"]).unwrap();
+    assert_eq!((full.prompt.as_str(), full.max_new_tokens, full.runs), ("Hello", 8, 3));
+    assert!(args(&["dir", "Hello", "8", "0"]).unwrap_err().to_string().contains("RUNS must be a positive integer"));
+    assert!(args(&["dir", "Hello", "x"]).unwrap_err().to_string().contains("MAX_NEW_TOKENS"));
+    assert!(args(&["dir"]).unwrap_err().to_string().contains("usage"));
+}
+
+/// The README's main command: the bundled model through the interpreter, JSON lines only on
+/// standard output with the contract's keys in order, a notice on standard error.
+#[test]
+fn examples_print_the_json_contract_for_the_bundled_models() {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3] {
+        let (mut out, mut notices) = (Vec::new(), Vec::new());
+        let args: Vec<String> =
+            [example::bundled_model(model_type).display().to_string(), "Hello".into(), "5".into(), "2".into()].into();
+        example::run(model_type, &args, &mut out, &mut notices).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        let keys = |line: &str| -> Vec<String> {
+            let v: serde_json::Map<String, Value> = serde_json::from_str(line).unwrap();
+            // serde_json sorts keys; recover the printed order from the text.
+            let mut ks: Vec<(usize, String)> = v.keys().map(|k| (line.find(&format!("\"{k}\":")).unwrap(), k.clone())).collect();
+            ks.sort();
+            ks.into_iter().map(|(_, k)| k).collect()
+        };
+        assert_eq!(keys(lines[0]), ["event", "model_type", "load_seconds", "device", "dtype", "compiler", "parameters"]);
+        for (run, line) in lines[1..].iter().enumerate() {
+            assert_eq!(
+                keys(line),
+                [
+                    "event", "run", "text", "generated_text", "generated_token_ids", "stopped_on_eos", "stop_reason",
+                    "prompt_tokens", "prefill_ms", "decode_tokens_per_second"
+                ]
+            );
+            let v: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["run"], run + 1);
+            assert!(v["generated_token_ids"].as_array().unwrap().len() <= 5);
+        }
+        let load: Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(load["model_type"], model_type.name());
+        if load["compiler"] == "interpreter" {
+            assert_eq!(load["dtype"], "f32");
+            assert!(String::from_utf8(notices).unwrap().contains("CPU"));
+        }
+
+        let wrong = if model_type == ModelType::Qwen2 { ModelType::Qwen3 } else { ModelType::Qwen2 };
+        let err = example::run(wrong, &args, &mut Vec::new(), &mut Vec::new()).unwrap_err().to_string();
+        assert!(err.contains("model_type"), "{err}");
+    }
+}

@@ -17,7 +17,10 @@
 //! fused with the cache append (`rope_kv_cache`). Norm weights are kept in `f32` (exact for
 //! every checkpoint dtype), the rest in the compute dtype.
 
-use ruda_ops::api::{self, DecodeWorkspace, RopeTable};
+use std::collections::HashMap;
+
+use ruda_ops::api::{self, DecodeWorkspace, OpError, RopeTable};
+use ruda_ops::tune;
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
 use crate::config::ModelConfig;
@@ -113,6 +116,37 @@ struct Activations {
     hidden_pre: Tensor,
     gate_up: Tensor,
     act: Tensor,
+    /// The last row's logits `[1, vocab]`.
+    logits: Tensor,
+    /// Decode (one row): the split-K count of each weight shape's GEMV, and their workspace.
+    gemv: Option<GemvPlan>,
+}
+
+/// Split-K GEMVs for one-row projections: the autotuned split count per weight shape `(N, K)`
+/// (the heuristic's on the CPU or with `RUDA_AUTOTUNE=off`) and one workspace for the largest.
+struct GemvPlan {
+    splits: HashMap<(usize, usize), usize>,
+    workspace: Tensor,
+}
+
+impl GemvPlan {
+    fn new(model: &QwenModel, stream: &Stream) -> Result<GemvPlan, LlmError> {
+        let mut splits = HashMap::new();
+        let mut longest = 1;
+        for (_, _, n, k) in model.linear_shapes(1) {
+            if splits.contains_key(&(n, k)) {
+                continue;
+            }
+            let x = Tensor::zeros(&model.device, model.dtype, &[1, k])?;
+            let w = model.weight_of_shape(n, k).ok_or_else(|| LlmError::InvalidArgument(format!("no [{n}, {k}] weight")))?;
+            let s = tune::tuned_gemv_splits(stream, &x, w).map_err(|e| LlmError::op("tuning the decode GEMV", e))?;
+            if s > 1 {
+                longest = longest.max(s * n);
+            }
+            splits.insert((n, k), s);
+        }
+        Ok(GemvPlan { splits, workspace: Tensor::empty(&model.device, DType::F32, &[longest])? })
+    }
 }
 
 impl Activations {
@@ -143,6 +177,8 @@ impl Activations {
             hidden_pre: empty(&[tokens, c.hidden_size])?,
             gate_up: empty(&[tokens, 2 * c.intermediate_size])?,
             act: empty(&[tokens, c.intermediate_size])?,
+            logits: empty(&[1, c.vocab_size])?,
+            gemv: if tokens == 1 { Some(GemvPlan::new(model, &model.device.default_stream())?) } else { None },
         })
     }
 }
@@ -380,9 +416,9 @@ impl QwenModel {
         api::rms_norm_into(s, &a.residual[cur], &self.layers[0].input_norm, self.eps, &a.normed)
             .map_err(op("input norm"))?;
         for (l, layer) in self.layers.iter().enumerate() {
-            self.project(s, &a.normed, &layer.q, &a.q, &a.q_pre)?;
-            self.project(s, &a.normed, &layer.k, &a.k, &a.k_pre)?;
-            self.project(s, &a.normed, &layer.v, &a.v, &a.v_pre)?;
+            self.project(s, a, &a.normed, &layer.q, &a.q, &a.q_pre)?;
+            self.project(s, a, &a.normed, &layer.k, &a.k, &a.k_pre)?;
+            self.project(s, a, &a.normed, &layer.v, &a.v, &a.v_pre)?;
             let (q, k) = match &layer.qk_norm {
                 Some((qn, kn)) => {
                     api::rms_norm_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_pre.reshape(&[t * hq, d])?)
@@ -424,7 +460,7 @@ impl QwenModel {
                 )
                 .map_err(op("prefill attention"))?,
             }
-            self.project(s, &a.attn, &layer.o, &a.hidden_out, &a.hidden_pre)?;
+            self.project(s, a, &a.attn, &layer.o, &a.hidden_out, &a.hidden_pre)?;
             api::rms_norm_residual_into(
                 s,
                 &a.hidden_out,
@@ -436,27 +472,47 @@ impl QwenModel {
             )
             .map_err(op("residual + post-attention norm"))?;
             cur = 1 - cur;
-            api::linear_into(s, &a.normed, &layer.gate_up, &a.gate_up).map_err(op("gate/up projection"))?;
+            self.linear(s, a, &a.normed, &layer.gate_up, &a.gate_up).map_err(op("gate/up projection"))?;
             api::swiglu_into(s, &a.gate_up, &a.act).map_err(op("swiglu"))?;
-            api::linear_into(s, &a.act, &layer.down, &a.hidden_out).map_err(op("down projection"))?;
+            self.linear(s, a, &a.act, &layer.down, &a.hidden_out).map_err(op("down projection"))?;
             let next_norm = self.layers.get(l + 1).map_or(&self.final_norm, |n| &n.input_norm);
             api::rms_norm_residual_into(s, &a.hidden_out, &a.residual[cur], next_norm, self.eps, &a.normed, &a.residual[1 - cur])
                 .map_err(op("residual + norm"))?;
             cur = 1 - cur;
         }
         cache.len += t;
-        let rows = if all_logits { a.normed.clone() } else { a.normed.narrow(0, t - 1, 1)? };
-        let logits = Tensor::empty(&self.device, self.dtype, &[rows.shape()[0], c.vocab_size])?;
-        api::linear_into(s, &rows, &self.lm_head, &logits).map_err(op("lm_head"))?;
+        let (rows, logits) = if all_logits {
+            (a.normed.clone(), Tensor::empty(&self.device, self.dtype, &[t, c.vocab_size])?)
+        } else {
+            (a.normed.narrow(0, t - 1, 1)?, a.logits.clone())
+        };
+        self.linear(s, a, &rows, &self.lm_head, &logits).map_err(op("lm_head"))?;
         Ok(logits)
     }
 
+    /// `out = x·wᵀ`: split-K GEMV for a decode step, else `linear` (GEMV or GEMM by rows).
+    fn linear(&self, s: &Stream, a: &Activations, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<(), OpError> {
+        let splits = a.gemv.as_ref().and_then(|g| Some((g.splits.get(&(w.shape()[0], w.shape()[1]))?, &g.workspace)));
+        match splits {
+            Some((&n, workspace)) if n > 1 && x.shape()[0] == 1 => api::gemv_split_k_into(s, x, w, out, workspace, n),
+            _ => api::linear_into(s, x, w, out),
+        }
+    }
+
+    /// A weight of shape `[n, k]`, for tuning.
+    fn weight_of_shape(&self, n: usize, k: usize) -> Option<&Tensor> {
+        let layer = self.layers.first()?;
+        [&layer.q.weight, &layer.k.weight, &layer.v.weight, &layer.o.weight, &layer.gate_up, &layer.down, &self.lm_head]
+            .into_iter()
+            .find(|w| w.shape() == [n, k])
+    }
+
     /// `out = x·Wᵀ + bias` (through `pre` when there is a bias).
-    fn project(&self, s: &Stream, x: &Tensor, lin: &Linear, out: &Tensor, pre: &Tensor) -> Result<(), LlmError> {
+    fn project(&self, s: &Stream, a: &Activations, x: &Tensor, lin: &Linear, out: &Tensor, pre: &Tensor) -> Result<(), LlmError> {
         match &lin.bias {
-            None => api::linear_into(s, x, &lin.weight, out).map_err(|e| LlmError::op("projection", e)),
+            None => self.linear(s, a, x, &lin.weight, out).map_err(|e| LlmError::op("projection", e)),
             Some(b) => {
-                api::linear_into(s, x, &lin.weight, pre).map_err(|e| LlmError::op("projection", e))?;
+                self.linear(s, a, x, &lin.weight, pre).map_err(|e| LlmError::op("projection", e))?;
                 api::add_bias_into(s, pre, b, out).map_err(|e| LlmError::op("projection bias", e))
             }
         }

@@ -1,24 +1,103 @@
 #!/usr/bin/env python3
-"""Time the problems of `ruda-bench` with PyTorch on the same GPU (cuBLAS through
-`torch.nn.functional.linear`, PyTorch's own norm/softmax/elementwise kernels) and print one JSON
-object per line: {"op", "shape", "torch_ms"}. Usage: baseline.py [--iters N] [--quick]."""
+"""Time the problems of `ruda-bench` with PyTorch on the same GPU and print one JSON object per
+line: {"op", "shape", "torch_ms", "iters"}. The ops and shapes are those of ruda-bench
+(ops/src/bin/ruda-bench.rs); scripts/gpu/summarize.py joins the two by (op, shape).
+
+Baselines: y = x·Wᵀ through torch.nn.functional.linear (cuBLAS); attention through
+torch.nn.functional.scaled_dot_product_attention (GQA by enable_gqa, or the KV heads repeated
+on older PyTorch; the repeat is outside the timed region); the device-to-device copy through
+Tensor.copy_; PyTorch's own norm, softmax and elementwise kernels.
+
+Timing: 3 warm-up calls, then SAMPLES samples of as many calls as fill SAMPLE_MS each, CUDA
+events around each sample; the median per call.
+
+Usage: baseline.py [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S] [FILTER...]
+(--list needs no GPU and no torch; --quick: tiny shapes.)
+"""
 import json
 import sys
+import time
 
-import torch
+QWEN25_05B = dict(name="qwen2.5-0.5b", hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=151936)
+QWEN3_06B = dict(name="qwen3-0.6b", hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936)
+TINY = dict(name="tiny", hidden=128, intermediate=256, heads=2, kv_heads=1, head_dim=64, vocab=1000)
 
 
-def timed(fn, iters):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def catalog(quick):
+    """[(op, shape, tag, make)] in ruda-bench's order; make() returns the timed callable."""
+    out = []
+
+    def add(op, shape, tag, make):
+        if not any(o == op and s == shape for o, s, _, _ in out):
+            out.append((op, shape, tag, make))
+
+    copy_bytes = 1 << 16 if quick else 1 << 29
+    add("copy", [copy_bytes], "Tensor.copy_", lambda: copy_problem(copy_bytes))
+    for s in ((64,) if quick else (2048, 4096, 8192)):
+        add("linear_bf16", [s, s, s], "square", lambda s=s: linear_problem(s, s, s))
+    models = (TINY,) if quick else (QWEN25_05B, QWEN3_06B)
+    for model in models:
+        h, q, kv = model["hidden"], model["heads"] * model["head_dim"], model["kv_heads"] * model["head_dim"]
+        projections = [("q", q, h), ("k,v", kv, h), ("o", h, q), ("gate_up", 2 * model["intermediate"], h),
+                       ("down", h, model["intermediate"]), ("lm_head", model["vocab"], h)]
+        for m in ((1, 8, 32) if quick else (1, 8, 128, 2048)):
+            for proj, n, k in projections:
+                add("linear_bf16", [m, n, k], f"{model['name']} {proj}", lambda m=m, n=n, k=k: linear_problem(m, n, k))
+    hq, hkv, d = 16, 8, 128
+    for t in ((64,) if quick else (1024, 4096, 16384)):
+        add("attention_prefill_bf16", [t, hq, hkv, d], "causal", lambda t=t: prefill_problem(t, hq, hkv, d))
+    for b in ((1, 2) if quick else (1, 16)):
+        for s in ((64, 300) if quick else (1024, 4096, 16384)):
+            add("attention_decode_bf16", [b, hq, hkv, d, s], "", lambda b=b, s=s: decode_problem(b, hq, hkv, d, s))
+    rows, hidden = (64, 256) if quick else (4096, 4096)
+    n = rows * hidden
+    add("rms_norm_bf16", [rows, hidden], "", lambda: rms_norm_problem(rows, hidden, False))
+    add("rms_norm_residual_bf16", [rows, hidden], "x + r, then rms_norm", lambda: rms_norm_problem(rows, hidden, True))
+    add("softmax_bf16", [rows, hidden], "", lambda: unary_problem([rows, hidden], "softmax"))
+    add("add_bf16", [n], "", lambda: add_problem(n))
+    add("silu_bf16", [n], "", lambda: unary_problem([n], "silu"))
+    add("swiglu_bf16", [rows, hidden], "silu(gate) * up", lambda: swiglu_problem(rows, hidden))
+    vocab = 1000 if quick else 151936
+    add("argmax_bf16", [1, vocab], "", lambda: unary_problem([1, vocab], "argmax"))
+    return out
+
+
+# ---- problems (torch is imported by main only when timing) ----------------------------------
+
+def rand(*shape):
+    return torch.rand(*shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+
+
+def copy_problem(nbytes):
+    src = torch.zeros(nbytes // 4, device="cuda", dtype=torch.int32)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def linear_problem(m, n, k):
+    x, w = rand(m, k), rand(n, k)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    # y = x·Wᵀ into a preallocated output, like linear_into.
+    return lambda: torch.matmul(x, w.t(), out=out)
+
+
+def sdpa_fn(q, k, v, causal):
+    f = torch.nn.functional.scaled_dot_product_attention
+    try:
+        f(q, k, v, is_causal=causal, enable_gqa=True)
+        return lambda: f(q, k, v, is_causal=causal, enable_gqa=True)
+    except TypeError:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        return lambda: f(q, k, v, is_causal=causal)
+
+
+def prefill_problem(t, hq, hkv, d):
+    return sdpa_fn(rand(1, hq, t, d), rand(1, hkv, t, d), rand(1, hkv, t, d), True)
+
+
+def decode_problem(b, hq, hkv, d, s):
+    return sdpa_fn(rand(b, hq, 1, d), rand(b, hkv, s, d), rand(b, hkv, s, d), False)
 
 
 def rms_norm(x, g, eps):
@@ -28,57 +107,106 @@ def rms_norm(x, g, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * g).to(x.dtype)
 
 
-def sdpa(q, k, v, causal):
-    # GQA: PyTorch >= 2.5 takes enable_gqa; older versions need the KV heads repeated.
-    try:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    except TypeError:
-        rep = q.shape[1] // k.shape[1]
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal)
+def rms_norm_problem(rows, hidden, residual):
+    x, r = rand(rows, hidden), rand(rows, hidden)
+    g = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    if residual:
+        return lambda: rms_norm(x + r, g, 1e-6)
+    return lambda: rms_norm(x, g, 1e-6)
+
+
+def unary_problem(shape, which):
+    x = rand(*shape)
+    return {"softmax": lambda: torch.softmax(x, dim=-1),
+            "silu": lambda: torch.nn.functional.silu(x),
+            "argmax": lambda: torch.argmax(x, dim=-1)}[which]
+
+
+def add_problem(n):
+    a, b = rand(n), rand(n)
+    return lambda: a + b
+
+
+def swiglu_problem(rows, hidden):
+    gu = rand(rows, 2 * hidden)
+    gate, up = gu[:, :hidden], gu[:, hidden:]
+    return lambda: torch.nn.functional.silu(gate) * up
+
+
+def timed(fn, sample_ms, samples):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    once = (time.perf_counter() - t0) * 1e3
+    iters = max(1, min(10000, int(-(-sample_ms // max(once, 1e-4)))))
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    times.sort()
+    return times[len(times) // 2], iters
+
+
+def parse_args(args):
+    opts = dict(list=False, quick=False, sample_ms=15.0, samples=5, budget_s=240.0, filters=[])
+    it = iter(args)
+    for a in it:
+        if a in ("--list", "--quick"):
+            opts[a[2:]] = True
+        elif a in ("--sample-ms", "--samples", "--budget-s"):
+            v = float(next(it, "nan"))
+            if not v > 0:
+                sys.exit(f"baseline.py: {a} needs a positive number")
+            opts[a[2:].replace("-", "_")] = v
+        elif a.startswith("-"):
+            sys.exit(f"baseline.py: unknown option {a}\n{__doc__}")
+        else:
+            opts["filters"].append(a)
+    return opts
 
 
 def main():
-    args = sys.argv[1:]
-    quick = "--quick" in args
-    iters = int(args[args.index("--iters") + 1]) if "--iters" in args else 20
-    big, hidden = (64, 256) if quick else (4096, 4096)
-    dev, bf = "cuda", torch.bfloat16
-    problems = []
-    for m in (1, big):
-        x = torch.rand(m, hidden, device=dev, dtype=bf) * 2 - 1
-        w = torch.rand(hidden, hidden, device=dev, dtype=bf) * 2 - 1
-        problems.append(("linear_bf16", [m, hidden, hidden], lambda x=x, w=w: torch.nn.functional.linear(x, w)))
-    x = torch.rand(big, hidden, device=dev, dtype=bf)
-    g = torch.ones(hidden, device=dev, dtype=torch.float32)
-    # The contract keeps gamma in f32 and the output in the input dtype.
-    problems.append(("rms_norm_bf16", [big, hidden], lambda: rms_norm(x, g.to(bf), 1e-6)))
-    problems.append(("softmax_bf16", [big, hidden], lambda: torch.softmax(x, dim=-1)))
-    a = torch.rand(big * hidden, device=dev, dtype=bf)
-    b = torch.rand(big * hidden, device=dev, dtype=bf)
-    problems.append(("add_bf16", [big * hidden], lambda: a + b))
-    problems.append(("silu_bf16", [big * hidden], lambda: torch.nn.functional.silu(a)))
-    f = torch.nn.functional
-    for t in ((64,) if quick else (1024, 4096)):
-        hq, hkv, d = 16, 8, 128
-        q = torch.rand(1, hq, t, d, device=dev, dtype=bf)
-        k = torch.rand(1, hkv, t, d, device=dev, dtype=bf)
-        v = torch.rand(1, hkv, t, d, device=dev, dtype=bf)
-        problems.append(("attention_prefill_bf16", [t, hq, hkv, d],
-                         lambda q=q, k=k, v=v: sdpa(q, k, v, True)))
-    b, hq, hkv, d, s_len = 8, 16, 8, 128, (64 if quick else 4096)
-    qd = torch.rand(b, hq, 1, d, device=dev, dtype=bf)
-    kc = torch.rand(b, hkv, s_len, d, device=dev, dtype=bf)
-    vc = torch.rand(b, hkv, s_len, d, device=dev, dtype=bf)
-    problems.append(("attention_decode_bf16", [b, hq, hkv, d, s_len], lambda: sdpa(qd, kc, vc, False)))
-    r = torch.rand(big, hidden, device=dev, dtype=bf)
-    problems.append(("rms_norm_residual_bf16", [big, hidden], lambda: rms_norm(x + r, g.to(bf), 1e-6)))
-    vocab = 1000 if quick else 151936
-    logits = torch.rand(1, vocab, device=dev, dtype=bf)
-    problems.append(("argmax_bf16", [1, vocab], lambda: torch.argmax(logits, dim=-1)))
-    for name, shape, fn in problems:
-        print(json.dumps({"op": name, "shape": shape, "torch_ms": round(timed(fn, iters), 6)}), flush=True)
+    global torch
+    opts = parse_args(sys.argv[1:])
+    problems = [p for p in catalog(opts["quick"])
+                if not opts["filters"] or any(f in f"{p[0]} {p[1]} {p[2]}" for f in opts["filters"])]
+    if opts["list"]:
+        for op, shape, tag, _ in problems:
+            print(f"{op} {shape} {tag}")
+        return 0
+    import torch as _torch
+    torch = _torch
+    if not torch.cuda.is_available():
+        sys.exit("baseline.py: no CUDA device for PyTorch")
+    print(f"baseline.py: torch {torch.__version__} on {torch.cuda.get_device_name()}, {len(problems)} problems",
+          file=sys.stderr, flush=True)
+    started, failed = time.time(), 0
+    for i, (op, shape, tag, make) in enumerate(problems):
+        where = f"[{i + 1}/{len(problems)}] {op} {shape}"
+        if time.time() - started > opts["budget_s"]:
+            print(f"  {where}: SKIPPED (budget spent)", file=sys.stderr, flush=True)
+            continue
+        t0 = time.time()
+        try:
+            ms, iters = timed(make(), opts["sample_ms"], int(opts["samples"]))
+        except Exception as e:  # a failed baseline is reported, the others still run
+            failed += 1
+            print(f"  {where}: FAILED: {e!r}", file=sys.stderr, flush=True)
+            continue
+        finally:
+            torch.cuda.empty_cache()
+        print(json.dumps({"op": op, "shape": shape, "torch_ms": round(ms, 6), "iters": iters}), flush=True)
+        print(f"  {where}: {ms:.4f} ms ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

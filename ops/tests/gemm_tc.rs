@@ -100,9 +100,12 @@ fn every_registered_config_matches_the_reference_on_partial_tiles() {
         // Partial tiles in m and n; k a multiple of 8 but not of BK (the last k-tile is
         // partial), and more k-tiles than stages so the ring wraps.
         let (bm, bn) = cfg.tile.dims();
-        let (m, n) = (bm as usize + 5, bn as usize - 7);
+        let (bm, bn) = (bm as usize, bn as usize);
+        let batch = if cfg.batched { 3 } else { 1 };
         let k = if cfg.batched { 40 } else { 4 * BK as usize + 8 };
-        check_config(&mut rng, cfg, m, n, k, if cfg.batched { 3 } else { 1 }, false);
+        // An odd N (single-column stores), then an even one (paired stores, a second block column).
+        check_config(&mut rng, cfg, bm + 5, bn - 7, k, batch, false);
+        check_config(&mut rng, cfg, bm - 3, bn + 6, 24, batch, false);
     }
 }
 
@@ -292,6 +295,12 @@ fn linear_bias_rejects_bad_shapes_and_dtypes() {
     assert!(e.contains("K % 8 == 0"), "{e}");
     let e = err(api::linear_batched_into(&stream, &z(DType::BF16, &[2, 20, 16]), &z(DType::BF16, &[3, 8, 16]), &z(DType::BF16, &[2, 20, 8])));
     assert!(e.contains("expected [8, 16] or [2, 8, 16]"), "{e}");
+    // An output starting at an odd element: no paired stores, so no tensor cores.
+    let big = z(DType::BF16, &[20 * 8 + 1]);
+    let odd = big.narrow(0, 1, 160).unwrap().reshape(&[20, 8]).unwrap();
+    let e = err(api::linear_bias_into(&stream, &x, &w, Some(&z(DType::BF16, &[8])), None, &odd));
+    assert!(e.contains("starting at even elements"), "{e}");
+    api::linear_into(&stream, &x, &w, &odd).unwrap();
     let e = err(api::linear_batched_into(&stream, &x, &w, &out));
     assert!(e.contains("expected x [B, M, K]"), "{e}");
     assert!(GemmTile::from_name("tc128x64.s3").is_some() && GemmTile::from_name("tc96x64.s3").is_none());

@@ -98,8 +98,8 @@ fn shapes_files_parse_with_line_numbers() {
     assert_eq!(
         parse_shapes("s.txt", text).unwrap(),
         vec![
-            TuneShape { op: "gemv".into(), dtype: DType::BF16, m: 1, n: 4096, k: 4096 },
-            TuneShape { op: "gemv".into(), dtype: DType::F16, m: 16, n: 3, k: 128 },
+            TuneShape::Gemv { dtype: DType::BF16, m: 1, n: 4096, k: 4096 },
+            TuneShape::Gemv { dtype: DType::F16, m: 16, n: 3, k: 128 },
         ]
     );
     assert_eq!(parse_shapes("s.txt", text).unwrap()[0].to_string(), "gemv bf16 1x4096x4096");

@@ -38,6 +38,16 @@ rm "$bundle/tests.tsv"
 echo "bundle: building release binaries" >&2
 cargo build --release --locked -p ruda-ops --bins
 cp target/release/rudac target/release/ruda-bench "$bundle/bin/"
+# The model layer's examples, for scripts/gpu/model_bench.py (skipped there when absent).
+if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"qwen2_generate"'; then
+  echo "bundle: building the ruda-llm examples" >&2
+  cargo build --release --locked -p ruda-llm --examples
+fi
+for example in qwen2_generate qwen3_generate; do
+  if [ -x "target/release/examples/$example" ]; then
+    cp "target/release/examples/$example" "$bundle/bin/"
+  fi
+done
 if command -v strip >/dev/null; then
   strip "$bundle"/tests/* "$bundle"/bin/*
 fi
@@ -45,5 +55,7 @@ echo "bundle: writing the PTX backend's GPU semantics check" >&2
 cargo run --release --locked --quiet -p ruda-codegen-ptx --example gpucheck -- "$bundle/gpucheck" >&2
 cp codegen-ptx/gpucheck/*.py "$bundle/gpucheck/"
 git rev-parse HEAD > "$bundle/COMMIT"
+# Benchmarks list (no device needed): a check that ruda-bench runs at all.
+"$bundle/bin/ruda-bench" --list > /dev/null
 ls "$bundle/tests" >&2
 du -sh "$bundle" >&2

@@ -3,71 +3,141 @@
 # scripts/gpu/bundle.sh built scripts/gpu/bundle/ here. Runs every bundled test executable on
 # CUDA (RUDA_REQUIRE_GPU=1, so a missing GPU fails instead of skipping) for each compiler in
 # RUDA_GPU_COMPILERS, then rudac check with the machine's ptxas, then the benchmarks beside
-# their PyTorch baselines, and writes JSON results and logs into RESULTS_DIR.
+# their PyTorch baselines and the model benchmark, and writes into RESULTS_DIR a few files:
+# machine.json, tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json,
+# summary.json, summary.md, and logs.tar.gz (every log). The summary ends stdout.
+#
+# Every step has a timeout; together they fit in about 8 minutes:
+#   tests 180 s in all (each executable at most 90 s), rudac check 60 s, rudac run 30 s,
+#   gpucheck 45 s, ruda-bench 100 s, baseline 80 s, model bench 150 s (less when the budget
+#   is spent: each step gets what is left of RUDA_GPU_BUDGET_S, 450 by default, minus a margin).
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
+# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run gpucheck bench model"),
+#        RUDA_GPU_BUDGET_S (450), RUDA_BENCH_FILTER (words passed to both benchmark programs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 results=${1:?usage: run.sh RESULTS_DIR}
-mkdir -p "$results/logs"
+mkdir -p "$results"
+logs=$(mktemp -d /tmp/ruda-gpu-logs.XXXXXX)
 bundle=scripts/gpu/bundle
 [ -d "$bundle/tests" ] || { echo "run.sh: no $bundle; run scripts/gpu/bundle.sh first" >&2; exit 2; }
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
+steps=" ${RUDA_GPU_STEPS:-tests check run gpucheck bench model} "
+budget=${RUDA_GPU_BUDGET_S:-450}
+filter=${RUDA_BENCH_FILTER:-}
+t_start=$(date +%s)
+
+# Seconds for a step: its own cap, or what is left of the budget (less 20 s for the summary).
+allot() {
+  local left=$((budget - ($(date +%s) - t_start) - 20))
+  [ "$left" -lt 5 ] && left=5
+  [ "$1" -lt "$left" ] && echo "$1" || echo "$left"
+}
+has_step() { [[ "$steps" == *" $1 "* ]]; }
+note() { echo "run.sh [$(( $(date +%s) - t_start ))s] $*" >&2; }
 
 export RUDA_REQUIRE_GPU=1 RUDA_DEVICE=cuda RUDA_INTERP_THREADS=8
+# A fresh autotune and module cache for this run, kept with the logs.
+export RUDA_CACHE_DIR="$logs/cache"
 {
   echo "{"
   echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
-  echo "  \"commit\": \"$(cat "$bundle/COMMIT")\","
-  echo "  \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)\","
-  echo "  \"driver\": \"$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)\","
-  echo "  \"ptxas\": \"$(ptxas --version 2>/dev/null | tail -1)\""
+  echo "  \"commit\": \"$(cat "$bundle/COMMIT" 2>/dev/null)\","
+  echo "  \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)\","
+  echo "  \"driver\": \"$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)\","
+  echo "  \"ptxas\": \"$(ptxas --version 2>/dev/null | tail -1)\","
+  echo "  \"torch\": \"$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)\""
   echo "}"
 } > "$results/machine.json"
 
 echo '[' > "$results/tests.json"
-first=1
-for compiler in $compilers; do
-  for exe in "$bundle"/tests/*; do
-    name=$(basename "$exe")
-    log="$results/logs/$compiler--$name.log"
-    start=$(date +%s.%N)
-    RUDA_CUDA_COMPILER=$compiler timeout 300 "$exe" --test-threads=4 >"$log" 2>&1
-    rc=$?
-    secs=$(python3 -c "import time; print(round(time.time() - $start, 2))")
-    passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
-    failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
-    [ $first = 1 ] || echo ',' >> "$results/tests.json"
-    first=0
-    printf '{"compiler":"%s","executable":"%s","exit":%d,"passed":%d,"failed":%d,"seconds":%s}' \
-      "$compiler" "$name" "$rc" "$passed" "$failed" "$secs" >> "$results/tests.json"
+if has_step tests; then
+  tests_end=$(( $(date +%s) + $(allot 180) ))
+  first=1
+  for compiler in $compilers; do
+    for exe in "$bundle"/tests/*; do
+      name=$(basename "$exe")
+      log="$logs/$compiler--$name.log"
+      left=$(( tests_end - $(date +%s) ))
+      if [ "$left" -lt 5 ]; then
+        echo "skipped: the tests' time is spent" > "$log"; rc=125; secs=0
+      else
+        [ "$left" -gt 90 ] && left=90
+        start=$(date +%s.%N)
+        RUDA_CUDA_COMPILER=$compiler timeout "$left" "$exe" --test-threads=4 >"$log" 2>&1
+        rc=$?
+        secs=$(python3 -c "import time; print(round(time.time() - $start, 2))")
+      fi
+      passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
+      failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
+      [ $first = 1 ] || echo ',' >> "$results/tests.json"
+      first=0
+      printf '{"compiler":"%s","executable":"%s","exit":%d,"passed":%d,"failed":%d,"seconds":%s}' \
+        "$compiler" "$name" "$rc" "$passed" "$failed" "$secs" >> "$results/tests.json"
+    done
   done
-done
+  note "tests done"
+fi
 echo ']' >> "$results/tests.json"
 
 # Every registered configuration through this machine's ptxas (CUDA 13).
-if command -v ptxas >/dev/null; then
-  RUDA_PTXAS=$(command -v ptxas) timeout 300 "$bundle/bin/rudac" check --target sm_80,sm_90 \
-    > "$results/rudac-check.txt" 2>&1
-  echo "rudac check exit $?" >> "$results/rudac-check.txt"
+if has_step check && command -v ptxas >/dev/null; then
+  RUDA_PTXAS=$(command -v ptxas) timeout "$(allot 60)" "$bundle/bin/rudac" check --target sm_80,sm_90 \
+    > "$logs/rudac-check.txt" 2>&1
+  echo "rudac check exit $?" >> "$logs/rudac-check.txt"
+  note "rudac check done"
 fi
 
 # `rudac run` on CUDA beside the interpreter (checksums are informational on CUDA: approximate
 # instructions may differ in the last bits).
-for id in rms_norm.bf16.h1024 softmax.f32 gemm_simt.bf16.nt attention_decode.bf16.d128; do
-  for engine in "interp" "cuda --compiler ptx" "cuda --compiler nvrtc"; do
-    echo "$id $engine: $("$bundle/bin/rudac" run "$id" --engine $engine 2>&1 | tail -1)"
-  done
-done > "$results/rudac-run.txt"
+if has_step run; then
+  run_end=$(( $(date +%s) + $(allot 30) ))
+  for id in rms_norm.bf16.h1024 softmax.f32 gemm_simt.bf16.nt attention_decode.bf16.d128; do
+    for engine in "interp" "cuda --compiler ptx" "cuda --compiler nvrtc"; do
+      left=$(( run_end - $(date +%s) )); [ "$left" -lt 2 ] && break 2
+      echo "$id $engine: $(timeout "$left" "$bundle/bin/rudac" run "$id" --engine $engine 2>&1 | tail -1)"
+    done
+  done > "$logs/rudac-run.txt"
+fi
 
 # The PTX backend's lowering of every op and conversion, bit for bit against exact arithmetic.
-mkdir -p "$results/gpucheck"
-timeout 300 python3 "$bundle/gpucheck/run.py" "$results/gpucheck" > "$results/logs/gpucheck_run.log" 2>&1 \
-  && timeout 300 python3 "$bundle/gpucheck/check.py" "$results/gpucheck" > "$results/gpucheck.txt" 2>&1
-echo "gpucheck exit $?" >> "$results/gpucheck.txt"
+if has_step gpucheck && [ -d "$bundle/gpucheck" ]; then
+  mkdir -p "$logs/gpucheck"
+  t=$(allot 45)
+  timeout "$t" python3 "$bundle/gpucheck/run.py" "$logs/gpucheck" > "$logs/gpucheck_run.log" 2>&1 \
+    && timeout "$t" python3 "$bundle/gpucheck/check.py" "$logs/gpucheck" > "$logs/gpucheck.txt" 2>&1
+  echo "gpucheck exit $?" >> "$logs/gpucheck.txt"
+  note "gpucheck done"
+fi
 
-timeout 300 "$bundle/bin/ruda-bench" > "$results/bench_ruda.jsonl" 2> "$results/logs/bench_ruda.log"
-timeout 300 python3 bench/baseline.py > "$results/bench_torch.jsonl" 2> "$results/logs/bench_torch.log"
-python3 scripts/gpu/summarize.py "$results"
-tail -n 3 "$results/gpucheck.txt" "$results/rudac-check.txt" 2>/dev/null
-cat "$results/rudac-run.txt"
+if has_step bench; then
+  # Each program stops starting benchmarks 15 s before its timeout.
+  t=$(allot 100)
+  # shellcheck disable=SC2086
+  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) $filter \
+    > "$results/bench_ruda.jsonl" 2> "$logs/bench_ruda.log"
+  note "ruda-bench exit $?"
+  t=$(allot 80)
+  # shellcheck disable=SC2086
+  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) $filter \
+    > "$results/bench_torch.jsonl" 2> "$logs/bench_torch.log"
+  note "baseline.py exit $?"
+fi
+
+if has_step model; then
+  timeout "$(allot 150)" python3 scripts/gpu/model_bench.py "$results" "$bundle" > "$logs/model_bench.log" 2>&1
+  note "model_bench.py exit $?"
+fi
+
+python3 scripts/gpu/summarize.py "$results" > "$logs/summary.txt" 2>&1
+echo "=== run.sh: $(( $(date +%s) - t_start )) s; results in $results ==="
+tail -n 2 "$logs/gpucheck.txt" "$logs/rudac-check.txt" 2>/dev/null
+cat "$logs/rudac-run.txt" 2>/dev/null
+grep -h "FAILED\|SKIPPED" "$logs/bench_ruda.log" "$logs/bench_torch.log" 2>/dev/null | head -20
+tail -n 3 "$logs/model_bench.log" 2>/dev/null
+cat "$logs/summary.txt"
+# One archive of every log (the tool carrying $OUT back drops results with many files).
+tar -czf "$results/logs.tar.gz" -C "$logs" . 2>/dev/null
+rm -rf "$logs"
+ls "$results"

@@ -1,47 +1,191 @@
 #!/usr/bin/env python3
-"""Merge the GPU rung's results into RESULTS_DIR/summary.json and print a one-screen summary:
-tests per executable, and each benchmark as a ratio to its PyTorch baseline measured in the
-same run (speedup = torch_ms / ruda_ms; above 1 means RUDA is faster)."""
+"""Merge the GPU rung's results into RESULTS_DIR/summary.json and summary.md and print a
+one-screen summary: tests per executable, then each benchmark as a ratio to its PyTorch
+baseline measured in the same run on the same GPU.
+
+Columns: `x base` = torch_ms / ruda_ms (above 1: RUDA is faster); TFLOP/s and GB/s are RUDA's
+(GB/s counts the bytes the op must move at least); `copy%` = RUDA's GB/s as a fraction of the
+device-to-device copy bandwidth measured in the same run (ours / PyTorch's copy_). Targets of
+the op-library issue are checked at the end. Any input file may be missing: what is there is
+summarized.
+
+Usage: summarize.py RESULTS_DIR
+"""
 import json
 import os
 import sys
 
 
+def read_json(path, default):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
 def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
     rows = []
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{"):
-            rows.append(json.loads(line))
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
     return rows
 
 
-def main():
-    results = sys.argv[1]
-    machine = json.load(open(os.path.join(results, "machine.json")))
-    tests = json.load(open(os.path.join(results, "tests.json")))
-    ours = {(r["op"], tuple(r["shape"])): r["ruda_ms"] for r in read_jsonl(os.path.join(results, "bench_ruda.jsonl"))}
-    theirs = {(r["op"], tuple(r["shape"])): r["torch_ms"] for r in read_jsonl(os.path.join(results, "bench_torch.jsonl"))}
-    bench = []
-    for key in sorted(set(ours) | set(theirs)):
-        r, t = ours.get(key), theirs.get(key)
-        bench.append({"op": key[0], "shape": list(key[1]), "ruda_ms": r, "torch_ms": t,
-                      "speedup_vs_torch": round(t / r, 4) if r and t else None})
-    summary = {"machine": machine, "tests": tests, "bench": bench}
-    json.dump(summary, open(os.path.join(results, "summary.json"), "w"), indent=1)
+def fmt(v, digits=3):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
 
-    print(f"GPU rung on {machine['gpu']} (driver {machine['driver']}), commit {machine['commit'][:10]}")
-    total_p = sum(t["passed"] for t in tests)
-    total_f = sum(t["failed"] for t in tests)
+
+def bench_rows(results):
+    ours = read_jsonl(os.path.join(results, "bench_ruda.jsonl"))
+    theirs = {(r["op"], tuple(r["shape"])): r for r in read_jsonl(os.path.join(results, "bench_torch.jsonl"))}
+    copy = {"ruda": None, "torch": None}
+    for r in ours:
+        if r["op"] == "copy" and r.get("ruda_ms"):
+            copy["ruda"] = r["bytes"] / r["ruda_ms"] / 1e6
+    for (op, shape), t in theirs.items():
+        if op == "copy" and t.get("torch_ms"):
+            copy["torch"] = 2 * shape[0] / t["torch_ms"] / 1e6
+    rows, matched = [], set()
+    for r in ours:
+        base = r.get("base", r["op"])
+        key = (base, tuple(r["shape"]))
+        t = theirs.get(key)
+        matched.add(key)
+        ms, tms = r.get("ruda_ms"), t.get("torch_ms") if t else None
+        gbs = r["bytes"] / ms / 1e6 if ms and r.get("bytes") else None
+        # Compute-bound rows (GEMM above the GEMV range, prefill) get no copy fraction.
+        memory_bound = r["op"] != "attention_prefill_bf16" and not (r["op"].startswith("linear") and r["shape"][0] > 16)
+        row = {
+            "op": r["op"], "shape": r["shape"], "tag": r.get("tag", ""), "baseline": base,
+            "ruda_ms": ms, "torch_ms": tms,
+            "ratio": round(tms / ms, 4) if ms and tms else None,
+            "tflops": round(r["flops"] / ms / 1e9, 2) if ms and r.get("flops") else None,
+            "gbs": round(gbs, 1) if gbs else None,
+            "copy_frac_ours": round(gbs / copy["ruda"], 3) if memory_bound and gbs and copy["ruda"] else None,
+            "copy_frac_torch": round(gbs / copy["torch"], 3) if memory_bound and gbs and copy["torch"] else None,
+        }
+        if "splits" in r:
+            row["splits"] = r["splits"]
+        rows.append(row)
+    for key, t in theirs.items():
+        if key not in matched:
+            rows.append({"op": key[0], "shape": list(key[1]), "tag": "(no RUDA row)", "baseline": key[0],
+                         "ruda_ms": None, "torch_ms": t.get("torch_ms"), "ratio": None})
+    return rows, copy
+
+
+def find(rows, op, shape):
+    return next((r for r in rows if r["op"] == op and r["shape"] == shape), None)
+
+
+def targets(rows, copy):
+    """The op-library issue's targets on an H200: (name, value, goal, met)."""
+    out = []
+    g = find(rows, "linear_bf16", [4096, 4096, 4096])
+    out.append(("GEMM 4096^3 bf16 vs cuBLAS", g and g["ratio"], 0.45))
+    best_copy = max([c for c in copy.values() if c] or [0]) or None
+    gemv = [r for r in rows if r["op"] in ("linear_bf16", "linear_tuned_bf16") and r["shape"][0] == 1 and r.get("gbs")]
+    if gemv and best_copy:
+        # The large-weight rows are the meaningful ones (small matrices fit in L2).
+        big = [r for r in gemv if r["shape"][1] * r["shape"][2] >= 4 * 1024 * 1024] or gemv
+        worst = min(max(r["gbs"] for r in big if r["shape"] == s["shape"]) for s in big)
+        out.append(("GEMV M=1 (weights >= 8 MB), worst shape, fraction of copy bandwidth", round(worst / best_copy, 3), 0.75))
+    else:
+        out.append(("GEMV M=1 fraction of copy bandwidth", None, 0.75))
+    p = find(rows, "attention_prefill_bf16", [4096, 16, 8, 128])
+    out.append(("prefill attention 4k vs SDPA", p and p["ratio"], 0.5))
+    return [(n, v, goal, v is not None and v >= goal) for n, v, goal in out]
+
+
+def model_lines(model):
+    lines = []
+    for m in model.get("models", []):
+        hf = m.get("transformers", {})
+        ours = m.get("ruda")
+        line = (f"  {m['name']}: transformers prefill {fmt(hf.get('prefill_ms'))} ms, "
+                f"decode {fmt(hf.get('decode_tokens_per_second'))} tok/s")
+        if ours:
+            ratio_p = hf.get("prefill_ms") / ours["prefill_ms"] if ours.get("prefill_ms") else None
+            ratio_d = (ours["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
+                       if ours.get("decode_tokens_per_second") and hf.get("decode_tokens_per_second") else None)
+            line += (f"; RUDA prefill {fmt(ours.get('prefill_ms'))} ms (x{fmt(ratio_p)}), "
+                     f"decode {fmt(ours.get('decode_tokens_per_second'))} tok/s (x{fmt(ratio_d)}), "
+                     f"teacher-forced agreement {ours.get('agreement', '-')}")
+        else:
+            line += f"; RUDA: {m.get('ruda_skipped', 'not run')}"
+        lines.append(line)
+    return lines
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    results = sys.argv[1]
+    machine = read_json(os.path.join(results, "machine.json"), {})
+    tests = read_json(os.path.join(results, "tests.json"), [])
+    model = read_json(os.path.join(results, "model_bench.json"), {})
+    rows, copy = bench_rows(results)
+    goals = targets(rows, copy)
+    summary = {"machine": machine, "tests": tests, "copy_gbs": copy, "bench": rows,
+               "targets": [{"target": n, "value": v, "goal": g, "met": ok} for n, v, g, ok in goals],
+               "model_bench": model}
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+    md = [f"# GPU rung on {machine.get('gpu', '?')} (driver {machine.get('driver', '?')}), "
+          f"commit {str(machine.get('commit', '?'))[:10]}, {machine.get('date', '?')}", ""]
+    total_p = sum(t.get("passed", 0) for t in tests)
+    total_f = sum(t.get("failed", 0) for t in tests)
+    bad = [t for t in tests if t.get("exit") != 0]
+    md.append(f"Tests: {total_p} passed, {total_f} failed; executables not exiting 0: "
+              + (", ".join(f"{t['compiler']}/{t['executable']} (exit {t['exit']})" for t in bad) or "none"))
+    md.append("")
+    md.append(f"Copy bandwidth (read + write): RUDA {fmt(copy['ruda'])} GB/s, PyTorch copy_ {fmt(copy['torch'])} GB/s")
+    md.append("")
+    md.append("| op | shape | tag | RUDA ms | base ms | x base | TFLOP/s | GB/s | copy% ours/torch | splits |")
+    md.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        cf = "-" if r.get("copy_frac_ours") is None else f"{r['copy_frac_ours']:.2f}/{fmt(r.get('copy_frac_torch'))}"
+        md.append(f"| {r['op']} | {'x'.join(map(str, r['shape']))} | {r['tag']} | {fmt(r['ruda_ms'], 4)} | "
+                  f"{fmt(r['torch_ms'], 4)} | {fmt(r['ratio'])} | {fmt(r.get('tflops'))} | {fmt(r.get('gbs'))} | {cf} | "
+                  f"{r.get('splits', '')} |")
+    md.append("")
+    md.append("Targets (op-library issue):")
+    for n, v, goal, ok in goals:
+        md.append(f"- {'MET' if ok else 'NOT MET'}: {n}: {fmt(v)} (goal >= {goal})")
+    if model:
+        md.append("")
+        md.append("Model benchmark (prefill 512 tokens, greedy decode 128, bf16):")
+        md += model_lines(model)
+    with open(os.path.join(results, "summary.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+
+    # The one-screen version: tests, the headline rows, targets.
+    print("\n".join(md[:3]))
     for t in tests:
-        mark = "ok  " if t["exit"] == 0 else "FAIL"
-        print(f"  {mark} {t['compiler']:<5} {t['executable']:<48} {t['passed']:>4} passed {t['failed']:>3} failed  {t['seconds']}s")
-    print(f"tests: {total_p} passed, {total_f} failed")
-    print("benchmarks (speedup = torch_ms / ruda_ms):")
-    for b in bench:
-        print(f"  {b['op']:<14} {str(b['shape']):<20} ruda {b['ruda_ms']} ms  torch {b['torch_ms']} ms  speedup {b['speedup_vs_torch']}")
+        if t.get("exit") != 0:
+            print(f"  FAIL {t['compiler']:<5} {t['executable']:<48} {t['passed']:>4} passed {t['failed']:>3} failed  {t['seconds']}s")
+    print(md[4])
+    print(f"benchmarks: {len(rows)} rows (full table in summary.md); x base = torch_ms / ruda_ms")
+    headline = [r for r in rows if r["op"] != "linear_bf16" or r["tag"] == "square" or r["shape"][0] in (1, 2048)]
+    for r in headline:
+        extra = f" copy% {r['copy_frac_ours']}" if r.get("copy_frac_ours") is not None and r["op"] != "copy" else ""
+        print(f"  {r['op']:<32} {'x'.join(map(str, r['shape'])):<22} ruda {fmt(r['ruda_ms'], 4):>8} ms  "
+              f"base {fmt(r['torch_ms'], 4):>8} ms  x{fmt(r['ratio'])}{extra}")
+    print("\n".join(md[md.index("Targets (op-library issue):"):]))
 
 
 if __name__ == "__main__":

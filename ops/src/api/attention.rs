@@ -532,7 +532,7 @@ pub struct DecodeWorkspace {
 
 impl DecodeWorkspace {
     /// A workspace for queries shaped like `q` (`[B, Hq, D]`, on `q`'s device) with `splits`
-    /// key splits (1 to [`MAX_DECODE_SPLITS`]; see [`decode_splits`]).
+    /// key splits (1 to [`MAX_DECODE_SPLITS`]; see [`crate::tune::tuned_decode_splits`]).
     pub fn new(q: &Tensor, splits: usize) -> Result<DecodeWorkspace> {
         let op = "DecodeWorkspace::new";
         expect_rank(op, "q", q, 3, "[batch, heads, head_dim]")?;
@@ -652,7 +652,9 @@ pub fn attention_decode_into(
     Ok(())
 }
 
-/// [`attention_decode_into`] into a new tensor with a new workspace of [`decode_splits`] splits.
+/// [`attention_decode_into`] into a new tensor with a new workspace, on `q`'s default stream:
+/// [`decode_splits`] splits on the CPU and with `RUDA_AUTOTUNE=off`, else the split count
+/// autotuned on the GPU ([`crate::tune::attention_decode_tuned`]).
 pub fn attention_decode(
     q: &Tensor,
     k_cache: &Tensor,
@@ -663,12 +665,7 @@ pub fn attention_decode(
     let op = "attention_decode";
     expect_rank(op, "q", q, 3, "[batch, heads, head_dim]")?;
     expect_rank(op, "k_cache", k_cache, 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
-    let (batch, q_heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-    let (kv_heads, s_max) = (k_cache.shape()[1], k_cache.shape()[2]);
-    let ws = DecodeWorkspace::new(q, decode_splits(batch, q_heads, kv_heads, d, s_max))?;
-    let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
-    attention_decode_into(&q.device().default_stream(), q, k_cache, v_cache, seq_lens, scale, &ws, &out)?;
-    Ok(out)
+    crate::tune::attention_decode_tuned(q, k_cache, v_cache, seq_lens, scale)
 }
 
 // ---- the contract's entry point --------------------------------------------------------------

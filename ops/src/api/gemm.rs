@@ -35,7 +35,7 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
         to_u32(name, &format!("elements of `{what}`"), len)?;
     }
     let (m, n, k) = (to_u32(name, "m", m)?, to_u32(name, "n", n)?, to_u32(name, "k", k)?);
-    if layout == BLayout::Transposed && tensor_cores_apply(a, b, k as usize) {
+    if layout == BLayout::Transposed && tensor_cores_apply(a, b, k as usize, &[out]) {
         let p = TcProblem { m, n, k, batch: 1, w_batch: 0, out: dtype };
         return launch_tc(stream, a, b, None, None, out, &p, heuristic_gemm_tile(stream.device(), m as usize, n as usize));
     }
@@ -127,14 +127,16 @@ pub fn heuristic_gemm_tile(device: &Device, m: usize, n: usize) -> GemmTile {
     GemmTile { tile, stages: STAGES[STAGES.len() - 1] }
 }
 
-/// Whether the tensor-core GEMM takes `x · wᵀ`: f16/bf16, `K % 8 == 0` and both first
-/// elements 16-byte aligned (allocations themselves are), so every row start is.
-fn tensor_cores_apply(x: &Tensor, w: &Tensor, k: usize) -> bool {
+/// Whether the tensor-core GEMM takes `x · wᵀ` into `outputs` (the output and residual):
+/// f16/bf16, `K % 8 == 0` and both first elements 16-byte aligned (allocations themselves
+/// are), so every row start is; the outputs start at even elements (paired accesses).
+fn tensor_cores_apply(x: &Tensor, w: &Tensor, k: usize, outputs: &[&Tensor]) -> bool {
     let aligned = |t: &Tensor| (t.offset() * t.dtype().size()).is_multiple_of(16);
     GemmTcConfig::mma_type(x.dtype().scalar_type()).is_some()
         && k.is_multiple_of(GemmTcConfig::K_MULTIPLE as usize)
         && aligned(x)
         && aligned(w)
+        && outputs.iter().all(|t| t.offset().is_multiple_of(2))
 }
 
 /// The sizes of a validated tensor-core launch.
@@ -254,7 +256,9 @@ fn check_linear(
         w_batch: to_u32(name, "w batch stride", w_batch)?,
         out: out.dtype().scalar_type(),
     };
-    Ok(Linear { problem, tensor_cores: tensor_cores_apply(x, w, k) })
+    let mut outputs = vec![out];
+    outputs.extend(residual);
+    Ok(Linear { problem, tensor_cores: tensor_cores_apply(x, w, k, &outputs) })
 }
 
 /// `out[M, N] = x[M, K] · w[N, K]ᵀ + bias[N] + residual[M, N]` with either addend optional,
@@ -263,8 +267,8 @@ fn check_linear(
 /// `out` is `x`'s dtype, or f32 for f16/bf16 inputs; `bias` has `x`'s dtype, `residual`
 /// `out`'s. Without addends and with `out` in `x`'s dtype this is [`linear_into`]. The addends
 /// run on the tensor-core GEMM (any `M`, tile by [`heuristic_gemm_tile`]), so they need
-/// f16/bf16 inputs with `K % 8 == 0` and 16-byte aligned `x` and `w`; [`linear_bias`] takes
-/// the rest. On CUDA `residual` may be `out` itself (in place).
+/// f16/bf16 inputs with `K % 8 == 0`, 16-byte aligned `x` and `w`, and `out` and `residual`
+/// starting at even elements; [`linear_bias`] takes the rest. On CUDA `residual` may be `out` itself (in place).
 pub fn linear_bias_into(
     stream: &Stream,
     x: &Tensor,
@@ -282,8 +286,8 @@ pub fn linear_bias_into(
         return Err(OpError::InvalidArgument {
             op: "linear",
             message: format!(
-                "a bias, residual or f32 output needs f16/bf16 inputs with K % 8 == 0 and 16-byte aligned x and w \
-                 (x is {} {:?}): use `linear_bias`, which falls back to separate ops",
+                "a bias, residual or f32 output needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, and out \
+                 and residual starting at even elements (x is {} {:?}): use `linear_bias`, which falls back to separate ops",
                 x.dtype(),
                 x.shape()
             ),
@@ -308,7 +312,8 @@ pub fn linear_tile_into(
         return Err(OpError::InvalidArgument {
             op: "linear",
             message: format!(
-                "tile {}: the tensor-core GEMM needs f16/bf16 inputs with K % 8 == 0 and 16-byte aligned x and w (x is {} {:?})",
+                "tile {}: the tensor-core GEMM needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, and out and \
+                 residual starting at even elements (x is {} {:?})",
                 tile.name(),
                 x.dtype(),
                 x.shape()
@@ -354,7 +359,11 @@ pub fn linear_batched_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor
     if p.out != x.dtype().scalar_type() {
         return Err(OpError::InvalidArgument {
             op: "linear_batched",
-            message: format!("an f32 output needs f16/bf16 inputs with K % 8 == 0 and 16-byte aligned x and w (x is {})", x.dtype()),
+            message: format!(
+                "an f32 output needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, and out starting at an even \
+                 element (x is {})",
+                x.dtype()
+            ),
         });
     }
     let entry = |t: &Tensor, b: usize| -> Result<Tensor> {

@@ -1,193 +1,497 @@
 //! `ruda-bench`: times RUDA's ops on the device `RUDA_DEVICE` names and prints one JSON object
 //! per line. The GPU rung (`scripts/gpu/run.sh`) runs it beside `bench/baseline.py`, which times
-//! the same problems with PyTorch on the same GPU, and reports the ratios.
+//! the same problems (same `op` and `shape`) with PyTorch on the same GPU;
+//! `scripts/gpu/summarize.py` joins them into ratios.
 //!
-//! Usage: `ruda-bench [--iters N] [--quick]` (`--quick`: small shapes, for a smoke run on the
-//! interpreter).
+//! Usage: `ruda-bench [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S] [FILTER...]`
+//! - `--list`: print the benchmarks (op, shape, tag) and exit; needs no device.
+//! - `--quick`: tiny shapes, for a smoke run on the interpreter (`RUDA_DEVICE=cpu`); the
+//!   full-size benchmarks refuse the CPU device.
+//! - FILTER: run only benchmarks whose `op shape tag` line contains one of the words.
+//! - Timing: 3 warm-up launches, then `--samples` (5) samples of as many launches as fill
+//!   `--sample-ms` (15 ms) each, host wall clock around a synchronise; the median per launch.
+//! - `--budget-s` (240): benchmarks left when the budget is spent are skipped, and said so.
+//!
+//! Output lines: `{"op","shape","tag","ruda_ms","iters","flops","bytes"}` plus `"base"` (the
+//! baseline row's op, when it differs) and `"splits"` (decode attention, GEMV) where they
+//! apply. Progress goes to stderr.
 
+use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use half::bf16;
+use ruda_ir::{AddrSpace, KernelBuilder, ScalarType, Type};
 use ruda_ops::api;
-use ruda_runtime::{DType, Device, Stream, Tensor};
+use ruda_ops::tune::{tuned_decode_splits, tuned_gemv_splits};
+use ruda_runtime::{Arg, DType, Device, HashedKernel, LaunchConfig, Stream, Tensor};
 
+type BoxError = Box<dyn Error>;
 /// One timed launch of an op on its prepared inputs.
-type Launch = Box<dyn Fn(&Stream) -> Result<(), api::OpError>>;
+type Launch = Box<dyn Fn(&Stream) -> Result<(), BoxError>>;
+/// Allocates a benchmark's inputs on a device; returns the launch and the split count chosen.
+type Make = Box<dyn Fn(&Device) -> Result<(Launch, Option<usize>), BoxError>>;
 
-struct Problem {
-    name: &'static str,
+struct Bench {
+    op: &'static str,
     shape: Vec<usize>,
-    run: Launch,
+    /// Where the shape comes from (`qwen3-0.6b gate_up`, `square`), for the reader.
+    tag: String,
+    /// The baseline row's op when this row is a variant of it (tuned vs heuristic).
+    base: Option<&'static str>,
+    flops: f64,
+    /// Bytes the op must move at least (inputs read once, outputs written once).
+    bytes: f64,
+    make: Make,
 }
 
-fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, api::OpError> {
+impl Bench {
+    fn line(&self) -> String {
+        format!("{} {:?} {}", self.op, self.shape, self.tag)
+    }
+}
+
+/// A Qwen model's projection sizes.
+struct Model {
+    name: &'static str,
+    hidden: usize,
+    intermediate: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+}
+
+const QWEN25_05B: Model = Model { name: "qwen2.5-0.5b", hidden: 896, intermediate: 4864, heads: 14, kv_heads: 2, head_dim: 64, vocab: 151_936 };
+const QWEN3_06B: Model = Model { name: "qwen3-0.6b", hidden: 1024, intermediate: 3072, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151_936 };
+const TINY: Model = Model { name: "tiny", hidden: 128, intermediate: 256, heads: 2, kv_heads: 1, head_dim: 64, vocab: 1000 };
+
+/// Pseudo-random bf16 values in [-1, 1): a 64 Ki-element block, repeated (the values do not
+/// change the timing, and large tensors are made quickly).
+fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, BoxError> {
     let n: usize = shape.iter().product();
-    let mut state = seed;
-    let data: Vec<bf16> = (0..n)
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let block: Vec<bf16> = (0..n.min(1 << 16))
         .map(|_| {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             bf16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
         })
         .collect();
+    let data: Vec<bf16> = block.iter().copied().cycle().take(n).collect();
     Ok(Tensor::from_slice(device, &data, shape)?)
 }
 
-fn problems(device: &Device, quick: bool) -> Result<Vec<Problem>, Box<dyn std::error::Error>> {
-    let (big, hidden) = if quick { (64, 256) } else { (4096, 4096) };
-    let mut out = Vec::new();
-
-    for m in [1, big] {
-        let (n, k) = (hidden, hidden);
-        let x = random_bf16(device, &[m, k], 1)?;
-        let w = random_bf16(device, &[n, k], 2)?;
-        let y = Tensor::empty(device, DType::BF16, &[m, n])?;
-        out.push(Problem {
-            name: "linear_bf16",
-            shape: vec![m, n, k],
-            run: Box::new(move |s| api::linear_into(s, &x, &w, &y)),
-        });
-    }
-    {
-        let x = random_bf16(device, &[big, hidden], 3)?;
-        let g = Tensor::from_slice(device, &vec![1.0f32; hidden], &[hidden])?;
-        let y = Tensor::empty(device, DType::BF16, &[big, hidden])?;
-        out.push(Problem {
-            name: "rms_norm_bf16",
-            shape: vec![big, hidden],
-            run: Box::new(move |s| api::rms_norm_into(s, &x, &g, 1e-6, &y)),
-        });
-    }
-    {
-        let x = random_bf16(device, &[big, hidden], 4)?;
-        let y = Tensor::empty(device, DType::BF16, &[big, hidden])?;
-        out.push(Problem {
-            name: "softmax_bf16",
-            shape: vec![big, hidden],
-            run: Box::new(move |s| api::softmax_last_axis_into(s, &x, &y)),
-        });
-    }
-    {
-        let a = random_bf16(device, &[big * hidden], 5)?;
-        let b = random_bf16(device, &[big * hidden], 6)?;
-        let y = Tensor::empty(device, DType::BF16, &[big * hidden])?;
-        out.push(Problem {
-            name: "add_bf16",
-            shape: vec![big * hidden],
-            run: Box::new(move |s| api::add_into(s, &a, &b, &y)),
-        });
-    }
-    {
-        let x = random_bf16(device, &[big * hidden], 7)?;
-        let y = Tensor::empty(device, DType::BF16, &[big * hidden])?;
-        out.push(Problem {
-            name: "silu_bf16",
-            shape: vec![big * hidden],
-            run: Box::new(move |s| api::silu_into(s, &x, &y)),
-        });
-    }
-    // Prefill attention, Qwen3-0.6B-like heads (16 query, 8 KV, D = 128), causal, one sequence.
-    for t in if quick { vec![64] } else { vec![1024, 4096] } {
-        let (hq, hkv, d) = (16, 8, 128);
-        let q = random_bf16(device, &[t, hq, d], 8)?;
-        let k = random_bf16(device, &[t, hkv, d], 9)?;
-        let v = random_bf16(device, &[t, hkv, d], 10)?;
-        // Two tensors: the CPU device does not let one buffer be two arguments.
-        let cu_q = Tensor::from_slice(device, &[0u32, t as u32], &[2])?;
-        let cu_k = Tensor::from_slice(device, &[0u32, t as u32], &[2])?;
-        let o = Tensor::empty(device, DType::BF16, &[t, hq, d])?;
-        out.push(Problem {
-            name: "attention_prefill_bf16",
-            shape: vec![t, hq, hkv, d],
-            run: Box::new(move |s| api::attention_prefill_varlen_into(s, &q, &k, &v, &cu_q, &cu_k, t, None, true, &o)),
-        });
-    }
-    // Decode attention: 8 sequences of 4096 cached tokens, the same heads.
-    {
-        let (b, hq, hkv, d, s_len) = (8, 16, 8, 128, if quick { 64 } else { 4096 });
-        let q = random_bf16(device, &[b, hq, d], 11)?;
-        let kc = random_bf16(device, &[b, hkv, s_len, d], 12)?;
-        let vc = random_bf16(device, &[b, hkv, s_len, d], 13)?;
-        let lens = Tensor::from_slice(device, &vec![s_len as u32; b], &[b])?;
-        let ws = api::DecodeWorkspace::new(&q, api::decode_splits(b, hq, hkv, d, s_len))?;
-        let o = Tensor::empty(device, DType::BF16, &[b, hq, d])?;
-        out.push(Problem {
-            name: "attention_decode_bf16",
-            shape: vec![b, hq, hkv, d, s_len],
-            run: Box::new(move |s| api::attention_decode_into(s, &q, &kc, &vc, &lens, None, &ws, &o)),
-        });
-    }
-    {
-        let x = random_bf16(device, &[big, hidden], 14)?;
-        let r = random_bf16(device, &[big, hidden], 15)?;
-        let g = Tensor::from_slice(device, &vec![1.0f32; hidden], &[hidden])?;
-        let (y, r_out) = (Tensor::empty(device, DType::BF16, &[big, hidden])?, Tensor::empty(device, DType::BF16, &[big, hidden])?);
-        out.push(Problem {
-            name: "rms_norm_residual_bf16",
-            shape: vec![big, hidden],
-            run: Box::new(move |s| api::rms_norm_residual_into(s, &x, &r, &g, 1e-6, &y, &r_out)),
-        });
-    }
-    {
-        let vocab = if quick { 1000 } else { 151_936 };
-        let logits = random_bf16(device, &[1, vocab], 16)?;
-        let ids = Tensor::empty(device, DType::U32, &[1])?;
-        let ws_len = api::argmax_workspace_len(device, 1, vocab);
-        let ws = Tensor::empty(device, DType::U64, &[ws_len.max(1)])?;
-        out.push(Problem {
-            name: "argmax_bf16",
-            shape: vec![1, vocab],
-            run: Box::new(move |s| api::argmax_into(s, &logits, &ids, (ws_len > 0).then_some(&ws))),
-        });
-    }
-    Ok(out)
+/// `dst = src` in 16-byte vectors, one per thread: the device-to-device copy bandwidth that
+/// the memory-bound ops are compared with.
+fn copy_kernel() -> Result<HashedKernel, BoxError> {
+    let mut b = KernelBuilder::new("bench_copy_u32x4");
+    let src = b.param("src", Type::Ptr(AddrSpace::Global, ScalarType::U32));
+    let dst = b.param("dst", Type::Ptr(AddrSpace::Global, ScalarType::U32));
+    let chunks = b.param("chunks", Type::U32);
+    b.launch_bounds(256, None);
+    let i = b.global_thread_id_x();
+    let in_range = b.lt(i, chunks);
+    b.if_then(in_range, |b| {
+        let four = b.const_u32(4);
+        let word = b.mul(i, four);
+        let from = b.ptr_add(src, word);
+        let v = b.load_vec(from, 4);
+        let to = b.ptr_add(dst, word);
+        b.store(to, v);
+    });
+    let mut k = b.finish()?;
+    ruda_ir::passes::optimize(&mut k)?;
+    Ok(HashedKernel::new(k))
 }
+
+fn linear_bench(op: &'static str, m: usize, n: usize, k: usize, tag: String, tuned: bool) -> Bench {
+    let bytes = 2.0 * (m * k + n * k + m * n) as f64;
+    let make: Make = Box::new(move |dev| {
+        let x = random_bf16(dev, &[m, k], 1)?;
+        let w = random_bf16(dev, &[n, k], 2)?;
+        let y = Tensor::empty(dev, DType::BF16, &[m, n])?;
+        if !tuned {
+            let run: Launch = Box::new(move |s: &Stream| Ok(api::linear_into(s, &x, &w, &y)?));
+            return Ok((run, None));
+        }
+        // The decode GEMV with its autotuned split-K count (tuned here, in the setup).
+        let splits = tuned_gemv_splits(&dev.default_stream(), &x, &w)?;
+        let ws = Tensor::empty(dev, DType::F32, &[splits.max(1) * m * n])?;
+        let run: Launch = Box::new(move |s: &Stream| {
+            if splits <= 1 {
+                api::gemv_into(s, &x, &w, &y, None)?;
+            } else {
+                api::gemv_split_k_into(s, &x, &w, &y, &ws, splits)?;
+            }
+            Ok(())
+        });
+        Ok((run, Some(splits)))
+    });
+    let base = tuned.then_some("linear_bf16");
+    Bench { op, shape: vec![m, n, k], tag, base, flops: 2.0 * (m * n * k) as f64, bytes, make }
+}
+
+fn decode_bench(op: &'static str, b: usize, (hq, hkv, d): (usize, usize, usize), s: usize, tuned: bool) -> Bench {
+    let make: Make = Box::new(move |dev| {
+        let q = random_bf16(dev, &[b, hq, d], 11)?;
+        let kc = random_bf16(dev, &[b, hkv, s, d], 12)?;
+        let vc = random_bf16(dev, &[b, hkv, s, d], 13)?;
+        let lens = Tensor::from_slice(dev, &vec![s as u32; b], &[b])?;
+        let splits =
+            if tuned { tuned_decode_splits(&dev.default_stream(), &q, &kc, &vc)? } else { api::decode_splits(b, hq, hkv, d, s) };
+        let ws = api::DecodeWorkspace::new(&q, splits)?;
+        let o = Tensor::empty(dev, DType::BF16, &[b, hq, d])?;
+        let run: Launch = Box::new(move |st: &Stream| Ok(api::attention_decode_into(st, &q, &kc, &vc, &lens, None, &ws, &o)?));
+        Ok((run, Some(splits)))
+    });
+    Bench {
+        op,
+        shape: vec![b, hq, hkv, d, s],
+        tag: if tuned { "qwen3-0.6b heads, tuned splits".into() } else { "qwen3-0.6b heads, heuristic splits".into() },
+        base: (!tuned).then_some("attention_decode_bf16"),
+        flops: 4.0 * (b * hq * s * d) as f64,
+        bytes: 2.0 * (2 * b * hkv * s * d + 2 * b * hq * d) as f64,
+        make,
+    }
+}
+
+/// Every benchmark, in run order (`quick`: tiny shapes for the interpreter).
+fn catalog(quick: bool) -> Vec<Bench> {
+    let mut out: Vec<Bench> = Vec::new();
+    // Copy bandwidth first: the reference of the memory-bound rows.
+    let copy_bytes: usize = if quick { 1 << 16 } else { 1 << 29 };
+    out.push(Bench {
+        op: "copy",
+        shape: vec![copy_bytes],
+        tag: "device-to-device, 16-byte vectors".into(),
+        base: None,
+        flops: 0.0,
+        bytes: 2.0 * copy_bytes as f64,
+        make: Box::new(move |dev| {
+            let words = copy_bytes / 4;
+            let src = Tensor::zeros(dev, DType::U32, &[words])?;
+            let dst = Tensor::zeros(dev, DType::U32, &[words])?;
+            let k = copy_kernel()?;
+            let chunks = (words / 4) as u32;
+            let cfg = LaunchConfig::linear(chunks.div_ceil(256), 256);
+            let run: Launch =
+                Box::new(move |s: &Stream| Ok(s.launch(&k, cfg, &[Arg::Tensor(&src), Arg::Tensor(&dst), Arg::scalar(chunks)])?));
+            Ok((run, None))
+        }),
+    });
+    // GEMM / GEMV through `linear_into` (GEMV for M <= 16, tensor cores above).
+    let squares: &[usize] = if quick { &[64] } else { &[2048, 4096, 8192] };
+    for &s in squares {
+        out.push(linear_bench("linear_bf16", s, s, s, "square".into(), false));
+    }
+    let models: &[Model] = if quick { &[TINY] } else { &[QWEN25_05B, QWEN3_06B] };
+    let ms: &[usize] = if quick { &[1, 8, 32] } else { &[1, 8, 128, 2048] };
+    for model in models {
+        let (h, q, kv) = (model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim);
+        let projections = [
+            ("q", q, h),
+            ("k,v", kv, h),
+            ("o", h, q),
+            ("gate_up", 2 * model.intermediate, h),
+            ("down", h, model.intermediate),
+            ("lm_head", model.vocab, h),
+        ];
+        for &m in ms {
+            for (proj, n, k) in projections {
+                let tag = format!("{} {proj}", model.name);
+                if let Some(b) = out.iter_mut().find(|b| b.op == "linear_bf16" && b.shape == [m, n, k]) {
+                    b.tag.push_str(&format!(", {proj}"));
+                    continue;
+                }
+                out.push(linear_bench("linear_bf16", m, n, k, tag.clone(), false));
+                if m <= api::GEMV_MAX_M {
+                    out.push(linear_bench("linear_tuned_bf16", m, n, k, format!("{tag}, tuned GEMV"), true));
+                }
+            }
+        }
+    }
+    // Attention with Qwen3-0.6B's heads: 16 query, 8 key/value, D = 128.
+    let heads = (16, 8, 128);
+    for t in if quick { vec![64] } else { vec![1024, 4096, 16384] } {
+        let (hq, hkv, d) = heads;
+        out.push(Bench {
+            op: "attention_prefill_bf16",
+            shape: vec![t, hq, hkv, d],
+            tag: "qwen3-0.6b heads, causal, one sequence".into(),
+            base: None,
+            // Causal: half of the T x T scores, two GEMMs of 2 flops per multiply-add.
+            flops: 2.0 * (t * t * hq * d) as f64,
+            bytes: 2.0 * (2 * t * hq * d + 2 * t * hkv * d) as f64,
+            make: Box::new(move |dev| {
+                let q = random_bf16(dev, &[t, hq, d], 8)?;
+                let k = random_bf16(dev, &[t, hkv, d], 9)?;
+                let v = random_bf16(dev, &[t, hkv, d], 10)?;
+                // Two tensors: the CPU device does not let one buffer be two arguments.
+                let cu_q = Tensor::from_slice(dev, &[0u32, t as u32], &[2])?;
+                let cu_k = Tensor::from_slice(dev, &[0u32, t as u32], &[2])?;
+                let o = Tensor::empty(dev, DType::BF16, &[t, hq, d])?;
+                let run: Launch =
+                    Box::new(move |s: &Stream| Ok(api::attention_prefill_varlen_into(s, &q, &k, &v, &cu_q, &cu_k, t, None, true, &o)?));
+                Ok((run, None))
+            }),
+        });
+    }
+    let (batches, contexts) = if quick { (vec![1, 2], vec![64, 300]) } else { (vec![1, 16], vec![1024, 4096, 16384]) };
+    for &b in &batches {
+        for &s in &contexts {
+            out.push(decode_bench("attention_decode_bf16", b, heads, s, true));
+            out.push(decode_bench("attention_decode_heuristic_bf16", b, heads, s, false));
+        }
+    }
+    // Row-wise and elementwise ops at 4096 x 4096.
+    let (rows, hidden) = if quick { (64, 256) } else { (4096, 4096) };
+    let n = rows * hidden;
+    let row_bytes = 2.0 * 2.0 * n as f64;
+    out.push(Bench {
+        op: "rms_norm_bf16",
+        shape: vec![rows, hidden],
+        tag: String::new(),
+        base: None,
+        flops: 0.0,
+        bytes: row_bytes,
+        make: Box::new(move |dev| {
+            let x = random_bf16(dev, &[rows, hidden], 3)?;
+            let g = Tensor::from_slice(dev, &vec![1.0f32; hidden], &[hidden])?;
+            let y = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::rms_norm_into(s, &x, &g, 1e-6, &y)?)) as Launch, None))
+        }),
+    });
+    out.push(Bench {
+        op: "rms_norm_residual_bf16",
+        shape: vec![rows, hidden],
+        tag: "x + residual, then RMSNorm".into(),
+        base: None,
+        flops: 0.0,
+        bytes: 2.0 * row_bytes,
+        make: Box::new(move |dev| {
+            let x = random_bf16(dev, &[rows, hidden], 14)?;
+            let r = random_bf16(dev, &[rows, hidden], 15)?;
+            let g = Tensor::from_slice(dev, &vec![1.0f32; hidden], &[hidden])?;
+            let y = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
+            let r_out = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::rms_norm_residual_into(s, &x, &r, &g, 1e-6, &y, &r_out)?)) as Launch, None))
+        }),
+    });
+    out.push(Bench {
+        op: "softmax_bf16",
+        shape: vec![rows, hidden],
+        tag: String::new(),
+        base: None,
+        flops: 0.0,
+        bytes: row_bytes,
+        make: Box::new(move |dev| {
+            let x = random_bf16(dev, &[rows, hidden], 4)?;
+            let y = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::softmax_last_axis_into(s, &x, &y)?)) as Launch, None))
+        }),
+    });
+    out.push(Bench {
+        op: "add_bf16",
+        shape: vec![n],
+        tag: String::new(),
+        base: None,
+        flops: 0.0,
+        bytes: 3.0 * 2.0 * n as f64,
+        make: Box::new(move |dev| {
+            let a = random_bf16(dev, &[n], 5)?;
+            let b = random_bf16(dev, &[n], 6)?;
+            let y = Tensor::empty(dev, DType::BF16, &[n])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::add_into(s, &a, &b, &y)?)) as Launch, None))
+        }),
+    });
+    out.push(Bench {
+        op: "silu_bf16",
+        shape: vec![n],
+        tag: String::new(),
+        base: None,
+        flops: 0.0,
+        bytes: row_bytes,
+        make: Box::new(move |dev| {
+            let x = random_bf16(dev, &[n], 7)?;
+            let y = Tensor::empty(dev, DType::BF16, &[n])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::silu_into(s, &x, &y)?)) as Launch, None))
+        }),
+    });
+    out.push(Bench {
+        op: "swiglu_bf16",
+        shape: vec![rows, hidden],
+        tag: "silu(gate) * up on [rows, 2 * hidden]".into(),
+        base: None,
+        flops: 0.0,
+        bytes: 3.0 * 2.0 * n as f64,
+        make: Box::new(move |dev| {
+            let gu = random_bf16(dev, &[rows, 2 * hidden], 17)?;
+            let y = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::swiglu_into(s, &gu, &y)?)) as Launch, None))
+        }),
+    });
+    let vocab = if quick { 1000 } else { 151_936 };
+    out.push(Bench {
+        op: "argmax_bf16",
+        shape: vec![1, vocab],
+        tag: "one row of logits".into(),
+        base: None,
+        flops: 0.0,
+        bytes: 2.0 * vocab as f64,
+        make: Box::new(move |dev| {
+            let logits = random_bf16(dev, &[1, vocab], 16)?;
+            let ids = Tensor::empty(dev, DType::U32, &[1])?;
+            let ws_len = api::argmax_workspace_len(dev, 1, vocab);
+            let ws = Tensor::empty(dev, DType::U64, &[ws_len.max(1)])?;
+            Ok((Box::new(move |s: &Stream| Ok(api::argmax_into(s, &logits, &ids, (ws_len > 0).then_some(&ws))?)) as Launch, None))
+        }),
+    });
+    out
+}
+
+struct Options {
+    list: bool,
+    quick: bool,
+    sample_ms: f64,
+    samples: usize,
+    budget_s: f64,
+    filters: Vec<String>,
+}
+
+fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut o = Options { list: false, quick: false, sample_ms: 15.0, samples: 5, budget_s: 240.0, filters: Vec::new() };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> Result<f64, String> {
+            let v = it.next().ok_or_else(|| format!("{name} needs a value"))?;
+            v.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| format!("{name} needs a positive number, got `{v}`"))
+        };
+        match a.as_str() {
+            "--list" => o.list = true,
+            "--quick" => o.quick = true,
+            "--sample-ms" => o.sample_ms = value("--sample-ms")?,
+            "--samples" => o.samples = value("--samples")?.round().max(1.0) as usize,
+            "--budget-s" => o.budget_s = value("--budget-s")?,
+            "-h" | "--help" => return Err("usage".into()),
+            flag if flag.starts_with('-') => return Err(format!("unknown option `{flag}`")),
+            word => o.filters.push(word.to_string()),
+        }
+    }
+    Ok(o)
+}
+
+const USAGE: &str =
+    "usage: ruda-bench [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S] [FILTER...] (see the source's header)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let iters: u32 = match args.iter().position(|a| a == "--iters").map(|i| args.get(i + 1)) {
-        None => 20,
-        Some(Some(n)) => match n.parse() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("ruda-bench: --iters needs a positive integer, got {n}");
-                return ExitCode::from(2);
-            }
-        },
-        Some(None) => {
-            eprintln!("ruda-bench: --iters needs a value");
+    let opts = match parse_args(&args) {
+        Ok(o) => o,
+        Err(e) if e == "usage" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("ruda-bench: {e}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
-    match run(quick, iters) {
-        Ok(()) => ExitCode::SUCCESS,
+    let benches: Vec<Bench> = catalog(opts.quick)
+        .into_iter()
+        .filter(|b| opts.filters.is_empty() || opts.filters.iter().any(|f| b.line().contains(f.as_str())))
+        .collect();
+    if benches.is_empty() {
+        eprintln!("ruda-bench: no benchmark matches {:?} (see --list)", opts.filters);
+        return ExitCode::from(2);
+    }
+    if opts.list {
+        for b in &benches {
+            println!("{}", b.line());
+        }
+        return ExitCode::SUCCESS;
+    }
+    match run(&opts, &benches) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(failed) => {
+            eprintln!("ruda-bench: {failed} benchmark(s) failed");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("ruda-bench: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }
 
-fn run(quick: bool, iters: u32) -> Result<(), Box<dyn std::error::Error>> {
-    let device = Device::from_env()?;
-    let stream = device.default_stream();
-    eprintln!("ruda-bench: {} ({} iterations per problem)", device.description(), iters);
-    for p in problems(&device, quick)? {
-        // Warm-up: compiles and loads the module, and settles clocks.
-        for _ in 0..3 {
-            (p.run)(&stream)?;
-        }
-        stream.synchronize()?;
+/// Median milliseconds per launch and the launches per sample.
+fn time(stream: &Stream, run: &Launch, sample_ms: f64, samples: usize) -> Result<(f64, usize), BoxError> {
+    for _ in 0..3 {
+        run(stream)?;
+    }
+    stream.synchronize()?;
+    let started = Instant::now();
+    run(stream)?;
+    stream.synchronize()?;
+    let once = started.elapsed().as_secs_f64() * 1e3;
+    let iters = ((sample_ms / once.max(1e-4)).ceil() as usize).clamp(1, 10_000);
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
         let started = Instant::now();
         for _ in 0..iters {
-            (p.run)(&stream)?;
+            run(stream)?;
         }
         stream.synchronize()?;
-        let ms = started.elapsed().as_secs_f64() * 1e3 / iters as f64;
-        let shape: Vec<String> = p.shape.iter().map(|d| d.to_string()).collect();
-        println!("{{\"op\":\"{}\",\"shape\":[{}],\"ruda_ms\":{ms:.6}}}", p.name, shape.join(","));
-        eprintln!("  {:<14} {:?}: {ms:.4} ms", p.name, p.shape);
+        times.push(started.elapsed().as_secs_f64() * 1e3 / iters as f64);
     }
-    Ok(())
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], iters))
+}
+
+/// Run the benchmarks; the number that failed (each failure is reported and skipped).
+fn run(opts: &Options, benches: &[Bench]) -> Result<usize, BoxError> {
+    let device = Device::from_env()?;
+    if device.is_cpu() && !opts.quick {
+        return Err("the full-size benchmarks need a CUDA device, and RUDA_DEVICE selects the CPU interpreter \
+                    (run with --quick for a smoke run of tiny shapes there)"
+            .into());
+    }
+    let stream = device.default_stream();
+    eprintln!("ruda-bench: {}, {} benchmark(s), {} samples of ~{} ms", device.description(), benches.len(), opts.samples, opts.sample_ms);
+    let started = Instant::now();
+    let mut failed = 0;
+    for (i, b) in benches.iter().enumerate() {
+        if started.elapsed().as_secs_f64() > opts.budget_s {
+            eprintln!("  [{}/{}] {}: SKIPPED (the {} s budget is spent)", i + 1, benches.len(), b.line(), opts.budget_s);
+            continue;
+        }
+        let t0 = Instant::now();
+        let result = (b.make)(&device).and_then(|(run, splits)| Ok((time(&stream, &run, opts.sample_ms, opts.samples)?, splits)));
+        match result {
+            Ok(((ms, iters), splits)) => {
+                let shape: Vec<String> = b.shape.iter().map(|d| d.to_string()).collect();
+                let mut line = format!(
+                    "{{\"op\":\"{}\",\"shape\":[{}],\"tag\":\"{}\",\"ruda_ms\":{ms:.6},\"iters\":{iters},\"flops\":{},\"bytes\":{}",
+                    b.op,
+                    shape.join(","),
+                    b.tag,
+                    b.flops,
+                    b.bytes
+                );
+                if let Some(base) = b.base {
+                    line.push_str(&format!(",\"base\":\"{base}\""));
+                }
+                if let Some(s) = splits {
+                    line.push_str(&format!(",\"splits\":{s}"));
+                }
+                line.push('}');
+                println!("{line}");
+                eprintln!("  [{}/{}] {}: {ms:.4} ms ({:.1} s)", i + 1, benches.len(), b.line(), t0.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("  [{}/{}] {}: FAILED: {e}", i + 1, benches.len(), b.line());
+            }
+        }
+    }
+    Ok(failed)
 }

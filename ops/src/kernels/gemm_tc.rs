@@ -27,7 +27,9 @@
 //! registers of two adjacent mma tiles.
 //!
 //! **Epilogue.** `acc + bias[col]` then `+ residual[row, col]`, in f32, rounded once to the
-//! output type (nearest even). PyTorch's `F.linear(x, w, b) + r` in bf16 rounds twice (after
+//! output type (nearest even). A lane's two adjacent columns are one 2-element store (and
+//! residual load) when `N` is even; the host requires `y` and `residual` to start at even
+//! elements. PyTorch's `F.linear(x, w, b) + r` in bf16 rounds twice (after
 //! the bias epilogue, then after the add), so results may differ from it by one rounding of
 //! the output type; with an f32 output they agree up to the f32 summation order. The bias has
 //! the input dtype, the residual the output dtype; `residual` may alias `y` (each element is
@@ -35,7 +37,7 @@
 
 use ruda_ir::{AddrSpace, Kernel, KernelBuilder, MmaType, ScalarType, SpecialReg, Type, Value, VerifyError};
 
-use super::common::{load_f32, store_from_f32};
+use super::common::{load_f32, store_from_f32, to_f32};
 
 /// The pipeline depths built: shared-memory stages filled by `cp.async`.
 pub const STAGES: [u32; 2] = [2, 3];
@@ -206,7 +208,8 @@ pub fn registered_configs() -> Vec<GemmTcConfig> {
     cfgs.push(GemmTcConfig { out: ScalarType::F32, ..GemmTcConfig::new(BF16, large, deep) });
     cfgs.push(GemmTcConfig { out: ScalarType::F32, bias: true, ..GemmTcConfig::new(F16, small, deep) });
     cfgs.push(GemmTcConfig { batched: true, ..GemmTcConfig::new(BF16, small, deep) });
-    cfgs.push(GemmTcConfig { batched: true, out: ScalarType::F32, ..GemmTcConfig::new(F16, large, deep) });
+    // (At 4 warps, NVRTC's code for this one spills on sm_80.)
+    cfgs.push(GemmTcConfig { batched: true, out: ScalarType::F32, ..GemmTcConfig::new(F16, TcTile::T128x128, deep) });
     cfgs
 }
 
@@ -352,27 +355,63 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
             (col, ok, bias)
         })
         .collect();
+    // Each lane holds column pairs (2t, 2t + 1): with `n` even an in-range pair is one aligned
+    // 2-element access (the host requires `y` and `residual` to start at even elements).
+    let n_odd = b.and(n, one);
+    let zero = b.const_u32(0);
+    let n_even = b.eq(n_odd, zero);
     for ir in 0..tiles_m * 2 {
         let row = offset(&mut b, r_base, 16 * (ir / 2) + 8 * (ir % 2));
         let row_ok = b.lt(row, m);
         let row_idx = b.mul(row, n);
-        for (jc, (col, col_ok, bias)) in cols.iter().enumerate() {
-            let (i, j) = (ir / 2, jc as u32 / 2);
-            let e = 2 * (ir % 2) + jc as u32 % 2;
-            let value = acc[((i * tiles_n + j) * 4 + e) as usize];
-            let ok = b.and(row_ok, *col_ok);
-            b.if_then(ok, |b| {
-                let idx = b.add(row_idx, *col);
-                let mut v = value;
-                if let Some(bias) = bias {
-                    v = b.add(v, *bias);
-                }
-                if let Some(rp) = res_ptr {
-                    let r = load_f32(b, rp, idx);
-                    v = b.add(v, r);
-                }
-                store_from_f32(b, y_ptr, idx, v);
-            });
+        let pairs_ok = b.and(row_ok, n_even);
+        for j in 0..tiles_n as usize {
+            let e0 = 2 * (ir % 2) as usize;
+            let t = (ir / 2) as usize * tiles_n as usize + j;
+            // acc + bias, then + residual at `idx`.
+            let with_bias = |b: &mut KernelBuilder, h: usize| {
+                let v = acc[t * 4 + e0 + h];
+                cols[2 * j + h].2.map_or(v, |bias| b.add(v, bias))
+            };
+            let (c0, c1_ok) = (cols[2 * j].0, cols[2 * j + 1].1);
+            let pair = b.and(pairs_ok, c1_ok);
+            b.if_else(
+                pair,
+                |b| {
+                    let idx = b.add(row_idx, c0);
+                    let mut v = [with_bias(b, 0), with_bias(b, 1)];
+                    if let Some(rp) = res_ptr {
+                        let p = b.ptr_add(rp, idx);
+                        let r = b.load_vec(p, 2);
+                        for (h, v) in v.iter_mut().enumerate() {
+                            let r = b.extract(r, h as u8);
+                            let r = to_f32(b, r);
+                            *v = b.add(*v, r);
+                        }
+                    }
+                    let v = v.map(|v| if cfg.out == ScalarType::F32 { v } else { b.cvt(v, cfg.out) });
+                    let v = b.make_vector(&v);
+                    let p = b.ptr_add(y_ptr, idx);
+                    b.store(p, v);
+                    vec![]
+                },
+                |b| {
+                    for h in 0..2 {
+                        let (col, col_ok, _) = cols[2 * j + h];
+                        let ok = b.and(row_ok, col_ok);
+                        b.if_then(ok, |b| {
+                            let idx = b.add(row_idx, col);
+                            let mut v = with_bias(b, h);
+                            if let Some(rp) = res_ptr {
+                                let r = load_f32(b, rp, idx);
+                                v = b.add(v, r);
+                            }
+                            store_from_f32(b, y_ptr, idx, v);
+                        });
+                    }
+                    vec![]
+                },
+            );
         }
     }
     b.finish()

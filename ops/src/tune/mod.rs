@@ -1,5 +1,6 @@
-//! Autotuned ops: the decode GEMV's split-K count, tuned per GPU and shape with
-//! [`ruda_runtime::Autotuner`], and the shape files of `rudac tune --shapes`.
+//! Autotuned ops: the decode GEMV's split-K count and decode attention's split-KV count
+//! ([`attention`]), tuned per GPU and shape with [`ruda_runtime::Autotuner`], and the shape
+//! files of `rudac tune --shapes`.
 //!
 //! Tuning measures, so it allocates and synchronises: it happens in the allocating wrapper
 //! ([`gemv_tuned`], which `api::gemv` uses) or in a warm-up call of [`tuned_gemv_splits`]
@@ -19,6 +20,8 @@ use ruda_runtime::{
 use crate::api::{self, gemv_split_k_into, gemv_splits, OpError, Result, GEMV_MAX_M};
 use crate::kernels::gemv::{GemvConfig, GemvLoads, GemvReduceConfig};
 
+mod attention;
+pub use attention::*;
 mod gemm;
 pub use gemm::*;
 
@@ -183,25 +186,34 @@ pub fn gemv_tuned(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// One line of a `rudac tune --shapes` file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TuneShape {
-    /// The op (only `gemv` is tunable so far).
-    pub op: String,
-    pub dtype: DType,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
+pub enum TuneShape {
+    /// `x[m, k] · w[n, k]ᵀ`.
+    Gemv { dtype: DType, m: usize, n: usize, k: usize },
+    /// One query per sequence against a KV cache of capacity `s_max`.
+    AttentionDecode(DecodeShape),
 }
 
 impl std::fmt::Display for TuneShape {
-    /// `gemv bf16 1x4096x4096`.
+    /// `gemv bf16 1x4096x4096`, `attention_decode bf16 1x16x8x128x4096` (batch, query heads,
+    /// key/value heads, head dim, capacity).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} {}x{}x{}", self.op, self.dtype, self.m, self.n, self.k)
+        match self {
+            TuneShape::Gemv { dtype, m, n, k } => write!(f, "gemv {dtype} {m}x{n}x{k}"),
+            TuneShape::AttentionDecode(s) => {
+                write!(f, "attention_decode {} {}x{}x{}x{}x{}", s.dtype, s.batch, s.q_heads, s.kv_heads, s.head_dim, s.s_max)
+            }
+        }
     }
 }
 
 /// The format of a shapes file, for messages and `rudac` help.
-pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (DTYPE f32, f16 or bf16; 1 ≤ M ≤ 16; N, K ≥ 1; \
-the keys in any order); blank lines and `#` comments are ignored";
+pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 ≤ M ≤ 16) or `attention_decode DTYPE \
+batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 64, 128 or 256; S the KV cache capacity); DTYPE \
+f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and `#` comments are ignored";
+
+/// The dimension names of each tunable op's shape-file line.
+const SHAPE_OPS: [(&str, &[&str]); 2] =
+    [("gemv", &["m", "n", "k"]), ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"])];
 
 /// Parse a shapes file; errors name `file:line`.
 pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape>, String> {
@@ -214,22 +226,22 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
         let bad = |message: String| format!("{file}:{}: {message} (expected {SHAPES_FORMAT})", i + 1);
         let mut words = line.split_whitespace();
         let op = words.next().unwrap_or_default();
-        if op != "gemv" {
-            return Err(bad(format!("unknown op `{op}`; tunable ops: gemv")));
-        }
+        let Some(&(_, names)) = SHAPE_OPS.iter().find(|(name, _)| *name == op) else {
+            let ops: Vec<&str> = SHAPE_OPS.iter().map(|(name, _)| *name).collect();
+            return Err(bad(format!("unknown op `{op}`; tunable ops: {}", ops.join(", "))));
+        };
         let dtype_word = words.next().ok_or_else(|| bad("missing the dtype".into()))?;
         let dtype = DType::from_name(dtype_word)
             .filter(|d| d.is_float())
             .ok_or_else(|| bad(format!("`{dtype_word}` is not f32, f16 or bf16")))?;
-        let (mut m, mut n, mut k) = (None, None, None);
+        let mut values: Vec<Option<usize>> = vec![None; names.len()];
         for word in words {
             let (name, value) = word.split_once('=').ok_or_else(|| bad(format!("`{word}` is not NAME=VALUE")))?;
-            let slot = match name {
-                "m" => &mut m,
-                "n" => &mut n,
-                "k" => &mut k,
-                other => return Err(bad(format!("unknown dimension `{other}`"))),
-            };
+            let slot = names
+                .iter()
+                .position(|n| *n == name)
+                .map(|j| &mut values[j])
+                .ok_or_else(|| bad(format!("unknown dimension `{name}`")))?;
             if slot.is_some() {
                 return Err(bad(format!("`{name}` given twice")));
             }
@@ -239,12 +251,25 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
             }
             *slot = Some(v);
         }
-        let need = |v: Option<usize>, name: &str| v.ok_or_else(|| bad(format!("missing `{name}=`")));
-        let (m, n, k) = (need(m, "m")?, need(n, "n")?, need(k, "k")?);
-        if m > GEMV_MAX_M {
-            return Err(bad(format!("m={m}: GEMV takes at most {GEMV_MAX_M} rows")));
-        }
-        shapes.push(TuneShape { op: op.into(), dtype, m, n, k });
+        let dims = names
+            .iter()
+            .zip(&values)
+            .map(|(name, v)| v.ok_or_else(|| bad(format!("missing `{name}=`"))))
+            .collect::<std::result::Result<Vec<usize>, String>>()?;
+        shapes.push(match *dims.as_slice() {
+            [m, n, k] => {
+                if m > GEMV_MAX_M {
+                    return Err(bad(format!("m={m}: GEMV takes at most {GEMV_MAX_M} rows")));
+                }
+                TuneShape::Gemv { dtype, m, n, k }
+            }
+            [batch, q_heads, kv_heads, head_dim, s_max] => {
+                let s = DecodeShape { dtype, batch, q_heads, kv_heads, head_dim, s_max };
+                s.check().map_err(bad)?;
+                TuneShape::AttentionDecode(s)
+            }
+            _ => return Err(bad(format!("`{op}` has no shape form"))),
+        });
     }
     Ok(shapes)
 }
@@ -256,13 +281,19 @@ pub fn read_shapes(path: &Path) -> std::result::Result<Vec<TuneShape>, String> {
 }
 
 /// Tune one shape on `stream`'s GPU with zero-filled operands (timing does not depend on the
-/// values): its choice, or `None` when tuning does not apply (CPU device, `RUDA_AUTOTUNE=off`).
+/// values): the chosen split count and the choice, or `None` when tuning does not apply (CPU
+/// device, `RUDA_AUTOTUNE=off`).
 pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<(usize, Choice)>> {
-    let x = Tensor::zeros(stream.device(), shape.dtype, &[shape.m, shape.k])?;
-    let w = Tensor::zeros(stream.device(), shape.dtype, &[shape.n, shape.k])?;
-    match tuned_gemv(stream, &x, &w)? {
-        Some((_, c)) => Ok(Some((splits_of(&c)?, c))),
-        None => Ok(None),
+    match shape {
+        TuneShape::Gemv { dtype, m, n, k } => {
+            let x = Tensor::zeros(stream.device(), *dtype, &[*m, *k])?;
+            let w = Tensor::zeros(stream.device(), *dtype, &[*n, *k])?;
+            match tuned_gemv(stream, &x, &w)? {
+                Some((_, c)) => Ok(Some((splits_of(&c)?, c))),
+                None => Ok(None),
+            }
+        }
+        TuneShape::AttentionDecode(s) => tune_decode_shape(stream, s),
     }
 }
 

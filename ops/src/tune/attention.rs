@@ -1,0 +1,218 @@
+//! Decode attention's split-KV count, tuned per GPU and shape like GEMV's split-K (see the
+//! parent module): the heuristic ([`decode_splits`]) first, then [`DECODE_SPLIT_CANDIDATES`].
+//!
+//! The key is the dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed, and the
+//! alignment class. Candidates are timed with every sequence at the cache's capacity `s_max`
+//! (the workspace is sized per capacity, not per step, so its split count must suit the longest
+//! context it will see).
+
+use std::sync::Arc;
+
+use ruda_ir::fnv1a64;
+use ruda_runtime::{
+    alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Launchable, Stream, Tensor, TuneKey,
+};
+
+use super::{split_name, tuner_for, TUNE_ITERS};
+use crate::api::{self, attention_decode_into, decode_splits, DecodeWorkspace, OpError, Result, MAX_DECODE_SPLITS};
+use crate::kernels::attention::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIMS};
+
+/// The split counts decode attention tries besides its heuristic's (those that leave every
+/// split at least one key tile of the cache are kept).
+pub const DECODE_SPLIT_CANDIDATES: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+const OP: &str = "attention_decode";
+
+/// `[batch, q_heads, kv_heads, head_dim, s_max]` of `q [B, Hq, D]` and `k_cache [B, Hkv,
+/// S_max, D]`, or `None` when the ranks are wrong (the op then reports the error).
+pub fn decode_dims(q: &Tensor, k_cache: &Tensor) -> Option<[usize; 5]> {
+    (q.rank() == 3 && k_cache.rank() == 4)
+        .then(|| [q.shape()[0], q.shape()[1], k_cache.shape()[1], q.shape()[2], k_cache.shape()[2]])
+}
+
+/// The tuning key of a decode: dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed,
+/// and the alignment class of `q`'s and the caches' first elements and rows in bytes.
+pub fn decode_key(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<TuneKey> {
+    let dims = decode_dims(q, k_cache)?;
+    let size = q.dtype().size() as u64;
+    let align = alignment_class(&[
+        q.offset() as u64 * size,
+        k_cache.offset() as u64 * size,
+        v_cache.offset() as u64 * size,
+        dims[3] as u64 * size,
+    ]);
+    Some(TuneKey::new(OP, q.dtype().name(), &dims.map(|d| d as u64), align))
+}
+
+/// The split count a decode candidate stands for.
+pub fn decode_splits_of(choice: &Choice) -> Result<usize> {
+    choice
+        .candidate
+        .name
+        .strip_prefix("splits=")
+        .and_then(|n| n.parse().ok())
+        .filter(|n| (1..=MAX_DECODE_SPLITS).contains(n))
+        .ok_or_else(|| OpError::InvalidArgument { op: OP, message: format!("autotune chose `{}`, not a split count", choice.candidate.name) })
+}
+
+fn decode_config(op: &'static str, dtype: DType, head_dim: usize) -> Result<AttentionDecodeConfig> {
+    if !dtype.is_float() {
+        return Err(OpError::DType { op, message: format!("{dtype} (expected f32, f16 or bf16)") });
+    }
+    let head_dim = FLASH_HEAD_DIMS.into_iter().find(|&d| d as usize == head_dim).ok_or_else(|| OpError::InvalidArgument {
+        op,
+        message: format!("head dim {head_dim} is not supported (decode takes {FLASH_HEAD_DIMS:?})"),
+    })?;
+    Ok(AttentionDecodeConfig { dtype: dtype.scalar_type(), head_dim })
+}
+
+/// Decode's candidates for `dims` = `[batch, q_heads, kv_heads, head_dim, s_max]`: the
+/// heuristic's split count first (the choice when tuning is off), then those of
+/// [`DECODE_SPLIT_CANDIDATES`] that give every split at least one key tile; the two kernels'
+/// IR hashes are folded in.
+pub fn decode_candidates(dtype: DType, dims: [usize; 5]) -> Result<CandidateSet> {
+    let [batch, q_heads, kv_heads, head_dim, s_max] = dims;
+    let cfg = decode_config(OP, dtype, head_dim)?;
+    let partial = api::kernel(cfg.id(), || kern::attention_decode(&cfg))?.ir_hash();
+    let combine = api::kernel(cfg.combine_id(), || kern::attention_decode_combine(&cfg))?.ir_hash();
+    let tiles = s_max.div_ceil(cfg.geometry().keys as usize).max(1);
+    let first = decode_splits(batch, q_heads, kv_heads, head_dim, s_max);
+    let rest = DECODE_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first && s <= tiles);
+    Ok(CandidateSet::new(std::iter::once(first).chain(rest).map(split_name), fnv1a64(format!("{partial:016x}{combine:016x}").as_bytes())))
+}
+
+/// The split count `tuner` picks for decoding `q` against `k_cache`/`v_cache`, measuring with
+/// `measure(splits)` (median milliseconds, or why that count failed) on a cache miss.
+/// Testable with injected timings.
+pub fn tune_decode_with(
+    tuner: &Autotuner,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    mut measure: impl FnMut(usize) -> std::result::Result<f64, String>,
+) -> Result<Choice> {
+    let (Some(key), Some(dims)) = (decode_key(q, k_cache, v_cache), decode_dims(q, k_cache)) else {
+        return Err(OpError::Shape {
+            op: OP,
+            message: format!("q {:?} must be [batch, heads, head_dim] and k_cache {:?} [batch, kv_heads, max_seq_len, head_dim]", q.shape(), k_cache.shape()),
+        });
+    };
+    let set = decode_candidates(q.dtype(), dims)?;
+    Ok(tuner.tune(&key, &set, |c| {
+        let splits = c.name.strip_prefix("splits=").and_then(|s| s.parse().ok()).ok_or("not a split count")?;
+        measure(splits)
+    })?)
+}
+
+/// Whether the op accepts these operands as far as tuning cares: otherwise the op itself
+/// reports the error, instead of every candidate failing to measure.
+fn tunable(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<[usize; 5]> {
+    let dims @ [batch, q_heads, kv_heads, head_dim, s_max] = decode_dims(q, k_cache)?;
+    let ok = q.dtype().is_float()
+        && k_cache.dtype() == q.dtype()
+        && v_cache.dtype() == q.dtype()
+        && k_cache.shape() == [batch, kv_heads, s_max, head_dim]
+        && v_cache.shape() == k_cache.shape()
+        && kv_heads > 0
+        && q_heads.is_multiple_of(kv_heads)
+        && FLASH_HEAD_DIMS.iter().any(|&d| d as usize == head_dim)
+        && [q, k_cache, v_cache].iter().all(|t| t.is_contiguous() && t.numel() > 0 && t.device() == q.device());
+    ok.then_some(dims)
+}
+
+/// Time a decode with `splits` key splits on `stream`, every sequence at the full capacity
+/// (allocates the output, workspace and lengths).
+fn measure_decode(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, splits: usize) -> std::result::Result<f64, String> {
+    let [batch, _, _, _, s_max] = decode_dims(q, k_cache).ok_or("wrong ranks")?;
+    let err = |e: OpError| e.to_string();
+    let full = u32::try_from(s_max).map_err(|_| format!("max_seq_len {s_max} exceeds u32"))?;
+    let lens = Tensor::from_slice(stream.device(), &vec![full; batch], &[batch]).map_err(|e| e.to_string())?;
+    let ws = DecodeWorkspace::new(q, splits).map_err(err)?;
+    let out = Tensor::empty(stream.device(), q.dtype(), q.shape()).map_err(|e| e.to_string())?;
+    measure_on_stream(stream, TUNE_ITERS, || attention_decode_into(stream, q, k_cache, v_cache, &lens, None, &ws, &out).map_err(err))
+}
+
+/// The tuner and its choice, when tuning applies.
+fn tuned_decode(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<Option<(Arc<Autotuner>, Choice)>> {
+    let Some(tuner) = tuner_for(stream.device())? else { return Ok(None) };
+    if tunable(q, k_cache, v_cache).is_none() {
+        return Ok(None);
+    }
+    let choice = tune_decode_with(&tuner, q, k_cache, v_cache, |s| measure_decode(stream, q, k_cache, v_cache, s))?;
+    Ok(Some((tuner, choice)))
+}
+
+fn heuristic(q: &Tensor, k_cache: &Tensor) -> usize {
+    decode_dims(q, k_cache).map_or(1, |[b, hq, hkv, d, s]| decode_splits(b, hq, hkv, d, s))
+}
+
+/// The split count to make a [`DecodeWorkspace`] with for decoding queries shaped like `q`
+/// against `k_cache`/`v_cache` on `stream`'s device: the heuristic's ([`decode_splits`]) on
+/// the CPU, with `RUDA_AUTOTUNE=off` or for operands the op rejects; else the tuned one,
+/// measured on the first call for the key (allocating and synchronising: call it in warm-up,
+/// not while capturing). Neither the caches' contents nor `q`'s are changed.
+pub fn tuned_decode_splits(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<usize> {
+    match tuned_decode(stream, q, k_cache, v_cache)? {
+        Some((_, c)) => decode_splits_of(&c),
+        None => Ok(heuristic(q, k_cache)),
+    }
+}
+
+/// [`attention_decode_into`] into a new tensor with a new workspace of the tuned split count,
+/// on `q`'s default stream (what [`crate::api::attention_decode`] runs). When the cached
+/// choice fails to launch, its entry is evicted and the next-best candidate runs.
+pub fn attention_decode_tuned(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, seq_lens: &Tensor, scale: Option<f32>) -> Result<Tensor> {
+    let stream = q.device().default_stream();
+    let run = |splits: usize| -> Result<Tensor> {
+        let ws = DecodeWorkspace::new(q, splits)?;
+        let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
+        attention_decode_into(&stream, q, k_cache, v_cache, seq_lens, scale, &ws, &out)?;
+        Ok(out)
+    };
+    match tuned_decode(&stream, q, k_cache, v_cache)? {
+        None => run(heuristic(q, k_cache)),
+        Some((tuner, choice)) => match run(decode_splits_of(&choice)?) {
+            Ok(out) => Ok(out),
+            Err(first) if choice.cached => {
+                let (key, dims) = (decode_key(q, k_cache, v_cache).ok_or(first)?, decode_dims(q, k_cache).unwrap_or_default());
+                let set = decode_candidates(q.dtype(), dims)?;
+                let next = tuner.evict_and_fall_back(&key, &set, &choice.candidate.name)?;
+                run(decode_splits_of(&next)?)
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// One `attention_decode` line of a shapes file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    pub dtype: DType,
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub s_max: usize,
+}
+
+impl DecodeShape {
+    /// Why the op would reject this shape, if it would.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
+            return Err(format!("q_heads={} is not a multiple of kv_heads={}", self.q_heads, self.kv_heads));
+        }
+        decode_config(OP, self.dtype, self.head_dim).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Tune one decode shape on `stream`'s GPU with zero-filled operands (timing does not depend
+/// on the values): its choice, or `None` when tuning does not apply.
+pub(super) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<(usize, Choice)>> {
+    let q = Tensor::zeros(stream.device(), s.dtype, &[s.batch, s.q_heads, s.head_dim])?;
+    let cache = [s.batch, s.kv_heads, s.s_max, s.head_dim];
+    let (k, v) = (Tensor::zeros(stream.device(), s.dtype, &cache)?, Tensor::zeros(stream.device(), s.dtype, &cache)?);
+    match tuned_decode(stream, &q, &k, &v)? {
+        Some((_, c)) => Ok(Some((decode_splits_of(&c)?, c))),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,203 @@
+//! Decode attention's split-KV autotuning on the CPU with injected timings, its shape-file
+//! lines, and that the allocating op is unchanged where tuning is off.
+
+use std::path::PathBuf;
+
+use ruda_ops::api;
+use ruda_ops::kernels::attention::Geometry;
+use ruda_ops::tune::{
+    decode_candidates, decode_key, decode_splits_of, parse_shapes, tune_decode_with, tune_shape, tuned_decode_splits, DecodeShape,
+    TuneShape, DECODE_SPLIT_CANDIDATES,
+};
+use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, DeviceFingerprint, Tensor};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ruda-ops-tune-attention-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+fn fingerprint() -> DeviceFingerprint {
+    DeviceFingerprint {
+        device_name: "NVIDIA H200".into(),
+        compute_capability: (9, 0),
+        driver_version: "12.9".into(),
+        compiler: "ptx".into(),
+        compiler_version: "ruda-codegen-ptx 0.1.0".into(),
+    }
+}
+
+/// Zero-filled `q [b, hq, d]` and caches `[b, hkv, s, d]` (tuning looks at shapes only).
+fn operands(dev: &Device, dtype: DType, [b, hq, hkv, d, s]: [usize; 5]) -> (Tensor, Tensor, Tensor) {
+    let z = |shape: &[usize]| Tensor::zeros(dev, dtype, shape).unwrap();
+    (z(&[b, hq, d]), z(&[b, hkv, s, d]), z(&[b, hkv, s, d]))
+}
+
+#[test]
+fn decode_tunes_with_injected_timings_and_caches_the_choice() {
+    let dev = Device::cpu();
+    let dims = [1, 16, 8, 128, 4096];
+    let (q, k, v) = operands(&dev, DType::BF16, dims);
+    let dir = temp_dir("inject");
+    let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+    let heuristic = api::decode_splits(1, 16, 8, 128, 4096);
+    let mut measured = Vec::new();
+    let choice = tune_decode_with(&tuner, &q, &k, &v, |s| {
+        measured.push(s);
+        match s {
+            8 => Ok(0.020),
+            64 => Err("launch failed".to_string()),
+            s => Ok(0.1 / s as f64 + 0.02),
+        }
+    })
+    .unwrap();
+    // The heuristic first, then every other candidate once (4096 keys leave them all a tile).
+    let mut want = vec![heuristic];
+    want.extend(DECODE_SPLIT_CANDIDATES.into_iter().filter(|&s| s != heuristic));
+    assert_eq!(measured, want);
+    assert_eq!(decode_splits_of(&choice).unwrap(), 8);
+    assert!(!choice.cached);
+    let again = tune_decode_with(&tuner, &q, &k, &v, |_| panic!("measured a cached key")).unwrap();
+    assert!(again.cached);
+    assert_eq!(decode_splits_of(&again).unwrap(), 8);
+    // A nearby shape shares the bucket and the entry.
+    let (q2, k2, v2) = operands(&dev, DType::BF16, [1, 14, 7, 128, 3000]);
+    assert_eq!(decode_key(&q2, &k2, &v2).unwrap().shape_bucket, vec![1, 16, 8, 128, 4096]);
+    let entry = tuner.snapshot().entries.remove("attention_decode bf16 1x16x8x128x4096 align16").expect("entry");
+    let failed = entry.results.iter().find(|r| r.candidate == "splits=64").expect("splits=64 recorded");
+    assert_eq!(failed.error.as_deref(), Some("launch failed"));
+    assert_eq!(entry.best, "splits=8");
+    // Persisted: a new tuner on the same folder reads the choice back.
+    let reopened = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+    assert!(tune_decode_with(&reopened, &q, &k, &v, |_| panic!("measured")).unwrap().cached);
+    // Off: the heuristic, unmeasured.
+    let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
+    let c = tune_decode_with(&off, &q, &k, &v, |_| panic!("measured")).unwrap();
+    assert_eq!(decode_splits_of(&c).unwrap(), heuristic);
+}
+
+#[test]
+fn every_candidate_failing_is_an_error_listing_them() {
+    let dev = Device::cpu();
+    let (q, k, v) = operands(&dev, DType::F16, [2, 4, 4, 64, 256]);
+    let tuner = Autotuner::open(&temp_dir("fail"), fingerprint(), AutotuneMode::On);
+    let e = tune_decode_with(&tuner, &q, &k, &v, |s| Err(format!("no {s}"))).unwrap_err().to_string();
+    assert!(e.contains("every candidate failed") && e.contains("splits=1: no 1"), "{e}");
+}
+
+#[test]
+fn short_caches_try_only_splits_that_keep_a_key_tile_each() {
+    let keys = Geometry::new(64).keys as usize;
+    let s_max = 3 * keys; // three tiles: at most 3 useful splits
+    let set = decode_candidates(DType::F32, [4, 8, 8, 64, s_max]).unwrap();
+    let names: Vec<&str> = set.candidates.iter().map(|c| c.name.as_str()).collect();
+    let first = format!("splits={}", api::decode_splits(4, 8, 8, 64, s_max));
+    assert_eq!(names[0], first);
+    for n in &names[1..] {
+        let s: usize = n.strip_prefix("splits=").unwrap().parse().unwrap();
+        assert!(s <= 3, "{names:?}");
+    }
+    assert!(names.contains(&"splits=2"), "{names:?}");
+    // The kernels' IR hashes are part of the set: another head dim is another checksum.
+    let other = decode_candidates(DType::F32, [4, 8, 8, 128, s_max]).unwrap();
+    assert_ne!(set.ir_hash, other.ir_hash);
+    // Shapes the kernel does not take are errors naming the op.
+    let e = decode_candidates(DType::F32, [1, 2, 2, 96, 64]).unwrap_err().to_string();
+    assert!(e.contains("attention_decode") && e.contains("head dim 96"), "{e}");
+    assert!(decode_candidates(DType::U32, [1, 2, 2, 64, 64]).is_err());
+}
+
+#[test]
+fn decode_keys_carry_dtype_and_alignment() {
+    let dev = Device::cpu();
+    let (q, k, v) = operands(&dev, DType::F32, [3, 4, 2, 64, 100]);
+    assert_eq!(decode_key(&q, &k, &v).unwrap().to_string(), "attention_decode f32 4x4x2x64x128 align16");
+    // A query starting one float into its buffer: 4-byte alignment.
+    let q_off = Tensor::zeros(&dev, DType::F32, &[3 * 4 * 64 + 1]).unwrap().narrow(0, 1, 3 * 4 * 64).unwrap().reshape(&[3, 4, 64]).unwrap();
+    assert_eq!(decode_key(&q_off, &k, &v).unwrap().alignment, 4);
+    assert!(decode_key(&Tensor::zeros(&dev, DType::F32, &[4, 64]).unwrap(), &k, &v).is_none());
+}
+
+fn filled(dev: &Device, dtype: DType, shape: &[usize], seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|i| (((i * 7 + seed * 13) % 23) as f32 - 11.0) / 16.0).collect();
+    let t = Tensor::from_slice(dev, &data, shape).unwrap();
+    if dtype == DType::F32 {
+        t
+    } else {
+        api::cast(&t, dtype).unwrap()
+    }
+}
+
+#[test]
+fn on_the_cpu_decode_is_untuned_and_unchanged() {
+    let dev = Device::cpu();
+    let stream = dev.default_stream();
+    let (b, hq, hkv, d, s) = (2, 4, 2, 64, 600);
+    let q = filled(&dev, DType::BF16, &[b, hq, d], 1);
+    let k = filled(&dev, DType::BF16, &[b, hkv, s, d], 2);
+    let v = filled(&dev, DType::BF16, &[b, hkv, s, d], 3);
+    let lens = Tensor::from_slice(&dev, &[600u32, 257], &[b]).unwrap();
+    let heuristic = api::decode_splits(b, hq, hkv, d, s);
+    assert!(heuristic > 1, "the check below wants a split decode");
+    assert_eq!(tuned_decode_splits(&stream, &q, &k, &v).unwrap(), heuristic);
+    let ws = api::DecodeWorkspace::new(&q, heuristic).unwrap();
+    let out = Tensor::empty(&dev, DType::BF16, &[b, hq, d]).unwrap();
+    api::attention_decode_into(&stream, &q, &k, &v, &lens, None, &ws, &out).unwrap();
+    let got = api::attention_decode(&q, &k, &v, &lens, None).unwrap();
+    assert_eq!(got.to_bytes().unwrap(), out.to_bytes().unwrap());
+    // Operands the op rejects get the heuristic here and the op's own error there.
+    let bad_v = filled(&dev, DType::BF16, &[b, hkv, s - 1, d], 4);
+    assert_eq!(tuned_decode_splits(&stream, &q, &k, &bad_v).unwrap(), heuristic);
+    let e = api::attention_decode(&q, &k, &bad_v, &lens, None).unwrap_err().to_string();
+    assert!(e.contains("v_cache"), "{e}");
+    // And `tune_shape` has nothing to tune on the CPU.
+    let shape = TuneShape::AttentionDecode(DecodeShape { dtype: DType::F16, batch: 1, q_heads: 2, kv_heads: 1, head_dim: 64, s_max: 64 });
+    assert!(tune_shape(&stream, &shape).unwrap().is_none());
+}
+
+#[test]
+fn shapes_files_take_attention_decode_lines() {
+    let text = "gemv bf16 m=1 n=896 k=896\nattention_decode bf16 batch=1 q_heads=14 kv_heads=2 head_dim=64 s_max=32768\n\
+                attention_decode f16 s_max=4096 head_dim=128 kv_heads=8 q_heads=16 batch=16 # any order\n";
+    let shapes = parse_shapes("s.txt", text).unwrap();
+    assert_eq!(shapes[0], TuneShape::Gemv { dtype: DType::BF16, m: 1, n: 896, k: 896 });
+    assert_eq!(
+        shapes[1],
+        TuneShape::AttentionDecode(DecodeShape { dtype: DType::BF16, batch: 1, q_heads: 14, kv_heads: 2, head_dim: 64, s_max: 32768 })
+    );
+    assert_eq!(shapes[2].to_string(), "attention_decode f16 16x16x8x128x4096");
+    for (bad, want) in [
+        ("attention_decode bf16 batch=1 q_heads=14 kv_heads=4 head_dim=64 s_max=8", "s.txt:1: q_heads=14 is not a multiple of kv_heads=4"),
+        ("\nattention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8", "s.txt:2: attention_decode"),
+        ("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64", "s.txt:1: missing `s_max=`"),
+        ("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64 s_max=8 m=1", "s.txt:1: unknown dimension `m`"),
+        ("attention_decode bf16 batch=0 q_heads=2 kv_heads=1 head_dim=64 s_max=8", "s.txt:1: `batch=0`: must be between 1"),
+        ("gemv bf16 m=1 n=8 k=8 s_max=4", "s.txt:1: unknown dimension `s_max`"),
+        ("attention_prefill bf16", "s.txt:1: unknown op `attention_prefill`; tunable ops: gemv, attention_decode"),
+    ] {
+        let e = parse_shapes("s.txt", bad).expect_err(bad);
+        assert!(e.starts_with(want), "{bad}: {e}");
+        assert!(e.contains("attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S"), "{e}");
+    }
+    let e = parse_shapes("s.txt", "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8").unwrap_err();
+    assert!(e.contains("head dim 96"), "{e}");
+}
+
+#[test]
+fn rudac_tune_on_the_cpu_checks_attention_decode_lines() {
+    let dir = temp_dir("rudac");
+    let file = dir.join("shapes.txt");
+    std::fs::write(&file, "attention_decode bf16 batch=1 q_heads=16 kv_heads=8 head_dim=128 s_max=4096\ngemv bf16 m=1 n=8 k=8\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))
+        .args(["tune", "--shapes", file.to_str().unwrap()])
+        .env("RUDA_DEVICE", "cpu")
+        .env("RUDA_CACHE_DIR", &dir)
+        .env_remove("RUDA_AUTOTUNE")
+        .output()
+        .expect("rudac runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("autotuning is off on the CPU device: 2 shape(s)"), "{stdout}");
+}

@@ -32,6 +32,7 @@ mod generation;
 mod model;
 mod pipeline;
 pub mod safetensors;
+pub mod tune;
 mod tokenizer;
 mod weights;
 

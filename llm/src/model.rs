@@ -405,7 +405,8 @@ impl QwenModel {
 
         if t == 1 && cache.decode.is_none() {
             let q = a.q_rot.reshape(&[1, hq, d])?;
-            let splits = api::decode_splits(1, hq, hkv, d, cache.capacity);
+            // Autotuned on a GPU (measured once per shape and cached), the heuristic elsewhere.
+            let splits = tune::tuned_decode_splits(s, &q, &cache.k[0], &cache.v[0]).map_err(op("tuning decode attention"))?;
             cache.decode = Some(DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?);
         }
 

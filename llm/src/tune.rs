@@ -1,0 +1,130 @@
+//! Tuning from a model folder: the op shapes a model's prefill and decode run, autotuned on the
+//! GPU ahead of time (`ruda-llm tune MODEL_DIR`), so the first generation does not pay for it.
+
+use std::io::Write;
+use std::path::Path;
+
+use ruda_ops::tune::{tune_shape, DecodeShape, TuneShape};
+use ruda_runtime::{AutotuneMode, DType, Device};
+
+use crate::config::{load_config, ModelConfig};
+use crate::error::LlmError;
+
+/// The tunable op shapes of one decode step of `config` in `dtype` with a KV cache of
+/// `context` positions: each projection's GEMV at one row, and decode attention.
+pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize) -> Vec<TuneShape> {
+    let c = config;
+    let (h, q, kv, i) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+    let mut shapes: Vec<TuneShape> = Vec::new();
+    for (n, k) in [(q, h), (kv, h), (h, q), (2 * i, h), (h, i), (c.vocab_size, h)] {
+        let shape = TuneShape::Gemv { dtype, m: 1, n, k };
+        if !shapes.contains(&shape) {
+            shapes.push(shape);
+        }
+    }
+    shapes.push(TuneShape::AttentionDecode(DecodeShape {
+        dtype,
+        batch: 1,
+        q_heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        s_max: context,
+    }));
+    shapes
+}
+
+/// A text progress bar: `[#####.....] 3/7`.
+fn bar(done: usize, total: usize) -> String {
+    const WIDTH: usize = 20;
+    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
+    format!("[{}{}] {done}/{total}", "#".repeat(filled), ".".repeat(WIDTH - filled))
+}
+
+/// Tune every shape of the model in `dir` on `device` (see [`model_tune_shapes`]), one progress
+/// line per shape to `progress`, a summary to `out`. `Ok(false)` when some shape failed. On the
+/// CPU, or with `RUDA_AUTOTUNE=off`, it lists the shapes and tunes nothing.
+pub fn tune_model(
+    dir: &Path,
+    device: &Device,
+    dtype: DType,
+    context: usize,
+    out: &mut dyn Write,
+    progress: &mut dyn Write,
+) -> Result<bool, LlmError> {
+    let config = load_config(dir)?;
+    if context == 0 || context > config.max_position_embeddings {
+        return Err(LlmError::InvalidArgument(format!(
+            "the context must be 1 to {} (max_position_embeddings), got {context}",
+            config.max_position_embeddings
+        )));
+    }
+    let shapes = model_tune_shapes(&config, dtype, context);
+    let io = |e: std::io::Error| LlmError::InvalidArgument(format!("writing output: {e}"));
+    let mode = AutotuneMode::from_env(device)?;
+    if device.is_cpu() || mode == AutotuneMode::Off {
+        let why = if device.is_cpu() { "autotuning is off on the CPU device" } else { "RUDA_AUTOTUNE=off" };
+        writeln!(out, "{why}: the {} shapes of {} are listed, nothing is tuned", shapes.len(), dir.display()).map_err(io)?;
+        for shape in &shapes {
+            writeln!(out, "{shape}").map_err(io)?;
+        }
+        return Ok(true);
+    }
+    let stream = device.default_stream();
+    let mut failed = 0;
+    for (n, shape) in shapes.iter().enumerate() {
+        let result = match tune_shape(&stream, shape) {
+            Ok(Some((splits, choice))) => format!(
+                "splits={splits}{}{}",
+                choice.median_ms.map_or(String::new(), |ms| format!(" ({ms:.4} ms)")),
+                if choice.cached { ", cached" } else { "" }
+            ),
+            Ok(None) => "not tunable here".into(),
+            Err(e) => {
+                failed += 1;
+                format!("FAILED: {e}")
+            }
+        };
+        writeln!(progress, "{} {shape}: {result}", bar(n + 1, shapes.len())).map_err(io)?;
+    }
+    writeln!(out, "tuned {} of {} shapes of {} on {}", shapes.len() - failed, shapes.len(), dir.display(), device.description())
+        .map_err(io)?;
+    Ok(failed == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_folder_gives_its_decode_shapes() {
+        let dir = crate::example::bundled_model(crate::ModelType::Qwen3);
+        let (mut out, mut progress) = (Vec::new(), Vec::new());
+        assert!(tune_model(&dir, &Device::cpu(), DType::F32, 200, &mut out, &mut progress).unwrap());
+        let out = String::from_utf8(out).unwrap();
+        // hidden 64, 4 query / 2 KV heads of 64, intermediate 96, vocabulary 402: q, k/v, o,
+        // gate+up, down, lm_head, then attention.
+        let lines: Vec<&str> = out.lines().skip(1).collect();
+        assert_eq!(
+            lines,
+            [
+                "gemv f32 1x256x64",
+                "gemv f32 1x128x64",
+                "gemv f32 1x64x256",
+                "gemv f32 1x192x64",
+                "gemv f32 1x64x96",
+                "gemv f32 1x402x64",
+                "attention_decode f32 1x4x2x64x200"
+            ]
+        );
+        assert!(out.starts_with("autotuning is off on the CPU device"));
+        let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, &mut Vec::new(), &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("context"), "{err}");
+    }
+
+    #[test]
+    fn the_bar_fills() {
+        assert_eq!(bar(0, 4), "[....................] 0/4");
+        assert_eq!(bar(2, 4), "[##########..........] 2/4");
+        assert_eq!(bar(4, 4), "[####################] 4/4");
+    }
+}

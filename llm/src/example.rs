@@ -13,9 +13,16 @@ use crate::generate::{GreedyGenerationConfig, StreamControl};
 use crate::pipeline::{Pipeline, PipelineOptions};
 
 /// The bundled tiny model of `model_type` (random weights, a small byte-level BPE tokenizer):
-/// what the examples run without arguments.
+/// what the examples run without arguments. In the source tree the binary was built from, or
+/// else `llm/models/` under the working directory (a binary copied to another checkout).
 pub fn bundled_model(model_type: ModelType) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(format!("tiny-{}", model_type.name()))
+    let name = format!("tiny-{}", model_type.name());
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(&name);
+    if built.exists() {
+        built
+    } else {
+        PathBuf::from("llm/models").join(name)
+    }
 }
 
 /// The parsed command line.

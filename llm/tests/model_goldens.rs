@@ -7,8 +7,17 @@ use ruda_llm::{load_pipeline, GenerateParams, Pipeline, PipelineOptions, StreamC
 use ruda_runtime::{DType, Device};
 use serde_json::Value;
 
+/// A fixture folder: in the source tree the test was built from, or under the working directory
+/// (the GPU rung runs copied test executables from another checkout's root).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let base = if built.exists() { built } else { PathBuf::from("llm/tests/fixtures") };
+    base.join(name)
+}
+
+/// `RUDA_DEVICE`'s device: the interpreter here, the GPU in the GPU rung.
+fn device() -> Device {
+    Device::from_env().unwrap()
 }
 
 fn goldens(name: &str) -> Value {
@@ -17,7 +26,7 @@ fn goldens(name: &str) -> Value {
 }
 
 fn pipeline(name: &str, dtype: DType) -> Pipeline {
-    let options = PipelineOptions { device: Some(Device::cpu()), dtype: Some(dtype), prefill_chunk: None };
+    let options = PipelineOptions { device: Some(device()), dtype: Some(dtype), prefill_chunk: None };
     load_pipeline(fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 

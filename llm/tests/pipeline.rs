@@ -13,12 +13,21 @@ use ruda_llm::{
 use ruda_runtime::Device;
 use serde_json::Value;
 
+/// A fixture folder: in the source tree the test was built from, or under the working directory
+/// (the GPU rung runs copied test executables from another checkout's root).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let base = if built.exists() { built } else { PathBuf::from("llm/tests/fixtures") };
+    base.join(name)
+}
+
+/// `RUDA_DEVICE`'s device: the interpreter here, the GPU in the GPU rung.
+fn device() -> Device {
+    Device::from_env().unwrap()
 }
 
 fn cpu_pipeline(name: &str) -> Pipeline {
-    let options = PipelineOptions { device: Some(Device::cpu()), ..Default::default() };
+    let options = PipelineOptions { device: Some(device()), ..Default::default() };
     load_pipeline(fixture(name), &options).unwrap()
 }
 
@@ -46,7 +55,7 @@ impl Copy {
         self.0.join(name)
     }
     fn load(&self) -> Result<Pipeline, LlmError> {
-        load_pipeline(&self.0, &PipelineOptions { device: Some(Device::cpu()), ..Default::default() })
+        load_pipeline(&self.0, &PipelineOptions { device: Some(device()), ..Default::default() })
     }
 }
 
@@ -159,7 +168,7 @@ fn sampling_is_reproducible_per_seed() {
 
 #[test]
 fn chat_rendering_and_defaults_come_from_the_model_folder() {
-    let p = load_huggingface_qwen3_pipeline(fixture("qwen3"), &Device::cpu()).unwrap();
+    let p = load_huggingface_qwen3_pipeline(fixture("qwen3"), &device()).unwrap();
     let messages = [ChatMessage::new(ChatRole::User, "Hi")];
     let thinking_off = p.render_chat_thinking(&messages, true, false).unwrap();
     assert!(thinking_off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{thinking_off:?}");
@@ -183,9 +192,9 @@ fn bad_input_is_a_clear_error() {
     assert!(err(p.generate("Hi", &hot, false, false, |_, _| StreamControl::Continue)).contains("temperature"));
 
     // The wrong loader for the folder's architecture.
-    let wrong = load_huggingface_qwen3_pipeline(fixture("qwen2-tied"), &Device::cpu()).err().unwrap().to_string();
+    let wrong = load_huggingface_qwen3_pipeline(fixture("qwen2-tied"), &device()).err().unwrap().to_string();
     assert!(wrong.contains("model_type \"qwen2\"") && wrong.contains("qwen3"), "{wrong}");
-    assert!(load_huggingface_qwen2_pipeline(fixture("qwen2-tied"), &Device::cpu()).is_ok());
+    assert!(load_huggingface_qwen2_pipeline(fixture("qwen2-tied"), &device()).is_ok());
 }
 
 #[test]
@@ -210,7 +219,7 @@ fn broken_model_folders_are_clear_errors() {
     std::fs::write(c.file("config.json"), "{ not json").unwrap();
     assert!(load_err(&c).contains("config.json"), "{}", load_err(&c));
 
-    let missing = load_pipeline("/nonexistent/model", &PipelineOptions { device: Some(Device::cpu()), ..Default::default() });
+    let missing = load_pipeline("/nonexistent/model", &PipelineOptions { device: Some(device()), ..Default::default() });
     assert!(missing.err().unwrap().to_string().contains("not a model directory"));
 }
 

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bundle=scripts/gpu/bundle
+target_dir=${CARGO_TARGET_DIR:-target}
 rm -rf "$bundle"
 mkdir -p "$bundle/tests" "$bundle/bin"
 
@@ -27,9 +28,10 @@ for line in sys.stdin:
 while IFS=$'\t' read -r target package exe; do
   # Only what can touch a GPU, a driver, NVRTC or ptxas travels: the IR's and the emulator's
   # tests are CPU-only (and run in CI), snapshots compare files by build-machine paths, and the
-  # `rudac` tests spawn the binary by its build path.
+  # `rudac` tests spawn the binary by its build path; the tokenizer and chat goldens never touch a
+  # device.
   case "$package" in ir|ptx-emu) continue ;; esac
-  case "$target" in snapshots|rudac|differential|fuzz_corpus|passes_registry|ir_roundtrip|registry) continue ;; esac
+  case "$target" in snapshots|rudac|differential|fuzz_corpus|passes_registry|ir_roundtrip|registry|chat_goldens|tokenizer_goldens) continue ;; esac
   name="${package}--${target}"
   cp "$exe" "$bundle/tests/$name"
 done < "$bundle/tests.tsv"
@@ -37,15 +39,15 @@ rm "$bundle/tests.tsv"
 
 echo "bundle: building release binaries" >&2
 cargo build --release --locked -p ruda-ops --bins
-cp target/release/rudac target/release/ruda-bench "$bundle/bin/"
+cp "$target_dir/release/rudac" "$target_dir/release/ruda-bench" "$bundle/bin/"
 # The model layer's examples, for scripts/gpu/model_bench.py (skipped there when absent).
 if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"qwen2_generate"'; then
   echo "bundle: building the ruda-llm examples" >&2
   cargo build --release --locked -p ruda-llm --examples
 fi
 for example in qwen2_generate qwen3_generate; do
-  if [ -x "target/release/examples/$example" ]; then
-    cp "target/release/examples/$example" "$bundle/bin/"
+  if [ -x "$target_dir/release/examples/$example" ]; then
+    cp "$target_dir/release/examples/$example" "$bundle/bin/"
   fi
 done
 if command -v strip >/dev/null; then

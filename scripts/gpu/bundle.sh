@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the test and bench executables here (release) and gather them into scripts/gpu/bundle/,
-# the folder `run` carries to the GPU machine (which has no cargo). Snapshot tests stay behind.
+# Build the test and bench executables here (release) and gather them into scripts/gpu/bundle/
+# (compressed: executables.tar.xz), the folder `run` carries to the GPU machine (which has no
+# cargo). Snapshot tests stay behind.
 # The bundle plus the working tree must stay under 64 MiB; the size is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -60,4 +61,8 @@ git rev-parse HEAD > "$bundle/COMMIT"
 # Benchmarks list (no device needed): a check that ruda-bench runs at all.
 "$bundle/bin/ruda-bench" --list > /dev/null
 ls "$bundle/tests" >&2
+# The executables are ~100 MiB but compress 6:1; what travels must stay under 64 MiB, so they go
+# as one xz archive that run.sh unpacks.
+tar -C "$bundle" -cf - tests bin | xz -T2 -6 > "$bundle/executables.tar.xz"
+rm -rf "$bundle/tests" "$bundle/bin"
 du -sh "$bundle" >&2

@@ -21,7 +21,9 @@ results=${1:?usage: run.sh RESULTS_DIR}
 mkdir -p "$results"
 logs=$(mktemp -d /tmp/ruda-gpu-logs.XXXXXX)
 bundle=scripts/gpu/bundle
-[ -d "$bundle/tests" ] || { echo "run.sh: no $bundle; run scripts/gpu/bundle.sh first" >&2; exit 2; }
+[ -f "$bundle/executables.tar.xz" ] || [ -d "$bundle/tests" ] \
+  || { echo "run.sh: no $bundle; run scripts/gpu/bundle.sh first" >&2; exit 2; }
+[ -d "$bundle/tests" ] || tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
 steps=" ${RUDA_GPU_STEPS:-tests check run gpucheck bench model} "
 budget=${RUDA_GPU_BUDGET_S:-450}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use ruda_ops::api::{self, heuristic_gemm_tile, GemmTile};
 use ruda_ops::kernels::gemm_tc::TcTile;
-use ruda_ops::tune::{gemm_key, gemm_tuned_into, tile_of, tune_gemm_with, tuned_gemm_tile};
+use ruda_ops::tune::{gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, DeviceFingerprint, Tensor};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -89,6 +89,8 @@ fn on_the_cpu_the_gemm_is_untuned_and_matches_the_heuristic_launch() {
     gemm_tuned_into(&stream, &x, &w, Some(&bias), None, &a).unwrap();
     api::linear_bias_into(&stream, &x, &w, Some(&bias), None, &b).unwrap();
     assert_eq!(a.to_bytes().unwrap(), b.to_bytes().unwrap());
+    // Shape-file tuning does not apply on the CPU.
+    assert!(tune_gemm_shape(&stream, DType::BF16, 256, 128, 64).unwrap().is_none());
     // The allocating wrapper takes the same path.
     assert_eq!(api::linear_bias(&x, &w, Some(&bias), None).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap());
 }

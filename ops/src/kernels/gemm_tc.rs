@@ -6,8 +6,12 @@
 //! **Tiles.** A block computes a [`TcTile`] (`BM × BN`) of `y` with warps laid out
 //! `warps_m × warps_n`, each owning a `WM × WN` warp tile of `WM / 16 × WN / 8` mma tiles.
 //! Tiles of `x` and `w`, [`BK`] deep in `k`, are staged through shared memory with 16-byte
-//! global loads (the host requires `K % 8 == 0` and 16-byte aligned bases), zero-filled past
-//! the matrix edges.
+//! `cp.async` copies (the host requires `K % 8 == 0` and 16-byte aligned bases), zero-filled
+//! past the matrix edges by a source size of 0.
+//!
+//! **Pipeline.** `stages` shared buffers form a ring: the copies of k-tile `t + stages - 1`
+//! are in flight while the mma consume k-tile `t`, with one commit group per k-tile and one
+//! barrier per k-step (see `k_loop`).
 //!
 //! **Swizzle.** A staged row is `BK = 32` halves: 64 bytes, four 16-byte chunks, so two rows
 //! fill the 128 bytes of the 32 four-byte banks. Chunk `c` of row `r` is stored at chunk
@@ -285,6 +289,8 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let w_smem = b.shared_ptr(w_tile);
     let bk_c = b.const_u32(BK);
 
+    // The chunks this thread copies per k-tile: thread `e` (plus multiples of the block size)
+    // takes row `e / 4`, chunk `e % 4` of the `x` tile, then of the `w` tile.
     let mut chunks: Vec<(bool, Chunk)> = Vec::new();
     for (is_x, rows, dim, base) in [(true, bm, m, row0), (false, bn, n, col0)] {
         for r in 0..(rows * CHUNKS_PER_ROW / threads) {

@@ -137,3 +137,12 @@ pub fn gemm_tuned_into(
         },
     }
 }
+
+/// Tune `x[m, k] · w[n, k]ᵀ` of `dtype` on `stream`'s GPU with zero-filled operands (timing
+/// does not depend on the values), for `rudac tune --shapes`: the choice, or `None` when tuning
+/// does not apply (CPU device, `RUDA_AUTOTUNE=off`, not f16/bf16, at most [`GEMV_MAX_M`] rows).
+pub fn tune_gemm_shape(stream: &Stream, dtype: DType, m: usize, n: usize, k: usize) -> Result<Option<Choice>> {
+    let x = Tensor::zeros(stream.device(), dtype, &[m, k])?;
+    let w = Tensor::zeros(stream.device(), dtype, &[n, k])?;
+    Ok(tuned_gemm(stream, &x, &w)?.map(|(_, c)| c))
+}

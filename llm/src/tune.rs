@@ -4,22 +4,33 @@
 use std::io::Write;
 use std::path::Path;
 
+use ruda_ops::api::GEMV_MAX_M;
 use ruda_ops::tune::{tune_shape, DecodeShape, TuneShape};
 use ruda_runtime::{AutotuneMode, DType, Device};
 
 use crate::config::{load_config, ModelConfig};
 use crate::error::LlmError;
 
-/// The tunable op shapes of one decode step of `config` in `dtype` with a KV cache of
-/// `context` positions: each projection's GEMV at one row, and decode attention.
-pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize) -> Vec<TuneShape> {
+/// The tunable op shapes of `config` in `dtype` with a KV cache of `context` positions: each
+/// projection's GEMV at one row (decode) and, in f16/bf16, its tensor-core GEMM at
+/// `prefill_tokens` rows (prefill chunks; tuning keys bucket rows to powers of two), then decode
+/// attention.
+pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize, prefill_tokens: usize) -> Vec<TuneShape> {
     let c = config;
     let (h, q, kv, i) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+    let projections = [(q, h), (kv, h), (h, q), (2 * i, h), (h, i)];
     let mut shapes: Vec<TuneShape> = Vec::new();
-    for (n, k) in [(q, h), (kv, h), (h, q), (2 * i, h), (h, i), (c.vocab_size, h)] {
-        let shape = TuneShape::Gemv { dtype, m: 1, n, k };
+    let mut add = |shape: TuneShape| {
         if !shapes.contains(&shape) {
             shapes.push(shape);
+        }
+    };
+    for (n, k) in projections.into_iter().chain([(c.vocab_size, h)]) {
+        add(TuneShape::Gemv { dtype, m: 1, n, k });
+    }
+    if matches!(dtype, DType::F16 | DType::BF16) && prefill_tokens > GEMV_MAX_M {
+        for (n, k) in projections {
+            add(TuneShape::Gemm { dtype, m: prefill_tokens, n, k });
         }
     }
     shapes.push(TuneShape::AttentionDecode(DecodeShape {
@@ -48,6 +59,7 @@ pub fn tune_model(
     device: &Device,
     dtype: DType,
     context: usize,
+    prefill_tokens: usize,
     out: &mut dyn Write,
     progress: &mut dyn Write,
 ) -> Result<bool, LlmError> {
@@ -58,7 +70,7 @@ pub fn tune_model(
             config.max_position_embeddings
         )));
     }
-    let shapes = model_tune_shapes(&config, dtype, context);
+    let shapes = model_tune_shapes(&config, dtype, context, prefill_tokens);
     let io = |e: std::io::Error| LlmError::InvalidArgument(format!("writing output: {e}"));
     let mode = AutotuneMode::from_env(device)?;
     if device.is_cpu() || mode == AutotuneMode::Off {
@@ -73,8 +85,9 @@ pub fn tune_model(
     let mut failed = 0;
     for (n, shape) in shapes.iter().enumerate() {
         let result = match tune_shape(&stream, shape) {
-            Ok(Some((splits, choice))) => format!(
-                "splits={splits}{}{}",
+            Ok(Some(choice)) => format!(
+                "{}{}{}",
+                choice.candidate.name,
                 choice.median_ms.map_or(String::new(), |ms| format!(" ({ms:.4} ms)")),
                 if choice.cached { ", cached" } else { "" }
             ),
@@ -99,7 +112,7 @@ mod tests {
     fn a_model_folder_gives_its_decode_shapes() {
         let dir = crate::example::bundled_model(crate::ModelType::Qwen3);
         let (mut out, mut progress) = (Vec::new(), Vec::new());
-        assert!(tune_model(&dir, &Device::cpu(), DType::F32, 200, &mut out, &mut progress).unwrap());
+        assert!(tune_model(&dir, &Device::cpu(), DType::F32, 200, 512, &mut out, &mut progress).unwrap());
         let out = String::from_utf8(out).unwrap();
         // hidden 64, 4 query / 2 KV heads of 64, intermediate 96, vocabulary 402: q, k/v, o,
         // gate+up, down, lm_head, then attention.
@@ -117,7 +130,15 @@ mod tests {
             ]
         );
         assert!(out.starts_with("autotuning is off on the CPU device"));
-        let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, &mut Vec::new(), &mut Vec::new()).unwrap_err();
+        // bf16 adds each projection's prefill GEMM.
+        let config = load_config(&dir).unwrap();
+        let gemms: Vec<String> = model_tune_shapes(&config, DType::BF16, 200, 512)
+            .iter()
+            .map(ToString::to_string)
+            .filter(|s| s.starts_with("gemm"))
+            .collect();
+        assert_eq!(gemms, ["gemm bf16 512x256x64", "gemm bf16 512x128x64", "gemm bf16 512x64x256", "gemm bf16 512x192x64", "gemm bf16 512x64x96"]);
+        let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, 512, &mut Vec::new(), &mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains("context"), "{err}");
     }
 

@@ -43,7 +43,9 @@ usage:
   rudac tune --shapes FILE | --show
       --shapes: autotune every op shape of FILE on the RUDA_DEVICE GPU (a progress line per
       shape on stderr; results cached per GPU under RUDA_CACHE_DIR); FILE has one op per line,
-      `gemv DTYPE m=M n=N k=K` (DTYPE f32|f16|bf16, M <= 16), `#` comments. On the CPU device
+      `gemv DTYPE m=M n=N k=K` (M <= 16), `gemm DTYPE m=M n=N k=K` (M > 16, f16|bf16) or
+      `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (DTYPE
+      f32|f16|bf16), `#` comments; `ruda-llm tune MODEL_DIR` tunes a model's shapes. On the CPU device
       autotuning is off: the file is only checked. --show: print the current GPU's cache, or
       every cache file without a GPU
 

@@ -94,17 +94,22 @@ fn on_the_cpu_gemv_is_untuned_and_unchanged() {
 
 #[test]
 fn shapes_files_parse_with_line_numbers() {
-    let text = "# decode GEMVs of a small model\n\ngemv bf16 m=1 n=4096 k=4096\ngemv f16 k=128 n=3 m=16  # any order\n";
+    let text = "# decode GEMVs of a small model\n\ngemv bf16 m=1 n=4096 k=4096\ngemv f16 k=128 n=3 m=16  # any order\n\
+                gemm bf16 m=512 n=4096 k=4096\n";
     assert_eq!(
         parse_shapes("s.txt", text).unwrap(),
         vec![
             TuneShape::Gemv { dtype: DType::BF16, m: 1, n: 4096, k: 4096 },
             TuneShape::Gemv { dtype: DType::F16, m: 16, n: 3, k: 128 },
+            TuneShape::Gemm { dtype: DType::BF16, m: 512, n: 4096, k: 4096 },
         ]
     );
+    assert_eq!(parse_shapes("s.txt", text).unwrap()[2].to_string(), "gemm bf16 512x4096x4096");
     assert_eq!(parse_shapes("s.txt", text).unwrap()[0].to_string(), "gemv bf16 1x4096x4096");
     for (bad, want) in [
-        ("gemv bf16 m=1 n=8 k=8\ngemm bf16 m=1 n=8 k=8", "s.txt:2: unknown op `gemm`"),
+        ("gemv bf16 m=1 n=8 k=8\ngemm bf16 m=1 n=8 k=8", "s.txt:2: m=1: up to 16 rows run on the GEMV"),
+        ("gemm f32 m=64 n=8 k=8", "s.txt:1: f32: the tensor-core GEMM takes f16 or bf16"),
+        ("gemv bf16 m=1 n=8 k=8\nconv bf16 m=1 n=8 k=8", "s.txt:2: unknown op `conv`"),
         ("\n\ngemv u32 m=1 n=8 k=8", "s.txt:3: `u32` is not f32, f16 or bf16"),
         ("gemv bf16 m=1 n=8", "s.txt:1: missing `k=`"),
         ("gemv bf16 m=17 n=8 k=8", "s.txt:1: m=17: GEMV takes at most 16 rows"),

@@ -175,7 +175,7 @@ fn shapes_files_take_attention_decode_lines() {
         ("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64 s_max=8 m=1", "s.txt:1: unknown dimension `m`"),
         ("attention_decode bf16 batch=0 q_heads=2 kv_heads=1 head_dim=64 s_max=8", "s.txt:1: `batch=0`: must be between 1"),
         ("gemv bf16 m=1 n=8 k=8 s_max=4", "s.txt:1: unknown dimension `s_max`"),
-        ("attention_prefill bf16", "s.txt:1: unknown op `attention_prefill`; tunable ops: gemv, attention_decode"),
+        ("attention_prefill bf16", "s.txt:1: unknown op `attention_prefill`; tunable ops: gemv, gemm, attention_decode"),
     ] {
         let e = parse_shapes("s.txt", bad).expect_err(bad);
         assert!(e.starts_with(want), "{bad}: {e}");

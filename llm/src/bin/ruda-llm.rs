@@ -1,5 +1,6 @@
-//! `ruda-llm tune MODEL_DIR [--context N] [--dtype f32|f16|bf16]`: autotune the op shapes of a
-//! model folder on the `RUDA_DEVICE` GPU ahead of generation (see `ruda_llm::tune`).
+//! `ruda-llm tune MODEL_DIR [--context N] [--prefill-tokens N] [--dtype f32|f16|bf16]`: autotune
+//! the op shapes of a model folder on the `RUDA_DEVICE` GPU ahead of generation (see
+//! `ruda_llm::tune`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +9,7 @@ use ruda_llm::LlmError;
 use ruda_runtime::{DType, Device};
 
 const USAGE: &str = "usage: ruda-llm tune MODEL_DIR [--context N (default 4096, at most max_position_embeddings)] \
-[--dtype f32|f16|bf16 (default bf16 on CUDA, f32 on the CPU)]";
+[--prefill-tokens N (rows of a prefill chunk, default 512)] [--dtype f32|f16|bf16 (default bf16 on CUDA, f32 on the CPU)]";
 
 fn run(args: &[String]) -> Result<bool, LlmError> {
     let bad = |m: String| LlmError::InvalidArgument(format!("{m}\n{USAGE}"));
@@ -16,12 +17,15 @@ fn run(args: &[String]) -> Result<bool, LlmError> {
     if command != "tune" {
         return Err(bad(format!("unknown command `{command}`")));
     }
-    let (mut context, mut dtype) = (None, None);
+    let (mut context, mut prefill_tokens, mut dtype) = (None, 512, None);
     let mut options = rest.iter();
     while let Some(flag) = options.next() {
         let value = options.next().ok_or_else(|| bad(format!("`{flag}` needs a value")))?;
         match flag.as_str() {
             "--context" => context = Some(value.parse::<usize>().map_err(|_| bad(format!("--context {value}: not a number")))?),
+            "--prefill-tokens" => {
+                prefill_tokens = value.parse::<usize>().map_err(|_| bad(format!("--prefill-tokens {value}: not a number")))?
+            }
             "--dtype" => {
                 dtype = Some(
                     DType::from_name(value)
@@ -37,7 +41,7 @@ fn run(args: &[String]) -> Result<bool, LlmError> {
     let dir = PathBuf::from(dir);
     let max = ruda_llm::load_config(&dir)?.max_position_embeddings;
     let context = context.unwrap_or(4096.min(max));
-    ruda_llm::tune::tune_model(&dir, &device, dtype, context, &mut std::io::stdout(), &mut std::io::stderr())
+    ruda_llm::tune::tune_model(&dir, &device, dtype, context, prefill_tokens, &mut std::io::stdout(), &mut std::io::stderr())
 }
 
 fn main() -> ExitCode {

@@ -207,12 +207,9 @@ impl DecodeShape {
 
 /// Tune one decode shape on `stream`'s GPU with zero-filled operands (timing does not depend
 /// on the values): its choice, or `None` when tuning does not apply.
-pub(super) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<(usize, Choice)>> {
+pub(super) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<Choice>> {
     let q = Tensor::zeros(stream.device(), s.dtype, &[s.batch, s.q_heads, s.head_dim])?;
     let cache = [s.batch, s.kv_heads, s.s_max, s.head_dim];
     let (k, v) = (Tensor::zeros(stream.device(), s.dtype, &cache)?, Tensor::zeros(stream.device(), s.dtype, &cache)?);
-    match tuned_decode(stream, &q, &k, &v)? {
-        Some((_, c)) => Ok(Some((decode_splits_of(&c)?, c))),
-        None => Ok(None),
-    }
+    Ok(tuned_decode(stream, &q, &k, &v)?.map(|(_, c)| c))
 }

@@ -187,18 +187,21 @@ pub fn gemv_tuned(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// One line of a `rudac tune --shapes` file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TuneShape {
-    /// `x[m, k] · w[n, k]ᵀ`.
+    /// `x[m, k] · w[n, k]ᵀ` for `m ≤ 16`: the split-K count.
     Gemv { dtype: DType, m: usize, n: usize, k: usize },
+    /// `x[m, k] · w[n, k]ᵀ` for `m > 16` on tensor cores (f16/bf16): the tile.
+    Gemm { dtype: DType, m: usize, n: usize, k: usize },
     /// One query per sequence against a KV cache of capacity `s_max`.
     AttentionDecode(DecodeShape),
 }
 
 impl std::fmt::Display for TuneShape {
-    /// `gemv bf16 1x4096x4096`, `attention_decode bf16 1x16x8x128x4096` (batch, query heads,
+    /// `gemv bf16 1x4096x4096`, `gemm bf16 512x4096x4096`, `attention_decode bf16 1x16x8x128x4096` (batch, query heads,
     /// key/value heads, head dim, capacity).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TuneShape::Gemv { dtype, m, n, k } => write!(f, "gemv {dtype} {m}x{n}x{k}"),
+            TuneShape::Gemm { dtype, m, n, k } => write!(f, "gemm {dtype} {m}x{n}x{k}"),
             TuneShape::AttentionDecode(s) => {
                 write!(f, "attention_decode {} {}x{}x{}x{}x{}", s.dtype, s.batch, s.q_heads, s.kv_heads, s.head_dim, s.s_max)
             }
@@ -207,13 +210,13 @@ impl std::fmt::Display for TuneShape {
 }
 
 /// The format of a shapes file, for messages and `rudac` help.
-pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 ≤ M ≤ 16) or `attention_decode DTYPE \
-batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 64, 128 or 256; S the KV cache capacity); DTYPE \
+pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 ≤ M ≤ 16), `gemm DTYPE m=M n=N k=K` \
+(M > 16, DTYPE f16 or bf16) or `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 64, 128 or 256; S the KV cache capacity); DTYPE \
 f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and `#` comments are ignored";
 
 /// The dimension names of each tunable op's shape-file line.
-const SHAPE_OPS: [(&str, &[&str]); 2] =
-    [("gemv", &["m", "n", "k"]), ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"])];
+const SHAPE_OPS: [(&str, &[&str]); 3] =
+    [("gemv", &["m", "n", "k"]), ("gemm", &["m", "n", "k"]), ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"])];
 
 /// Parse a shapes file; errors name `file:line`.
 pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape>, String> {
@@ -257,11 +260,20 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
             .map(|(name, v)| v.ok_or_else(|| bad(format!("missing `{name}=`"))))
             .collect::<std::result::Result<Vec<usize>, String>>()?;
         shapes.push(match *dims.as_slice() {
-            [m, n, k] => {
+            [m, n, k] if op == "gemv" => {
                 if m > GEMV_MAX_M {
                     return Err(bad(format!("m={m}: GEMV takes at most {GEMV_MAX_M} rows")));
                 }
                 TuneShape::Gemv { dtype, m, n, k }
+            }
+            [m, n, k] => {
+                if m <= GEMV_MAX_M {
+                    return Err(bad(format!("m={m}: up to {GEMV_MAX_M} rows run on the GEMV (a `gemv` line)")));
+                }
+                if !matches!(dtype, DType::F16 | DType::BF16) {
+                    return Err(bad(format!("{dtype}: the tensor-core GEMM takes f16 or bf16")));
+                }
+                TuneShape::Gemm { dtype, m, n, k }
             }
             [batch, q_heads, kv_heads, head_dim, s_max] => {
                 let s = DecodeShape { dtype, batch, q_heads, kv_heads, head_dim, s_max };
@@ -281,18 +293,16 @@ pub fn read_shapes(path: &Path) -> std::result::Result<Vec<TuneShape>, String> {
 }
 
 /// Tune one shape on `stream`'s GPU with zero-filled operands (timing does not depend on the
-/// values): the chosen split count and the choice, or `None` when tuning does not apply (CPU
-/// device, `RUDA_AUTOTUNE=off`).
-pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<(usize, Choice)>> {
+/// values): the choice (its candidate's name is `splits=N` or a tile such as `tc128x128w4.s3`),
+/// or `None` when tuning does not apply (CPU device, `RUDA_AUTOTUNE=off`).
+pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<Choice>> {
     match shape {
         TuneShape::Gemv { dtype, m, n, k } => {
             let x = Tensor::zeros(stream.device(), *dtype, &[*m, *k])?;
             let w = Tensor::zeros(stream.device(), *dtype, &[*n, *k])?;
-            match tuned_gemv(stream, &x, &w)? {
-                Some((_, c)) => Ok(Some((splits_of(&c)?, c))),
-                None => Ok(None),
-            }
+            Ok(tuned_gemv(stream, &x, &w)?.map(|(_, c)| c))
         }
+        TuneShape::Gemm { dtype, m, n, k } => tune_gemm_shape(stream, *dtype, *m, *n, *k),
         TuneShape::AttentionDecode(s) => tune_decode_shape(stream, s),
     }
 }
@@ -324,8 +334,9 @@ pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &
             let mut failed = 0;
             for (i, shape) in shapes.iter().enumerate() {
                 let line = match tune_shape(&stream, shape) {
-                    Ok(Some((splits, c))) => format!(
-                        "best splits={splits} ({}){}",
+                    Ok(Some(c)) => format!(
+                        "best {} ({}){}",
+                        c.candidate.name,
                         c.median_ms.map_or("not measured".into(), |ms| format!("{ms:.4} ms")),
                         if c.cached { ", cached" } else { "" }
                     ),

@@ -508,10 +508,16 @@ impl QwenModel {
             .find(|w| w.shape() == [n, k])
     }
 
-    /// `out = x·Wᵀ + bias` (through `pre` when there is a bias).
+    /// `out = x·Wᵀ + bias`: the bias fused into the tensor-core GEMM's epilogue for a prefill
+    /// chunk in f16/bf16 (one rounding, like cuBLAS's in transformers), else added after the
+    /// product through `pre`.
     fn project(&self, s: &Stream, a: &Activations, x: &Tensor, lin: &Linear, out: &Tensor, pre: &Tensor) -> Result<(), LlmError> {
+        let fused = x.shape()[0] > api::GEMV_MAX_M && matches!(self.dtype, DType::F16 | DType::BF16);
         match &lin.bias {
             None => self.linear(s, a, x, &lin.weight, out).map_err(|e| LlmError::op("projection", e)),
+            Some(b) if fused => {
+                api::linear_bias_into(s, x, &lin.weight, Some(b), None, out).map_err(|e| LlmError::op("projection", e))
+            }
             Some(b) => {
                 self.linear(s, a, x, &lin.weight, pre).map_err(|e| LlmError::op("projection", e))?;
                 api::add_bias_into(s, pre, b, out).map_err(|e| LlmError::op("projection bias", e))

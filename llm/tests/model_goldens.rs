@@ -135,20 +135,26 @@ fn qwen3_matches_transformers() {
 }
 
 /// bf16 compute (the GPU's dtype) stays close to the f32 reference: a check of the bf16 kernels
-/// and conversions, with a tolerance for bf16's 8-bit mantissa through two layers.
+/// and conversions (prompts over 16 tokens take the tensor-core GEMM with Qwen2's bias fused).
+/// bf16 rounding through these random models is large: transformers' own bf16 forward is up to
+/// 7% of the largest logit away from the f64 reference on these prompts, so the bound is 15%.
 #[test]
 fn bf16_forward_is_close_to_the_reference() {
     for name in ["qwen2-tied", "qwen3"] {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;
-        let prompt = &g["prompts"][0];
-        let ids = ids(&prompt["prompt_ids"]);
-        let want = floats(&prompt["last_logits"]);
-        let logits = p.logits(&ids, ids.len()).unwrap();
-        let last = &logits[(ids.len() - 1) * vocab..];
-        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let (e, at) = worst(last, &want, 0.05 * scale, 0.0);
-        assert!(e <= 1.0, "{name}: bf16 logit {at} is {} vs {} (scale {scale})", last[at], want[at]);
+        let mut longest = 0;
+        for prompt in g["prompts"].as_array().unwrap() {
+            let ids = ids(&prompt["prompt_ids"]);
+            longest = longest.max(ids.len());
+            let want = floats(&prompt["last_logits"]);
+            let logits = p.logits(&ids, ids.len()).unwrap();
+            let last = &logits[(ids.len() - 1) * vocab..];
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let (e, at) = worst(last, &want, 0.15 * scale, 0.0);
+            assert!(e <= 1.0, "{name}: bf16 logit {at} is {} vs {} (scale {scale})", last[at], want[at]);
+        }
+        assert!(longest > 16, "{name}: no prompt reaches the GEMM path");
     }
 }

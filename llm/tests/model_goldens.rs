@@ -1,24 +1,12 @@
 //! The forward pass and greedy generation against what Hugging Face `transformers` computed for
 //! the tiny fixture models (`scripts/fixtures/make_fixtures.py`), through the interpreter device.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{device, fixture};
 use ruda_llm::{load_pipeline, GenerateParams, Pipeline, PipelineOptions, StreamControl};
-use ruda_runtime::{DType, Device};
+use ruda_runtime::DType;
 use serde_json::Value;
-
-/// A fixture folder: in the source tree the test was built from, or under the working directory
-/// (the GPU rung runs copied test executables from another checkout's root).
-fn fixture(name: &str) -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let base = if built.exists() { built } else { PathBuf::from("llm/tests/fixtures") };
-    base.join(name)
-}
-
-/// `RUDA_DEVICE`'s device: the interpreter here, the GPU in the GPU rung.
-fn device() -> Device {
-    Device::from_env().unwrap()
-}
 
 fn goldens(name: &str) -> Value {
     let text = std::fs::read_to_string(fixture(name).join("goldens.json")).unwrap();

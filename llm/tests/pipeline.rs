@@ -1,8 +1,12 @@
 //! The pipeline API on the fixture models through the interpreter: streaming, stop sequences,
 //! sampling, the examples' output, and clear errors for bad input.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{device, fixture};
 
 use ruda_llm::example::{self, ExampleArgs};
 use ruda_llm::{
@@ -10,23 +14,9 @@ use ruda_llm::{
     GenerateParams, GreedyGenerationConfig, LlmError, ModelType, Pipeline, PipelineOptions, SamplingConfig,
     SamplingGenerationConfig, StopReason, StreamControl,
 };
-use ruda_runtime::Device;
 use serde_json::Value;
 
-/// A fixture folder: in the source tree the test was built from, or under the working directory
-/// (the GPU rung runs copied test executables from another checkout's root).
-fn fixture(name: &str) -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let base = if built.exists() { built } else { PathBuf::from("llm/tests/fixtures") };
-    base.join(name)
-}
-
-/// `RUDA_DEVICE`'s device: the interpreter here, the GPU in the GPU rung.
-fn device() -> Device {
-    Device::from_env().unwrap()
-}
-
-fn cpu_pipeline(name: &str) -> Pipeline {
+fn pipeline(name: &str) -> Pipeline {
     let options = PipelineOptions { device: Some(device()), ..Default::default() };
     load_pipeline(fixture(name), &options).unwrap()
 }
@@ -74,7 +64,7 @@ fn load_err(c: &Copy) -> String {
 
 #[test]
 fn streaming_matches_the_whole_reply_and_can_stop() {
-    let p = cpu_pipeline("qwen2-tied");
+    let p = pipeline("qwen2-tied");
     let whole = p.generate("Hello world!", &greedy(10), false, false, |_, _| StreamControl::Continue).unwrap();
     assert_eq!(whole.generated_token_ids.len(), 10);
     assert_eq!(whole.stop_reason, StopReason::Length);
@@ -111,7 +101,7 @@ fn streaming_matches_the_whole_reply_and_can_stop() {
 
 #[test]
 fn stop_sequences_cut_the_reply() {
-    let p = cpu_pipeline("qwen2-tied");
+    let p = pipeline("qwen2-tied");
     let whole = p.generate("Hello world!", &greedy(12), false, false, |_, _| StreamControl::Continue).unwrap();
     // A stop sequence taken from the middle of the greedy reply.
     let chars: Vec<char> = whole.generated_text.chars().collect();
@@ -134,7 +124,7 @@ fn stop_sequences_cut_the_reply() {
 
 #[test]
 fn eos_stops_generation() {
-    let p = cpu_pipeline("qwen3");
+    let p = pipeline("qwen3");
     let whole = p.generate("Hello world!", &greedy(6), false, false, |_, _| StreamControl::Continue).unwrap();
     // Declare the third generated token an EOS: generation ends right after it.
     let eos = whole.generated_token_ids[2];
@@ -148,7 +138,7 @@ fn eos_stops_generation() {
 
 #[test]
 fn sampling_is_reproducible_per_seed() {
-    let p = cpu_pipeline("qwen2-untied");
+    let p = pipeline("qwen2-untied");
     let config = |seed| SamplingGenerationConfig {
         max_new_tokens: 8,
         eos_token_ids: vec![],
@@ -182,7 +172,7 @@ fn chat_rendering_and_defaults_come_from_the_model_folder() {
 
 #[test]
 fn bad_input_is_a_clear_error() {
-    let p = cpu_pipeline("qwen2-tied");
+    let p = pipeline("qwen2-tied");
     let err = |r: Result<ruda_llm::GeneratedText, LlmError>| r.unwrap_err().to_string();
     assert!(err(p.generate("", &greedy(4), false, false, |_, _| StreamControl::Continue)).contains("empty"));
     assert!(err(p.generate("Hi", &greedy(0), false, false, |_, _| StreamControl::Continue)).contains("max_new_tokens"));

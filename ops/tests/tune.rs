@@ -1,28 +1,12 @@
 //! GEMV autotuning on the CPU with injected timings, and `rudac tune`.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fingerprint, temp_dir};
 use ruda_ops::api;
 use ruda_ops::driver::Command;
 use ruda_ops::tune::{gemv_key, parse_shapes, splits_of, tune_gemv_with, tuned_gemv_splits, TuneCommand, TuneShape};
-use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, DeviceFingerprint, Tensor};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ruda-ops-tune-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
-}
-
-fn fingerprint() -> DeviceFingerprint {
-    DeviceFingerprint {
-        device_name: "NVIDIA H200".into(),
-        compute_capability: (9, 0),
-        driver_version: "12.9".into(),
-        compiler: "ptx".into(),
-        compiler_version: "ruda-codegen-ptx 0.1.0".into(),
-    }
-}
+use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
     let x: Vec<f32> = (0..m * k).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
@@ -34,7 +18,7 @@ fn operands(dev: &Device, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
 fn gemv_tunes_with_injected_timings_and_caches_the_choice() {
     let dev = Device::cpu();
     let (x, w) = operands(&dev, 1, 8, 4096);
-    let dir = temp_dir("inject");
+    let dir = temp_dir("tune-inject");
     let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
     let mut measured = Vec::new();
     let time = |s: usize| match s {
@@ -151,7 +135,7 @@ fn rudac(cache: &std::path::Path, cmd: &[&str]) -> std::process::Output {
 
 #[test]
 fn rudac_tune_on_the_cpu_checks_the_file_and_shows_caches() {
-    let dir = temp_dir("rudac");
+    let dir = temp_dir("tune-rudac");
     let good = dir.join("good.txt");
     std::fs::write(&good, "gemv bf16 m=1 n=4096 k=4096\ngemv f32 m=4 n=64 k=64\n").unwrap();
     let out = rudac(&dir, &["tune", "--shapes", good.to_str().unwrap()]);

@@ -1,32 +1,16 @@
 //! Decode attention's split-KV autotuning on the CPU with injected timings, its shape-file
 //! lines, and that the allocating op is unchanged where tuning is off.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fingerprint, temp_dir};
 use ruda_ops::api;
 use ruda_ops::kernels::attention::Geometry;
 use ruda_ops::tune::{
     decode_candidates, decode_key, decode_splits_of, parse_shapes, tune_decode_with, tune_shape, tuned_decode_splits, DecodeShape,
     TuneShape, DECODE_SPLIT_CANDIDATES,
 };
-use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, DeviceFingerprint, Tensor};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ruda-ops-tune-attention-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
-}
-
-fn fingerprint() -> DeviceFingerprint {
-    DeviceFingerprint {
-        device_name: "NVIDIA H200".into(),
-        compute_capability: (9, 0),
-        driver_version: "12.9".into(),
-        compiler: "ptx".into(),
-        compiler_version: "ruda-codegen-ptx 0.1.0".into(),
-    }
-}
+use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 /// Zero-filled `q [b, hq, d]` and caches `[b, hkv, s, d]` (tuning looks at shapes only).
 fn operands(dev: &Device, dtype: DType, [b, hq, hkv, d, s]: [usize; 5]) -> (Tensor, Tensor, Tensor) {
@@ -39,7 +23,7 @@ fn decode_tunes_with_injected_timings_and_caches_the_choice() {
     let dev = Device::cpu();
     let dims = [1, 16, 8, 128, 4096];
     let (q, k, v) = operands(&dev, DType::BF16, dims);
-    let dir = temp_dir("inject");
+    let dir = temp_dir("tune-attention-inject");
     let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
     let heuristic = api::decode_splits(1, 16, 8, 128, 4096);
     let mut measured = Vec::new();
@@ -81,7 +65,7 @@ fn decode_tunes_with_injected_timings_and_caches_the_choice() {
 fn every_candidate_failing_is_an_error_listing_them() {
     let dev = Device::cpu();
     let (q, k, v) = operands(&dev, DType::F16, [2, 4, 4, 64, 256]);
-    let tuner = Autotuner::open(&temp_dir("fail"), fingerprint(), AutotuneMode::On);
+    let tuner = Autotuner::open(&temp_dir("tune-attention-fail"), fingerprint(), AutotuneMode::On);
     let e = tune_decode_with(&tuner, &q, &k, &v, |s| Err(format!("no {s}"))).unwrap_err().to_string();
     assert!(e.contains("every candidate failed") && e.contains("splits=1: no 1"), "{e}");
 }
@@ -187,7 +171,7 @@ fn shapes_files_take_attention_decode_lines() {
 
 #[test]
 fn rudac_tune_on_the_cpu_checks_attention_decode_lines() {
-    let dir = temp_dir("rudac");
+    let dir = temp_dir("tune-attention-rudac");
     let file = dir.join("shapes.txt");
     std::fs::write(&file, "attention_decode bf16 batch=1 q_heads=16 kv_heads=8 head_dim=128 s_max=4096\ngemv bf16 m=1 n=8 k=8\n").unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))

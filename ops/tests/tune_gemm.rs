@@ -1,28 +1,12 @@
 //! Tensor-core GEMM tile autotuning on the CPU with injected timings, and the untuned path.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fingerprint, temp_dir};
 use ruda_ops::api::{self, heuristic_gemm_tile, GemmTile};
 use ruda_ops::kernels::gemm_tc::TcTile;
 use ruda_ops::tune::{gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};
-use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, DeviceFingerprint, Tensor};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ruda-ops-tune-gemm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
-}
-
-fn fingerprint() -> DeviceFingerprint {
-    DeviceFingerprint {
-        device_name: "NVIDIA H200".into(),
-        compute_capability: (9, 0),
-        driver_version: "12.9".into(),
-        compiler: "ptx".into(),
-        compiler_version: "ruda-codegen-ptx 0.1.0".into(),
-    }
-}
+use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
     let x: Vec<f32> = (0..m * k).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
@@ -36,7 +20,7 @@ fn operands(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> (Tensor
 fn gemm_tiles_tune_with_injected_timings_and_cache_the_choice() {
     let dev = Device::cpu();
     let (x, w) = operands(&dev, DType::BF16, 40, 24, 64);
-    let dir = temp_dir("inject");
+    let dir = temp_dir("tune-gemm-inject");
     let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
     let heuristic = heuristic_gemm_tile(&dev, 40, 24);
     assert_eq!(heuristic, GemmTile { tile: TcTile::T64x64, stages: 3 });

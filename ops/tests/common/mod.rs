@@ -3,8 +3,10 @@
 
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+
 use half::{bf16, f16};
-use ruda_runtime::{DType, Device, Tensor};
+use ruda_runtime::{DType, Device, DeviceFingerprint, Tensor};
 
 /// The device under test: `RUDA_DEVICE` (the interpreter here, a GPU in the GPU rung).
 pub fn device() -> Device {
@@ -123,5 +125,24 @@ pub fn check_linear(what: &str, dtype: DType, got: &[f32], want: &[f64], mag: &[
         let tol = k as f64 * f32::EPSILON as f64 * mag[i] + epsilon(dtype) * want[i].abs() + 1e-7;
         let err = (got[i] as f64 - want[i]).abs();
         assert!(err <= tol, "{what}[{i}]: got {}, want {} (error {err:.3e} > {tol:.3e})", got[i], want[i]);
+    }
+}
+
+/// A fresh folder `ruda-ops-<name>-<pid>` under the system temp dir (an autotune cache).
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ruda-ops-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// A made-up H200 for autotuning tests that inject their timings.
+pub fn fingerprint() -> DeviceFingerprint {
+    DeviceFingerprint {
+        device_name: "NVIDIA H200".into(),
+        compute_capability: (9, 0),
+        driver_version: "12.9".into(),
+        compiler: "ptx".into(),
+        compiler_version: "ruda-codegen-ptx 0.1.0".into(),
     }
 }

@@ -350,36 +350,38 @@ impl QwenModel {
             )));
         }
         let chunk = chunk.max(1);
-        let mut pieces = Vec::new();
-        let mut scratch: Option<Activations> = None;
+        let gather = all_logits && ids.len() > chunk;
+        let (mut scratch, mut gathered, mut last) = (None::<Activations>, Vec::new(), None);
         for part in ids.chunks(chunk) {
-            if scratch.as_ref().is_none_or(|s| s.tokens != part.len()) {
-                scratch = Some(Activations::new(self, part.len())?);
+            let acts = match scratch.take() {
+                Some(a) if a.tokens == part.len() => a,
+                _ => Activations::new(self, part.len())?,
+            };
+            let logits = self.forward_chunk(cache, part, &acts, all_logits)?;
+            if gather {
+                // Every position's logits of several chunks: gathered on the host (tests and
+                // scoring only).
+                gathered.extend(logits.to_bytes()?);
             }
-            let acts = scratch.as_ref().ok_or_else(|| LlmError::InvalidArgument("no activations".into()))?;
-            pieces.push(self.forward_chunk(cache, part, acts, all_logits)?);
+            last = Some(logits);
+            scratch = Some(acts);
         }
-        if pieces.len() == 1 {
-            return Ok(pieces.remove(0));
+        if gather {
+            return Ok(Tensor::from_bytes(&self.device, self.dtype, &[ids.len(), self.config.vocab_size], &gathered)?);
         }
-        if !all_logits {
-            return Ok(pieces.pop().unwrap_or_else(|| unreachable!("ids is not empty")));
-        }
-        // Every position's logits: gather the chunks' rows on the host (tests and scoring only).
-        let mut bytes = Vec::new();
-        for p in &pieces {
-            bytes.extend(p.to_bytes()?);
-        }
-        Ok(Tensor::from_bytes(&self.device, self.dtype, &[ids.len(), self.config.vocab_size], &bytes)?)
+        last.ok_or_else(|| LlmError::InvalidArgument("forward needs at least one token".into()))
     }
 
-    /// One decode step: the logits `[1, vocab]` after appending `id`. Reuses its buffers across
-    /// steps.
-    pub fn decode_step(&self, cache: &mut KvCache, id: u32, acts: &mut Option<DecodeActivations>) -> Result<Tensor, LlmError> {
-        if acts.is_none() {
-            *acts = Some(DecodeActivations(Activations::new(self, 1)?));
-        }
-        let acts = &acts.as_ref().ok_or_else(|| LlmError::InvalidArgument("no activations".into()))?.0;
+    /// The buffers of [`QwenModel::decode_step`], made once per generation: on a GPU the first
+    /// ones for a model measure the decode GEMVs' split counts.
+    pub fn decode_activations(&self) -> Result<DecodeActivations, LlmError> {
+        Ok(DecodeActivations(Activations::new(self, 1)?))
+    }
+
+    /// One decode step: the logits `[1, vocab]` after appending `id`, in `acts`' buffer (valid
+    /// until the next step).
+    pub fn decode_step(&self, cache: &mut KvCache, id: u32, acts: &DecodeActivations) -> Result<Tensor, LlmError> {
+        let acts = &acts.0;
         if cache.len + 1 > cache.capacity {
             return Err(LlmError::InvalidArgument(format!("the KV cache is full ({} positions)", cache.capacity)));
         }

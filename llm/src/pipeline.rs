@@ -18,7 +18,7 @@ use crate::generate::{
     StreamControl, TextStream,
 };
 use crate::generation::GenerationConfig;
-use crate::model::{DecodeActivations, KvCache, QwenModel};
+use crate::model::{KvCache, QwenModel};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
@@ -308,13 +308,13 @@ impl Pipeline {
         let device = self.device().clone();
         let mut picker = TokenPicker::new(&device, params)?;
 
+        let acts = if params.max_new_tokens > 1 { Some(self.model.decode_activations()?) } else { None };
         let start = Instant::now();
         let mut logits = self.model.forward(cache, prompt_ids, self.prefill_chunk, false)?;
         let mut history: Vec<u32> = prompt_ids.to_vec();
         let mut generated = Vec::new();
         let mut stream = TextStream::new(&params.stop_sequences);
         let mut reply;
-        let mut acts: Option<DecodeActivations> = None;
         let (mut prefill_ms, mut decode_start) = (0.0, start);
         let stop = loop {
             let id = picker.pick(&logits, &history, generated.len())?;
@@ -343,7 +343,8 @@ impl Pipeline {
             if let Some(reason) = ending.or((control == StreamControl::Stop).then_some(StopReason::Callback)) {
                 break reason;
             }
-            logits = self.model.decode_step(cache, id, &mut acts)?;
+            let acts = acts.as_ref().ok_or_else(|| LlmError::InvalidArgument("decoding without buffers".into()))?;
+            logits = self.model.decode_step(cache, id, acts)?;
         };
         let decode_seconds = decode_start.elapsed().as_secs_f64();
         let text = if stop == StopReason::StopSequence {

@@ -106,14 +106,14 @@ struct Activations {
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    /// Projections before their bias, or q/k before their Qwen3 norm.
-    q_pre: Tensor,
-    k_pre: Tensor,
-    v_pre: Tensor,
+    /// Scratch: a projection before its bias is added, or (q, k) Qwen3's per-head norms of them.
+    q_scratch: Tensor,
+    k_scratch: Tensor,
+    v_scratch: Tensor,
     q_rot: Tensor,
     attn: Tensor,
     hidden_out: Tensor,
-    hidden_pre: Tensor,
+    hidden_scratch: Tensor,
     gate_up: Tensor,
     act: Tensor,
     /// The last row's logits `[1, vocab]`.
@@ -168,13 +168,13 @@ impl Activations {
             q: empty(&[tokens, q_dim])?,
             k: empty(&[tokens, kv_dim])?,
             v: empty(&[tokens, kv_dim])?,
-            q_pre: empty(&[tokens, q_dim])?,
-            k_pre: empty(&[tokens, kv_dim])?,
-            v_pre: empty(&[tokens, kv_dim])?,
+            q_scratch: empty(&[tokens, q_dim])?,
+            k_scratch: empty(&[tokens, kv_dim])?,
+            v_scratch: empty(&[tokens, kv_dim])?,
             q_rot: empty(&[tokens, c.num_attention_heads, c.head_dim])?,
             attn: empty(&[tokens, q_dim])?,
             hidden_out: empty(&[tokens, c.hidden_size])?,
-            hidden_pre: empty(&[tokens, c.hidden_size])?,
+            hidden_scratch: empty(&[tokens, c.hidden_size])?,
             gate_up: empty(&[tokens, 2 * c.intermediate_size])?,
             act: empty(&[tokens, c.intermediate_size])?,
             logits: empty(&[1, c.vocab_size])?,
@@ -419,16 +419,16 @@ impl QwenModel {
         api::rms_norm_into(s, &a.residual[cur], &self.layers[0].input_norm, self.eps, &a.normed)
             .map_err(op("input norm"))?;
         for (l, layer) in self.layers.iter().enumerate() {
-            self.project(s, a, &a.normed, &layer.q, &a.q, &a.q_pre)?;
-            self.project(s, a, &a.normed, &layer.k, &a.k, &a.k_pre)?;
-            self.project(s, a, &a.normed, &layer.v, &a.v, &a.v_pre)?;
+            self.project(s, a, &a.normed, &layer.q, &a.q, &a.q_scratch)?;
+            self.project(s, a, &a.normed, &layer.k, &a.k, &a.k_scratch)?;
+            self.project(s, a, &a.normed, &layer.v, &a.v, &a.v_scratch)?;
             let (q, k) = match &layer.qk_norm {
                 Some((qn, kn)) => {
-                    api::rms_norm_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_pre.reshape(&[t * hq, d])?)
+                    api::rms_norm_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_scratch.reshape(&[t * hq, d])?)
                         .map_err(op("q norm"))?;
-                    api::rms_norm_into(s, &a.k.reshape(&[t * hkv, d])?, kn, self.eps, &a.k_pre.reshape(&[t * hkv, d])?)
+                    api::rms_norm_into(s, &a.k.reshape(&[t * hkv, d])?, kn, self.eps, &a.k_scratch.reshape(&[t * hkv, d])?)
                         .map_err(op("k norm"))?;
-                    (&a.q_pre, &a.k_pre)
+                    (&a.q_scratch, &a.k_scratch)
                 }
                 None => (&a.q, &a.k),
             };
@@ -463,7 +463,7 @@ impl QwenModel {
                 )
                 .map_err(op("prefill attention"))?,
             }
-            self.project(s, a, &a.attn, &layer.o, &a.hidden_out, &a.hidden_pre)?;
+            self.project(s, a, &a.attn, &layer.o, &a.hidden_out, &a.hidden_scratch)?;
             api::rms_norm_residual_into(
                 s,
                 &a.hidden_out,

@@ -224,7 +224,7 @@ fn mma_dtype(ty: MmaType) -> ScalarType {
     }
 }
 
-/// Build the kernel. Parameters: `x`, `w`, [`bias`], [`residual`], `y`, `m`, `n`, `k`, and
+/// Build the kernel. Parameters: `x`, `w`, `[bias]`, `[residual]`, `y`, `m`, `n`, `k`, and
 /// when batched `x_batch`, `w_batch`, `y_batch` (element strides between batch entries; the
 /// residual uses `y_batch`). All dimensions `u32`.
 pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {

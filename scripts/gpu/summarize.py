@@ -165,7 +165,8 @@ def main():
     md.append("")
     md.append("Targets (op-library issue):")
     for n, v, goal, ok in goals:
-        md.append(f"- {'MET' if ok else 'NOT MET'}: {n}: {fmt(v)} (goal >= {goal})")
+        verdict = "NOT MEASURED" if v is None else "MET" if ok else "NOT MET"
+        md.append(f"- {verdict}: {n}: {fmt(v)} (goal >= {goal})")
     if model:
         md.append("")
         md.append("Model benchmark (prefill 512 tokens, greedy decode 128, bf16):")

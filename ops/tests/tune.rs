@@ -163,3 +163,4 @@ fn rudac_tune_on_the_cpu_checks_the_file_and_shows_caches() {
     assert!(stdout.contains("NVIDIA H200 (compute capability 9.0, driver CUDA 12.9"), "{stdout}");
     assert!(stdout.contains("gemv f32 1x8x1024 align16: best splits=1"), "{stdout}");
 }
+

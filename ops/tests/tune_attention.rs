@@ -73,14 +73,14 @@ fn every_candidate_failing_is_an_error_listing_them() {
 #[test]
 fn short_caches_try_only_splits_that_keep_a_key_tile_each() {
     let keys = Geometry::new(64).keys as usize;
-    let s_max = 3 * keys; // three tiles: at most 3 useful splits
+    let s_max = 4 * keys; // four tiles (a power of two, as keys bucket it): at most 4 useful splits
     let set = decode_candidates(DType::F32, [4, 8, 8, 64, s_max]).unwrap();
     let names: Vec<&str> = set.candidates.iter().map(|c| c.name.as_str()).collect();
     let first = format!("splits={}", api::decode_splits(4, 8, 8, 64, s_max));
     assert_eq!(names[0], first);
     for n in &names[1..] {
         let s: usize = n.strip_prefix("splits=").unwrap().parse().unwrap();
-        assert!(s <= 3, "{names:?}");
+        assert!(s <= 4, "{names:?}");
     }
     assert!(names.contains(&"splits=2"), "{names:?}");
     // The kernels' IR hashes are part of the set: another head dim is another checksum.
@@ -184,4 +184,13 @@ fn rudac_tune_on_the_cpu_checks_attention_decode_lines() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("autotuning is off on the CPU device: 2 shape(s)"), "{stdout}");
+}
+
+/// Capacities of one bucket (a pipeline's 768 and 1024) get one candidate set.
+#[test]
+fn capacities_of_one_bucket_share_a_candidate_set() {
+    let a = decode_candidates(DType::BF16, [1, 16, 8, 128, 768]).unwrap();
+    let b = decode_candidates(DType::BF16, [1, 16, 8, 128, 1024]).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, decode_candidates(DType::BF16, [1, 16, 8, 128, 4096]).unwrap());
 }

@@ -5,7 +5,7 @@ mod common;
 use common::{fingerprint, temp_dir};
 use ruda_ops::api::{self, heuristic_gemm_tile, GemmTile};
 use ruda_ops::kernels::gemm_tc::TcTile;
-use ruda_ops::tune::{gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};
+use ruda_ops::tune::{gemm_candidates, gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
@@ -90,4 +90,23 @@ fn the_heuristic_prefers_large_tiles_only_when_they_fill_the_gpu() {
     assert_eq!(h(100, 8192), TcTile::T64x128);
     assert_eq!(h(128, 896), TcTile::T64x64);
     assert_eq!(h(17, 33), TcTile::T64x64);
+}
+
+/// Shapes of one tuning key get one candidate set (else each would invalidate the other's cached
+/// choice): the set follows the bucketed shape, not the exact one.
+#[test]
+fn shapes_of_one_key_share_a_candidate_set() {
+    let dev = Device::cpu();
+    // On the CPU device's assumed 108 SMs the exact shapes pick different tiles: 64x64 for
+    // n = 6000 (94 blocks of 128x64 would not fill it), 128x64 for n = 8000.
+    assert_ne!(heuristic_gemm_tile(&dev, 128, 6000), heuristic_gemm_tile(&dev, 128, 8000));
+    let sets: Vec<_> = [(128, 6000), (128, 8000), (100, 8192)]
+        .iter()
+        .map(|&(m, n)| {
+            let (x, w) = operands(&dev, DType::BF16, m, n, 64);
+            let key = gemm_key(&x, &w).unwrap();
+            (key.to_string(), gemm_candidates(&dev, &key, m, n).unwrap())
+        })
+        .collect();
+    assert!(sets.iter().all(|s| *s == sets[0]), "{sets:#?}");
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use ruda_ir::fnv1a64;
 use ruda_runtime::{
+    bucket,
     alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Launchable, Stream, Tensor, TuneKey,
 };
 
@@ -66,8 +67,8 @@ fn decode_config(op: &'static str, dtype: DType, head_dim: usize) -> Result<Atte
     Ok(AttentionDecodeConfig { dtype: dtype.scalar_type(), head_dim })
 }
 
-/// Decode's candidates for `dims` = `[batch, q_heads, kv_heads, head_dim, s_max]`: the
-/// heuristic's split count first (the choice when tuning is off), then those of
+/// Decode's candidates for `dims` = `[batch, q_heads, kv_heads, head_dim, s_max]`, bucketed as
+/// the key is: the heuristic's split count first (the choice when tuning is off), then those of
 /// [`DECODE_SPLIT_CANDIDATES`] that give every split at least one key tile; the two kernels'
 /// IR hashes are folded in.
 pub fn decode_candidates(dtype: DType, dims: [usize; 5]) -> Result<CandidateSet> {
@@ -75,6 +76,8 @@ pub fn decode_candidates(dtype: DType, dims: [usize; 5]) -> Result<CandidateSet>
     let cfg = decode_config(OP, dtype, head_dim)?;
     let partial = api::kernel(cfg.id(), || kern::attention_decode(&cfg))?.ir_hash();
     let combine = api::kernel(cfg.combine_id(), || kern::attention_decode_combine(&cfg))?.ir_hash();
+    // The key's bucketed shape, so every shape of one key gets the same set.
+    let [batch, q_heads, kv_heads, s_max] = [batch, q_heads, kv_heads, s_max].map(|d| bucket(d as u64) as usize);
     let tiles = s_max.div_ceil(cfg.geometry().keys as usize).max(1);
     let first = decode_splits(batch, q_heads, kv_heads, head_dim, s_max);
     let rest = DECODE_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first && s <= tiles);

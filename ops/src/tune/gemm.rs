@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use ruda_ir::fnv1a64;
 use ruda_runtime::{
+    bucket,
     alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, Launchable, Stream, Tensor, TuneKey,
 };
 
@@ -36,8 +37,8 @@ pub fn gemm_key(x: &Tensor, w: &Tensor) -> Option<TuneKey> {
     Some(TuneKey::new("gemm", x.dtype().name(), &[m as u64, n as u64, k as u64], align))
 }
 
-/// The candidates for an `m × n` output of `key`'s dtype on `device`: the heuristic's tile
-/// first, then the others of [`GemmTile::all`]; the plain kernels' IR hashes are folded in.
+/// The candidates for an `m × n` output of `key`'s dtype on `device`: the heuristic's tile for
+/// the bucketed shape first, then the others of [`GemmTile::all`]; the plain kernels' IR hashes are folded in.
 pub fn gemm_candidates(device: &Device, key: &TuneKey, m: usize, n: usize) -> Result<CandidateSet> {
     let ty = DType::from_name(&key.dtype)
         .and_then(|d| GemmTcConfig::mma_type(d.scalar_type()))
@@ -47,7 +48,8 @@ pub fn gemm_candidates(device: &Device, key: &TuneKey, m: usize, n: usize) -> Re
         let cfg = GemmTcConfig::new(ty, t.tile, t.stages);
         hashes.push_str(&format!("{:016x}", api::kernel(cfg.id(), || gemm_tc(&cfg))?.ir_hash()));
     }
-    let first = heuristic_gemm_tile(device, m, n);
+    // The key's bucketed shape, so every shape of one key gets the same set.
+    let first = heuristic_gemm_tile(device, bucket(m as u64) as usize, bucket(n as u64) as usize);
     let tiles = std::iter::once(first).chain(GemmTile::all().into_iter().filter(|&t| t != first));
     Ok(CandidateSet::new(tiles.map(|t| t.name()), fnv1a64(hashes.as_bytes())))
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ruda_ir::fnv1a64;
 use ruda_runtime::{
+    bucket,
     alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, DeviceKind, Launchable, Stream,
     Tensor, TuneKey,
 };
@@ -58,8 +59,9 @@ pub fn gemv_key(x: &Tensor, w: &Tensor) -> Option<TuneKey> {
     Some(TuneKey::new("gemv", x.dtype().name(), &[m as u64, n as u64, k as u64], align))
 }
 
-/// GEMV's candidates for `m` rows on `device`: the heuristic's split count first (the choice
-/// when tuning is off), then [`GEMV_SPLIT_CANDIDATES`]; the kernels' IR hashes are folded in.
+/// GEMV's candidates for `m` rows on `device`: the heuristic's split count for the key's
+/// bucketed shape first (the choice when tuning is off), then [`GEMV_SPLIT_CANDIDATES`]; the
+/// kernels' IR hashes are folded in.
 pub fn gemv_candidates(device: &Device, key: &TuneKey, m: usize, n: usize, k: usize) -> Result<CandidateSet> {
     let dtype = DType::from_name(&key.dtype)
         .filter(|d| d.is_float())
@@ -75,7 +77,9 @@ pub fn gemv_candidates(device: &Device, key: &TuneKey, m: usize, n: usize, k: us
     }
     let rcfg = GemvReduceConfig { dtype: st };
     hashes.push_str(&format!("{:016x}", api::kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?.ir_hash()));
-    let first = gemv_splits(device, n, k);
+    // The heuristic sees the key's bucketed shape, so every shape of one key gets the same set
+    // (a set that differed would invalidate the key's cached choice each time).
+    let first = gemv_splits(device, bucket(n as u64) as usize, bucket(k as u64) as usize);
     let splits = std::iter::once(first).chain(GEMV_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first));
     Ok(CandidateSet::new(splits.map(split_name), fnv1a64(hashes.as_bytes())))
 }

@@ -45,7 +45,7 @@ pub use generate::{
 };
 pub use model::{DecodeActivations, KvCache, QwenModel};
 pub use pipeline::{
-    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError,
+    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, DEFAULT_CONTEXT, HuggingFaceLoadError,
     HuggingFaceQwen2Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions, Qwen2ChatMessage,
     Qwen2ChatRole,
 };

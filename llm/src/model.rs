@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use ruda_ops::api::{self, DecodeWorkspace, OpError, RopeTable};
+use ruda_ops::api::{self, DecodeWorkspace, GemmTile, OpError, RopeTable};
 use ruda_ops::tune;
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
@@ -68,7 +68,8 @@ pub struct KvCache {
     v: Vec<Tensor>,
     capacity: usize,
     len: usize,
-    decode: Option<DecodeWorkspace>,
+    /// Split-KV decode's scratch, with the split count tuned for this capacity.
+    decode: DecodeWorkspace,
 }
 
 impl KvCache {
@@ -120,6 +121,9 @@ struct Activations {
     logits: Tensor,
     /// Decode (one row): the split-K count of each weight shape's GEMV, and their workspace.
     gemv: Option<GemvPlan>,
+    /// Prefill in f16/bf16 (over 16 rows): the tensor-core tile of each weight shape `(N, K)`,
+    /// autotuned on a GPU.
+    gemm_tiles: HashMap<(usize, usize), GemmTile>,
 }
 
 /// Split-K GEMVs for one-row projections: the autotuned split count per weight shape `(N, K)`
@@ -127,6 +131,26 @@ struct Activations {
 struct GemvPlan {
     splits: HashMap<(usize, usize), usize>,
     workspace: Tensor,
+}
+
+/// The tuned tensor-core tile of each weight shape for `tokens`-row products (none where the
+/// tensor cores do not apply: f32, `K % 8 != 0`).
+fn gemm_tiles(model: &QwenModel, stream: &Stream, tokens: usize) -> Result<HashMap<(usize, usize), GemmTile>, LlmError> {
+    let mut tiles = HashMap::new();
+    if tokens <= api::GEMV_MAX_M || !matches!(model.dtype, DType::F16 | DType::BF16) {
+        return Ok(tiles);
+    }
+    // The last-row logits are a GEMV: `lm_head` has no prefill GEMM.
+    for (_, _, n, k) in model.linear_shapes(tokens).into_iter().filter(|s| s.0 != "lm_head") {
+        if tiles.contains_key(&(n, k)) || !k.is_multiple_of(8) {
+            continue;
+        }
+        let x = Tensor::zeros(&model.device, model.dtype, &[tokens, k])?;
+        let w = model.weight_of_shape(n, k).ok_or_else(|| LlmError::InvalidArgument(format!("no [{n}, {k}] weight")))?;
+        let tile = tune::tuned_gemm_tile(stream, &x, w).map_err(|e| LlmError::op("tuning the prefill GEMM", e))?;
+        tiles.insert((n, k), tile);
+    }
+    Ok(tiles)
 }
 
 impl GemvPlan {
@@ -179,6 +203,7 @@ impl Activations {
             act: empty(&[tokens, c.intermediate_size])?,
             logits: empty(&[1, c.vocab_size])?,
             gemv: if tokens == 1 { Some(GemvPlan::new(model, &model.device.default_stream())?) } else { None },
+            gemm_tiles: gemm_tiles(model, &model.device.default_stream(), tokens)?,
         })
     }
 }
@@ -276,7 +301,10 @@ impl QwenModel {
         let lm_head = if weights.lm_head_is_embedding() { embed.clone() } else { ld.tensor(LM_HEAD)? };
         let rope = RopeTable::new(device, config.rope_theta, config.head_dim, config.max_position_embeddings)
             .map_err(|e| LlmError::op("building the rotary table", e))?;
-        let parameters = weights.tensors().values().map(|t| t.shape.iter().product::<usize>()).sum();
+        // A tied checkpoint may store `lm_head.weight` too; it is the embedding, counted once.
+        let tied_copy = |name: &str| weights.lm_head_is_embedding() && name == LM_HEAD;
+        let parameters =
+            weights.tensors().iter().filter(|(name, _)| !tied_copy(name)).map(|(_, t)| t.shape.iter().product::<usize>()).sum();
         Ok(QwenModel {
             config: config.clone(),
             device: device.clone(),
@@ -325,7 +353,14 @@ impl QwenModel {
             k.push(Tensor::zeros(&self.device, self.dtype, &shape)?);
             v.push(Tensor::zeros(&self.device, self.dtype, &shape)?);
         }
-        Ok(KvCache { k, v, capacity, len: 0, decode: None })
+        // Decode attention's split count is measured here on a GPU (once per shape; cached), so
+        // that no decode step pays for it.
+        let q = Tensor::zeros(&self.device, self.dtype, &[1, c.num_attention_heads, c.head_dim])?;
+        let stream = self.device.default_stream();
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+        let splits = tune::tuned_decode_splits(&stream, &q, &k[0], &v[0]).map_err(op("tuning decode attention"))?;
+        let decode = DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?;
+        Ok(KvCache { k, v, capacity, len: 0, decode })
     }
 
     /// Run `ids` at positions `cache.len()..` (appending them to the cache) and return the
@@ -405,13 +440,6 @@ impl QwenModel {
         let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let op = |what: &'static str| move |e| LlmError::op(what, e);
 
-        if t == 1 && cache.decode.is_none() {
-            let q = a.q_rot.reshape(&[1, hq, d])?;
-            // Autotuned on a GPU (measured once per shape and cached), the heuristic elsewhere.
-            let splits = tune::tuned_decode_splits(s, &q, &cache.k[0], &cache.v[0]).map_err(op("tuning decode attention"))?;
-            cache.decode = Some(DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?);
-        }
-
         // The residual stream alternates between two buffers (the CPU device forbids an op
         // writing a tensor it also reads).
         let mut cur = 0;
@@ -437,15 +465,15 @@ impl QwenModel {
             api::rope_kv_cache_into(s, &k3, &v3, &a.positions, &a.slots, &self.rope, &cache.k[l], &cache.v[l])
                 .map_err(op("rope + cache append"))?;
             let attn = a.attn.reshape(&[t, hq, d])?;
-            match (&cache.decode, t) {
-                (Some(ws), 1) => api::attention_decode_into(
+            match t {
+                1 => api::attention_decode_into(
                     s,
                     &a.q_rot.reshape(&[1, hq, d])?,
                     &cache.k[l],
                     &cache.v[l],
                     &a.seq_lens,
                     None,
-                    ws,
+                    &cache.decode,
                     &attn.reshape(&[1, hq, d])?,
                 )
                 .map_err(op("decode attention"))?,
@@ -475,9 +503,9 @@ impl QwenModel {
             )
             .map_err(op("residual + post-attention norm"))?;
             cur = 1 - cur;
-            self.linear(s, a, &a.normed, &layer.gate_up, &a.gate_up).map_err(op("gate/up projection"))?;
+            self.linear(s, a, &a.normed, &layer.gate_up, None, &a.gate_up, &a.gate_up).map_err(op("gate/up projection"))?;
             api::swiglu_into(s, &a.gate_up, &a.act).map_err(op("swiglu"))?;
-            self.linear(s, a, &a.act, &layer.down, &a.hidden_out).map_err(op("down projection"))?;
+            self.linear(s, a, &a.act, &layer.down, None, &a.hidden_out, &a.hidden_out).map_err(op("down projection"))?;
             let next_norm = self.layers.get(l + 1).map_or(&self.final_norm, |n| &n.input_norm);
             api::rms_norm_residual_into(s, &a.hidden_out, &a.residual[cur], next_norm, self.eps, &a.normed, &a.residual[1 - cur])
                 .map_err(op("residual + norm"))?;
@@ -489,16 +517,26 @@ impl QwenModel {
         } else {
             (a.normed.narrow(0, t - 1, 1)?, a.logits.clone())
         };
-        self.linear(s, a, &rows, &self.lm_head, &logits).map_err(op("lm_head"))?;
+        self.linear(s, a, &rows, &self.lm_head, None, &logits, &logits).map_err(op("lm_head"))?;
         Ok(logits)
     }
 
-    /// `out = x·wᵀ`: split-K GEMV for a decode step, else `linear` (GEMV or GEMM by rows).
-    fn linear(&self, s: &Stream, a: &Activations, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<(), OpError> {
-        let splits = a.gemv.as_ref().and_then(|g| Some((g.splits.get(&(w.shape()[0], w.shape()[1]))?, &g.workspace)));
-        match splits {
-            Some((&n, workspace)) if n > 1 && x.shape()[0] == 1 => api::gemv_split_k_into(s, x, w, out, workspace, n),
-            _ => api::linear_into(s, x, w, out),
+    #[allow(clippy::too_many_arguments)]
+    /// `out = x·wᵀ (+ bias)`: split-K GEMV for a decode step, the planned tensor-core tile for a
+    /// prefill chunk, else `linear` (GEMV or GEMM by rows) and `add_bias` through `scratch`.
+    fn linear(&self, s: &Stream, a: &Activations, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor, scratch: &Tensor) -> Result<(), OpError> {
+        let shape = (w.shape()[0], w.shape()[1]);
+        if let (Some(&tile), true) = (a.gemm_tiles.get(&shape), x.shape()[0] == a.tokens) {
+            return api::linear_tile_into(s, x, w, bias, None, out, tile);
+        }
+        let product = if bias.is_some() { scratch } else { out };
+        match a.gemv.as_ref().and_then(|g| Some((*g.splits.get(&shape)?, &g.workspace))) {
+            Some((n, workspace)) if n > 1 && x.shape()[0] == 1 => api::gemv_split_k_into(s, x, w, product, workspace, n)?,
+            _ => api::linear_into(s, x, w, product)?,
+        }
+        match bias {
+            Some(b) => api::add_bias_into(s, product, b, out),
+            None => Ok(()),
         }
     }
 
@@ -510,21 +548,9 @@ impl QwenModel {
             .find(|w| w.shape() == [n, k])
     }
 
-    /// `out = x·Wᵀ + bias`: the bias fused into the tensor-core GEMM's epilogue for a prefill
-    /// chunk in f16/bf16 (one rounding, like cuBLAS's in transformers), else added after the
-    /// product through `pre`.
-    fn project(&self, s: &Stream, a: &Activations, x: &Tensor, lin: &Linear, out: &Tensor, pre: &Tensor) -> Result<(), LlmError> {
-        let fused = x.shape()[0] > api::GEMV_MAX_M && matches!(self.dtype, DType::F16 | DType::BF16);
-        match &lin.bias {
-            None => self.linear(s, a, x, &lin.weight, out).map_err(|e| LlmError::op("projection", e)),
-            Some(b) if fused => {
-                api::linear_bias_into(s, x, &lin.weight, Some(b), None, out).map_err(|e| LlmError::op("projection", e))
-            }
-            Some(b) => {
-                self.linear(s, a, x, &lin.weight, pre).map_err(|e| LlmError::op("projection", e))?;
-                api::add_bias_into(s, pre, b, out).map_err(|e| LlmError::op("projection bias", e))
-            }
-        }
+    /// `out = x·Wᵀ + bias` (through `scratch` when the bias cannot be fused).
+    fn project(&self, s: &Stream, a: &Activations, x: &Tensor, lin: &Linear, out: &Tensor, scratch: &Tensor) -> Result<(), LlmError> {
+        self.linear(s, a, x, &lin.weight, lin.bias.as_ref(), out, scratch).map_err(|e| LlmError::op("projection", e))
     }
 
     /// The shapes every `linear` of a forward over `tokens` rows runs: `(name, m, n, k)`.

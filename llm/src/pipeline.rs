@@ -48,6 +48,9 @@ impl From<ChatRole> for String {
     }
 }
 
+/// The default KV-cache capacity of a pipeline (and of `ruda-llm tune --context`).
+pub const DEFAULT_CONTEXT: usize = 4096;
+
 /// How to load a pipeline.
 #[derive(Clone, Debug, Default)]
 pub struct PipelineOptions {
@@ -57,6 +60,10 @@ pub struct PipelineOptions {
     pub dtype: Option<DType>,
     /// Prompt tokens per prefill chunk; `None`: 512.
     pub prefill_chunk: Option<usize>,
+    /// Positions of the KV cache kept between generations; `None`: 4096 (at most
+    /// `max_position_embeddings`). A longer request grows it. Decode attention is tuned for this
+    /// capacity (`ruda-llm tune --context` pre-tunes the same).
+    pub context: Option<usize>,
 }
 
 /// What was loaded, and the defaults it offers.
@@ -82,6 +89,7 @@ pub struct Pipeline {
     tokenizer: Tokenizer,
     chat: ChatTemplate,
     prefill_chunk: usize,
+    context: usize,
     cache: Mutex<Option<KvCache>>,
 }
 
@@ -168,12 +176,14 @@ impl Pipeline {
             parameters: model.parameters(),
             load_seconds: start.elapsed().as_secs_f64(),
         };
+        let context = options.context.unwrap_or(DEFAULT_CONTEXT).clamp(1, loaded.config.max_position_embeddings);
         Ok(Pipeline {
             loaded,
             model,
             tokenizer,
             chat,
             prefill_chunk: options.prefill_chunk.unwrap_or(512).max(1),
+            context,
             cache: Mutex::new(None),
         })
     }
@@ -265,8 +275,9 @@ impl Pipeline {
     /// Generate after `prompt` with every setting, calling `on_token(id, piece)` for each
     /// generated token with the piece of reply text it completes: pieces end at character
     /// boundaries and never reveal part of a stop sequence, so a piece may be empty and a later
-    /// one carry several tokens' text (the last call gets the rest). Returning
-    /// [`StreamControl::Stop`] ends generation after that token.
+    /// one carry several tokens' text (the last call gets the rest, so the pieces add up to
+    /// `generated_text`). Returning [`StreamControl::Stop`] ends generation after that token;
+    /// text still held back then is in `generated_text` but was never handed out.
     pub fn generate(
         &self,
         prompt: &str,
@@ -383,10 +394,8 @@ impl Pipeline {
         match guard.as_mut() {
             Some(c) if c.capacity() >= positions => c.clear(),
             _ => {
-                // Grow in steps of 256 positions so that similar requests reuse the cache.
                 *guard = None;
-                let capacity = positions.div_ceil(256).saturating_mul(256).min(self.loaded.config.max_position_embeddings);
-                *guard = Some(self.model.new_cache(capacity.max(positions))?);
+                *guard = Some(self.model.new_cache(positions.max(self.context))?);
             }
         }
         Ok(guard)
@@ -397,6 +406,8 @@ impl Pipeline {
 struct TokenPicker {
     sampling: Option<SamplingParams>,
     penalty: f32,
+    /// With a penalty, the logits in f32 (transformers penalises its f32 copy of bf16 logits).
+    penalised: Option<Tensor>,
     chosen: Tensor,
     offsets: Tensor,
     argmax_workspace: Option<Tensor>,
@@ -413,6 +424,7 @@ impl TokenPicker {
         Ok(TokenPicker {
             sampling,
             penalty: params.repetition_penalty,
+            penalised: None,
             chosen: Tensor::zeros(device, DType::U32, &[1])?,
             offsets: Tensor::zeros(device, DType::U64, &[1])?,
             argmax_workspace: None,
@@ -424,13 +436,21 @@ impl TokenPicker {
     fn pick(&mut self, logits: &Tensor, history: &[u32], step: usize) -> Result<u32, LlmError> {
         let device = logits.device().clone();
         let stream = device.default_stream();
-        if self.penalty != 1.0 {
+        let logits = if self.penalty != 1.0 {
+            if self.penalised.as_ref().is_none_or(|p| p.shape() != logits.shape()) {
+                self.penalised = Some(Tensor::empty(&device, DType::F32, logits.shape())?);
+            }
+            let penalised = self.penalised.as_ref().ok_or_else(|| LlmError::InvalidArgument("no logits buffer".into()))?;
+            api::cast_into(&stream, logits, penalised).map_err(|e| LlmError::op("repetition penalty", e))?;
             let mut seen = HashSet::new();
             let unique: Vec<u32> = history.iter().copied().filter(|id| seen.insert(*id)).collect();
             let ids = Tensor::from_slice(&device, &unique, &[1, unique.len()])?;
-            api::repetition_penalty_into(&stream, logits, &ids, self.penalty)
+            api::repetition_penalty_into(&stream, penalised, &ids, self.penalty)
                 .map_err(|e| LlmError::op("repetition penalty", e))?;
-        }
+            penalised
+        } else {
+            logits
+        };
         match &self.sampling {
             Some(params) => {
                 self.offsets.copy_from_slice(&[step as u64])?;

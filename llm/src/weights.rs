@@ -195,7 +195,7 @@ impl Weights {
         self.files.iter().map(SafetensorsFile::path).collect()
     }
 
-    /// Every tensor present, by name (without the tied `lm_head.weight`).
+    /// Every tensor in the files, by name (a tied checkpoint may also store `lm_head.weight`).
     pub fn tensors(&self) -> &BTreeMap<String, WeightInfo> {
         &self.tensors
     }

@@ -14,7 +14,7 @@ fn goldens(name: &str) -> Value {
 }
 
 fn pipeline(name: &str, dtype: DType) -> Pipeline {
-    let options = PipelineOptions { device: Some(device()), dtype: Some(dtype), prefill_chunk: None };
+    let options = PipelineOptions { device: Some(device()), dtype: Some(dtype), ..Default::default() };
     load_pipeline(fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 

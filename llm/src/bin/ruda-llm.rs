@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use ruda_llm::LlmError;
 use ruda_runtime::{DType, Device};
 
-const USAGE: &str = "usage: ruda-llm tune MODEL_DIR [--context N (default 4096, at most max_position_embeddings)] \
+const USAGE: &str = "usage: ruda-llm tune MODEL_DIR [--context N (the KV cache capacity; default 4096 as a pipeline's, at most max_position_embeddings)] \
 [--prefill-tokens N (rows of a prefill chunk, default 512)] [--dtype f32|f16|bf16 (default bf16 on CUDA, f32 on the CPU)]";
 
 fn run(args: &[String]) -> Result<bool, LlmError> {
@@ -40,7 +40,7 @@ fn run(args: &[String]) -> Result<bool, LlmError> {
     let dtype = dtype.unwrap_or(if device.is_cuda() { DType::BF16 } else { DType::F32 });
     let dir = PathBuf::from(dir);
     let max = ruda_llm::load_config(&dir)?.max_position_embeddings;
-    let context = context.unwrap_or(4096.min(max));
+    let context = context.unwrap_or(ruda_llm::DEFAULT_CONTEXT.min(max));
     ruda_llm::tune::tune_model(&dir, &device, dtype, context, prefill_tokens, &mut std::io::stdout(), &mut std::io::stderr())
 }
 

@@ -136,7 +136,10 @@ def run_ruda(exe, path, prompt, prompt_ids, model, torch, timeout):
     if p.returncode != 0 or not gens:
         return None, f"exit {p.returncode}: {p.stderr.strip()[-500:]}"
     ids = gens[-1]["generated_token_ids"]
-    res = {"prefill_ms": statistics.median(g["prefill_ms"] for g in gens),
+    res = {"stop_reason": gens[-1].get("stop_reason"), "generated_tokens": len(ids),
+           # transformers always decodes NEW_TOKENS; a RUDA run that hit EOS first decoded fewer.
+           "short": len(ids) < NEW_TOKENS,
+           "prefill_ms": statistics.median(g["prefill_ms"] for g in gens),
            "decode_tokens_per_second": statistics.median(g["decode_tokens_per_second"] for g in gens),
            "prompt_tokens": gens[-1].get("prompt_tokens"), "generated_token_ids": ids,
            "load": next((l for l in lines if l.get("event") == "load"), None)}
@@ -151,6 +154,14 @@ def run_ruda(exe, path, prompt, prompt_ids, model, torch, timeout):
     return res, None
 
 
+def write_result(out, result):
+    """model_bench.json, rewritten after each model so a timeout keeps what was measured."""
+    tmp = os.path.join(out, "model_bench.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, os.path.join(out, "model_bench.json"))
+
+
 def main():
     args = sys.argv[1:]
     if len(args) < 2:
@@ -158,6 +169,8 @@ def main():
     out, bundle = args[0], args[1]
     tiny = "--tiny" in args
     device = args[args.index("--device") + 1] if "--device" in args else "cuda"
+    # Stop starting work that cannot finish before the caller's timeout.
+    deadline = time.time() + (float(args[args.index("--deadline-s") + 1]) if "--deadline-s" in args else 1e9)
     import torch
     import transformers
     os.makedirs(out, exist_ok=True)
@@ -170,6 +183,10 @@ def main():
         for name, model_type, example, cfg in MODELS:
             t0 = time.time()
             entry = {"name": name, "model_type": model_type}
+            if deadline - t0 < 30:
+                entry["error"] = "skipped: out of time"
+                result["models"].append(entry)
+                continue
             try:
                 model, path = make_model(name, model_type, cfg, tmp, tiny, device, torch, transformers)
                 tok = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
@@ -181,7 +198,8 @@ def main():
                                          "generated_token_ids": gen}
                 exe = os.path.join(bundle, "bin", example)
                 if os.path.exists(exe):
-                    ours, why = run_ruda(exe, path, text, prompt_ids, model, torch, timeout=240)
+                    ours, why = run_ruda(exe, path, text, prompt_ids, model, torch,
+                                         timeout=max(10, min(240, int(deadline - time.time()) - 10)))
                     entry["ruda"] = ours
                     if why:
                         entry["ruda_skipped"] = f"failed: {why}"
@@ -197,8 +215,8 @@ def main():
             print(f"model_bench: {name}: {json.dumps({k: v for k, v in entry.items() if k != 'transformers'})[:300]}",
                   file=sys.stderr, flush=True)
             result["models"].append(entry)
-    with open(os.path.join(out, "model_bench.json"), "w") as f:
-        json.dump(result, f, indent=1)
+            write_result(out, result)
+    write_result(out, result)
     return 0 if all("error" not in m for m in result["models"]) else 1
 
 

@@ -7,14 +7,14 @@
 # machine.json, tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json,
 # summary.json, summary.md, and logs.tar.gz (every log). The summary ends stdout.
 #
-# Every step has a timeout; together they fit in about 8 minutes:
-#   tests 180 s in all (each executable at most 90 s), rudac check 60 s, rudac run 30 s,
-#   gpucheck 45 s, ruda-bench 100 s, baseline 80 s, model bench 150 s (less when the budget
-#   is spent: each step gets what is left of RUDA_GPU_BUDGET_S, 450 by default, minus a margin).
+# Every step has a timeout, and all of them share RUDA_GPU_BUDGET_S (540 s by default, under
+# the device tool's 600 s per call): tests 180 s in all (each executable at most 90 s), rudac
+# check 60 s, rudac run 30 s, gpucheck 45 s, the model bench 150 s, ruda-bench 100 s, baseline
+# 80 s, each capped by what is left of the budget (less a margin for the summary).
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
-# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run gpucheck bench model"),
-#        RUDA_GPU_BUDGET_S (450), RUDA_BENCH_FILTER (words passed to both benchmark programs).
+# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run gpucheck model bench"),
+#        RUDA_GPU_BUDGET_S (540), RUDA_BENCH_FILTER (words passed to both benchmark programs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 results=${1:?usage: run.sh RESULTS_DIR}
@@ -23,10 +23,14 @@ logs=$(mktemp -d /tmp/ruda-gpu-logs.XXXXXX)
 bundle=scripts/gpu/bundle
 [ -f "$bundle/executables.tar.xz" ] || [ -d "$bundle/tests" ] \
   || { echo "run.sh: no $bundle; run scripts/gpu/bundle.sh first" >&2; exit 2; }
-[ -d "$bundle/tests" ] || tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
+# Always the archive's executables when there is one (never a stale unpacked copy).
+if [ -f "$bundle/executables.tar.xz" ]; then
+  rm -rf "$bundle/tests" "$bundle/bin"
+  tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
+fi
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
-steps=" ${RUDA_GPU_STEPS:-tests check run gpucheck bench model} "
-budget=${RUDA_GPU_BUDGET_S:-450}
+steps=" ${RUDA_GPU_STEPS:-tests check run gpucheck model bench} "
+budget=${RUDA_GPU_BUDGET_S:-540}
 filter=${RUDA_BENCH_FILTER:-}
 t_start=$(date +%s)
 
@@ -113,6 +117,15 @@ if has_step gpucheck && [ -d "$bundle/gpucheck" ]; then
   note "gpucheck done"
 fi
 
+# The model bench before the op benchmarks: it writes model_bench.json after each model, and
+# stops starting models that cannot finish before its deadline.
+if has_step model; then
+  t=$(allot 150)
+  timeout "$t" python3 scripts/gpu/model_bench.py "$results" "$bundle" --deadline-s $((t > 15 ? t - 5 : t)) \
+    > "$logs/model_bench.log" 2>&1
+  note "model_bench.py exit $?"
+fi
+
 if has_step bench; then
   # Each program stops starting benchmarks 15 s before its timeout.
   t=$(allot 100)
@@ -125,11 +138,6 @@ if has_step bench; then
   timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) $filter \
     > "$results/bench_torch.jsonl" 2> "$logs/bench_torch.log"
   note "baseline.py exit $?"
-fi
-
-if has_step model; then
-  timeout "$(allot 150)" python3 scripts/gpu/model_bench.py "$results" "$bundle" > "$logs/model_bench.log" 2>&1
-  note "model_bench.py exit $?"
 fi
 
 python3 scripts/gpu/summarize.py "$results" > "$logs/summary.txt" 2>&1

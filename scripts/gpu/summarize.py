@@ -123,7 +123,9 @@ def model_lines(model):
                        if ours.get("decode_tokens_per_second") and hf.get("decode_tokens_per_second") else None)
             line += (f"; RUDA prefill {fmt(ours.get('prefill_ms'))} ms (x{fmt(ratio_p)}), "
                      f"decode {fmt(ours.get('decode_tokens_per_second'))} tok/s (x{fmt(ratio_d)}), "
-                     f"teacher-forced agreement {ours.get('agreement', '-')}; model-layer target decode >= 3x "
+                     f"teacher-forced agreement {ours.get('agreement', '-')}"
+                     f"{' (stopped at EOS after %s tokens)' % ours.get('generated_tokens') if ours.get('short') else ''}"
+                     f"; model-layer target decode >= 3x "
                      f"transformers: {'NOT MEASURED' if ratio_d is None else 'MET' if ratio_d >= 3 else 'NOT MET'}")
         else:
             line += f"; RUDA: {m.get('ruda_skipped', 'not run')}"

@@ -12,9 +12,9 @@
 //! logits = rms_norm(h)·Wlmᵀ
 //! ```
 //!
-//! Each residual add is fused with the RMSNorm that follows it (`rms_norm_residual`), gate and up
-//! are one projection (`gate_up`, concatenated at load) followed by `swiglu`, and RoPE of `k` is
-//! fused with the cache append (`rope_kv_cache`). Norm weights are kept in `f32` (exact for
+//! Every RMSNorm rounds in transformers' order (`rms_norm_hf`, or `rms_norm_residual` fused with
+//! the residual add before it), gate and up are one projection (`gate_up`, concatenated at load)
+//! followed by `swiglu`, and RoPE of `k` is fused with the cache append (`rope_kv_cache`). Norm weights are kept in `f32` (exact for
 //! every checkpoint dtype), the rest in the compute dtype.
 
 use std::collections::HashMap;
@@ -444,7 +444,7 @@ impl QwenModel {
         // writing a tensor it also reads).
         let mut cur = 0;
         api::embedding_into(s, &a.ids, &self.embed, &a.residual[cur]).map_err(op("embedding"))?;
-        api::rms_norm_into(s, &a.residual[cur], &self.layers[0].input_norm, self.eps, &a.normed)
+        api::rms_norm_hf_into(s, &a.residual[cur], &self.layers[0].input_norm, self.eps, &a.normed)
             .map_err(op("input norm"))?;
         for (l, layer) in self.layers.iter().enumerate() {
             self.project(s, a, &a.normed, &layer.q, &a.q, &a.q_scratch)?;
@@ -452,9 +452,9 @@ impl QwenModel {
             self.project(s, a, &a.normed, &layer.v, &a.v, &a.v_scratch)?;
             let (q, k) = match &layer.qk_norm {
                 Some((qn, kn)) => {
-                    api::rms_norm_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_scratch.reshape(&[t * hq, d])?)
+                    api::rms_norm_hf_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_scratch.reshape(&[t * hq, d])?)
                         .map_err(op("q norm"))?;
-                    api::rms_norm_into(s, &a.k.reshape(&[t * hkv, d])?, kn, self.eps, &a.k_scratch.reshape(&[t * hkv, d])?)
+                    api::rms_norm_hf_into(s, &a.k.reshape(&[t * hkv, d])?, kn, self.eps, &a.k_scratch.reshape(&[t * hkv, d])?)
                         .map_err(op("k norm"))?;
                     (&a.q_scratch, &a.k_scratch)
                 }

@@ -137,8 +137,13 @@ pub fn registry() -> Vec<Registered> {
     }
     for dtype in common::FLOAT_DTYPES {
         for hidden in NORM_HIDDEN_SIZES {
-            let cfg = fused_norm::FusedNormConfig { dtype, hidden };
+            let cfg = fused_norm::FusedNormConfig { dtype, hidden, residual: true };
             out.push(Registered::new(cfg.id(), "rms_norm_residual", move || fused_norm::rms_norm_residual(&cfg)));
+        }
+        // Qwen3's per-head q/k norms (head dims 64 and 128) and a first layer's input norm.
+        for hidden in [64, 128, 896, 1024] {
+            let cfg = fused_norm::FusedNormConfig { dtype, hidden, residual: false };
+            out.push(Registered::new(cfg.id(), "rms_norm_hf", move || fused_norm::rms_norm_residual(&cfg)));
         }
     }
     for dtype in common::FLOAT_DTYPES {

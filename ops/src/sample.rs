@@ -197,7 +197,7 @@ fn case(family: &str, id: &str) -> Option<Case> {
         "reduce" | "softmax" => {
             s.insert("cols", 300);
         }
-        "rms_norm" | "layer_norm" | "rms_norm_residual" => {}
+        "rms_norm" | "layer_norm" | "rms_norm_residual" | "rms_norm_hf" => {}
         "gemm_simt" => {
             s.extend([("m", 70), ("n", 65), ("k", 33)]);
             c.grid = [2, 2, 1];

@@ -62,6 +62,38 @@ fn rms_norm_residual_matches_hugging_face_order() {
     }
 }
 
+/// RMSNorm alone in Hugging Face's order: the fused kernel with a zero residual bit for bit, the
+/// reference within the same tolerance, and (in bf16) not the ruDNN `rms_norm`, which rounds once.
+#[test]
+fn rms_norm_hf_matches_hugging_face_order() {
+    let dev = device();
+    let mut rng = Rng::new(33);
+    for dtype in FLOAT_DTYPES {
+        let mut differs_from_rudnn = false;
+        for h in COLS {
+            let rows = 3;
+            let x = quantize(dtype, &rng.vec(rows * h, -2.0, 2.0));
+            let gamma = quantize(dtype, &rng.vec(h, 0.5, 1.5));
+            let (xt, gt) = (tensor(&dev, dtype, &x, &[rows, h]), tensor(&dev, DType::F32, &gamma, &[h]));
+            let out = api::rms_norm_hf(&xt, &gt, 1e-6).unwrap().to_f32_vec().unwrap();
+            let zeros = tensor(&dev, dtype, &vec![0.0; rows * h], &[rows, h]);
+            let (fused, _) = api::rms_norm_residual(&xt, &zeros, &gt, 1e-6).unwrap();
+            assert_bits(&format!("rms_norm_hf {dtype} h={h} vs a zero residual"), &out, &fused.to_f32_vec().unwrap());
+            let (_, want) = hf_residual_rms_norm(dtype, &x, &vec![0.0; rows * h], &gamma, 1e-6);
+            let tol = 8.0 * f32::EPSILON as f64 + 2.0 * epsilon(dtype);
+            assert_close(&format!("rms_norm_hf {dtype} h={h}"), &out, &want, 1e-6, tol);
+            let rudnn = api::rms_norm(&xt, &gt, 1e-6).unwrap().to_f32_vec().unwrap();
+            differs_from_rudnn |= out.iter().zip(&rudnn).any(|(a, b)| a.to_bits() != b.to_bits());
+        }
+        // In f32 the orders coincide; in f16/bf16 the extra rounding shows.
+        assert_eq!(differs_from_rudnn, dtype != DType::F32, "{dtype}");
+    }
+    let x = tensor(&dev, DType::F32, &[1.0; 8], &[2, 4]);
+    let err = api::rms_norm_hf(&x, &tensor(&dev, DType::F32, &[1.0; 3], &[3]), 1e-6).unwrap_err().to_string();
+    assert!(err.contains("rms_norm_hf") && err.contains("gamma"), "{err}");
+    assert!(api::rms_norm_hf(&x, &tensor(&dev, DType::F32, &[1.0; 4], &[4]), 0.0).is_err());
+}
+
 #[test]
 fn swiglu_matches_reference() {
     let dev = device();

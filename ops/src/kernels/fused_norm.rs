@@ -11,6 +11,10 @@
 //! `round` rounds to the model dtype (nearest even; the identity for `f32`). Hugging Face keeps
 //! the weight in the model dtype, so with `gamma` holding those (bf16) values exactly the last
 //! product is the same. `1 / sqrt` is two correctly rounded steps, as in [`super::norm`].
+//!
+//! Without the residual (`rms_norm_hf`), `r = x`: Hugging Face's RMSNorm alone, for a model's
+//! norms that follow no residual add (the first layer's input norm, Qwen3's q/k norms). The
+//! ruDNN `rms_norm` ([`super::norm`]) instead rounds once, after `gamma`.
 //! One block per row; the hidden size is compiled in.
 
 use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
@@ -22,12 +26,16 @@ use super::rows::{row_ptr, ROW_BLOCK};
 pub struct FusedNormConfig {
     pub dtype: ScalarType,
     pub hidden: u32,
+    /// With the residual add (`rms_norm_residual`); without it, the same RMSNorm alone in Hugging
+    /// Face's rounding order (`rms_norm_hf`: `r = x`).
+    pub residual: bool,
 }
 
 impl FusedNormConfig {
-    /// `rms_norm_residual.bf16.h896`.
+    /// `rms_norm_residual.bf16.h896` or `rms_norm_hf.bf16.h128`.
     pub fn id(&self) -> String {
-        format!("rms_norm_residual.{}.h{}", self.dtype, self.hidden)
+        let op = if self.residual { "rms_norm_residual" } else { "rms_norm_hf" };
+        format!("{op}.{}.h{}", self.dtype, self.hidden)
     }
 }
 
@@ -42,16 +50,18 @@ pub(crate) fn round_to(b: &mut KernelBuilder, dtype: ScalarType, v: Value) -> Va
     b.cvt(r, ScalarType::F32)
 }
 
-/// Parameters: x, residual, gamma (`f32 [H]`), out, residual_out, eps (`f32`). Grid: one block
-/// of [`ROW_BLOCK`] threads per row. Each thread re-reads only the `residual_out` elements it
-/// wrote, so on CUDA `residual_out` may alias `residual` (or `x`).
+/// Parameters: x, residual, gamma (`f32 [H]`), out, residual_out, eps (`f32`); without
+/// `cfg.residual`: x, gamma, out, eps. Grid: one block of [`ROW_BLOCK`] threads per row. Each
+/// thread re-reads only the `residual_out` elements it wrote, so on CUDA `residual_out` may
+/// alias `residual` (or `x`).
 pub fn rms_norm_residual(cfg: &FusedNormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x = b.param("x", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let residual = b.param("residual", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let ptr = Type::Ptr(AddrSpace::Global, cfg.dtype);
+    let x = b.param("x", ptr);
+    let residual = cfg.residual.then(|| b.param("residual", ptr));
     let gamma = b.param("gamma", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let residual_out = b.param("residual_out", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let out = b.param("out", ptr);
+    let residual_out = cfg.residual.then(|| b.param("residual_out", ptr));
     let eps = b.param("eps", Type::F32);
     b.launch_bounds(ROW_BLOCK, None);
     let scratch = b.shared_array("partials", ScalarType::F32, ROW_BLOCK / 32);
@@ -59,18 +69,25 @@ pub fn rms_norm_residual(cfg: &FusedNormConfig) -> Result<Kernel, VerifyError> {
     let row_id = b.block_id_x();
     let cols = b.const_u32(cfg.hidden);
     let x_row = row_ptr(&mut b, x, row_id, cols);
-    let res_row = row_ptr(&mut b, residual, row_id, cols);
-    let sum_row = row_ptr(&mut b, residual_out, row_id, cols);
+    // Without a residual, `r` is `x` itself.
+    let rows = residual.zip(residual_out).map(|(r, s)| (row_ptr(&mut b, r, row_id, cols), row_ptr(&mut b, s, row_id, cols)));
+    let sum_row = rows.map_or(x_row, |(_, s)| s);
     let out_row = row_ptr(&mut b, out, row_id, cols);
     let tid = b.thread_id_x();
     let step = b.const_u32(ROW_BLOCK);
     let zero = b.const_f32(0.0);
     let partial = b.for_range(tid, cols, step, &[zero], |b, j, acc| {
         let a = load_f32(b, x_row, j);
-        let r = load_f32(b, res_row, j);
-        let s = b.add(a, r);
-        let s = round_to(b, cfg.dtype, s);
-        store_from_f32(b, sum_row, j, s);
+        let s = match rows {
+            Some((res_row, sum_row)) => {
+                let r = load_f32(b, res_row, j);
+                let s = b.add(a, r);
+                let s = round_to(b, cfg.dtype, s);
+                store_from_f32(b, sum_row, j, s);
+                s
+            }
+            None => a,
+        };
         let sq = b.mul(s, s);
         vec![b.add(acc[0], sq)]
     })[0];

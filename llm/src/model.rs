@@ -522,21 +522,24 @@ impl QwenModel {
     }
 
     #[allow(clippy::too_many_arguments)]
-    /// `out = x·wᵀ (+ bias)`: split-K GEMV for a decode step, the planned tensor-core tile for a
-    /// prefill chunk, else `linear` (GEMV or GEMM by rows) and `add_bias` through `scratch`.
+    /// `out = x·wᵀ (+ bias)`: a decode step's GEMV with its tuned split count and the bias in its
+    /// epilogue, a prefill chunk's tensor-core GEMM with its tuned tile and the bias in its
+    /// epilogue, else `linear` (GEMV or GEMM by rows) and `add_bias` through `scratch`.
+    #[allow(clippy::too_many_arguments)]
     fn linear(&self, s: &Stream, a: &Activations, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor, scratch: &Tensor) -> Result<(), OpError> {
         let shape = (w.shape()[0], w.shape()[1]);
         if let (Some(&tile), true) = (a.gemm_tiles.get(&shape), x.shape()[0] == a.tokens) {
             return api::linear_tile_into(s, x, w, bias, None, out, tile);
         }
-        let product = if bias.is_some() { scratch } else { out };
-        match a.gemv.as_ref().and_then(|g| Some((*g.splits.get(&shape)?, &g.workspace))) {
-            Some((n, workspace)) if n > 1 && x.shape()[0] == 1 => api::gemv_split_k_into(s, x, w, product, workspace, n)?,
-            _ => api::linear_into(s, x, w, product)?,
-        }
-        match bias {
-            Some(b) => api::add_bias_into(s, product, b, out),
-            None => Ok(()),
+        let decode = a.gemv.as_ref().filter(|_| x.shape()[0] == 1).map(|g| (g.splits.get(&shape).copied().unwrap_or(1), &g.workspace));
+        match (decode, bias) {
+            (Some((splits, workspace)), Some(b)) => api::gemv_bias_into(s, x, w, b, out, Some(workspace), splits),
+            (Some((splits, workspace)), None) if splits > 1 => api::gemv_split_k_into(s, x, w, out, workspace, splits),
+            (_, None) => api::linear_into(s, x, w, out),
+            (None, Some(b)) => {
+                api::linear_into(s, x, w, scratch)?;
+                api::add_bias_into(s, scratch, b, out)
+            }
         }
     }
 

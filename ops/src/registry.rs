@@ -117,16 +117,21 @@ pub fn registry() -> Vec<Registered> {
     for dtype in common::FLOAT_DTYPES {
         for m_tile in gemv::GEMV_M_TILES {
             for split_k in [false, true] {
-                let cfg = gemv::GemvConfig { dtype, m_tile, loads: gemv::GemvLoads::Vector, split_k };
+                let cfg = gemv::GemvConfig { dtype, m_tile, loads: gemv::GemvLoads::Vector, split_k, bias: false };
                 out.push(Registered::new(cfg.id(), "gemv", move || gemv::gemv(&cfg)));
             }
         }
         for m_tile in [1, 16] {
-            let cfg = gemv::GemvConfig { dtype, m_tile, loads: gemv::GemvLoads::Scalar, split_k: false };
+            let cfg = gemv::GemvConfig { dtype, m_tile, loads: gemv::GemvLoads::Scalar, split_k: false, bias: false };
             out.push(Registered::new(cfg.id(), "gemv", move || gemv::gemv(&cfg)));
         }
-        let cfg = gemv::GemvReduceConfig { dtype };
-        out.push(Registered::new(cfg.id(), "gemv_reduce", move || gemv::gemv_reduce(&cfg)));
+        // Decode's biased projections (Qwen2's q/k/v): the bias in the store, or in the reduction.
+        let cfg = gemv::GemvConfig { dtype, m_tile: 1, loads: gemv::GemvLoads::Vector, split_k: false, bias: true };
+        out.push(Registered::new(cfg.id(), "gemv", move || gemv::gemv(&cfg)));
+        for bias in [false, true] {
+            let cfg = gemv::GemvReduceConfig { dtype, bias };
+            out.push(Registered::new(cfg.id(), "gemv_reduce", move || gemv::gemv_reduce(&cfg)));
+        }
     }
     for dtype in common::FLOAT_DTYPES {
         for (head_dim, rotary_dim) in [(64, 64), (128, 128), (256, 64)] {

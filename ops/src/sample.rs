@@ -247,7 +247,7 @@ fn case(family: &str, id: &str) -> Option<Case> {
             c.grid = [3, if split { 2 } else { 1 }, 1];
         }
         "gemv_reduce" => {
-            s.extend([("len", 300), ("splits", 3)]);
+            s.extend([("len", 300), ("splits", 3), ("n", 10)]);
             c.grid = [2, 1, 1];
         }
         "rope" | "rope_kv_cache" => {

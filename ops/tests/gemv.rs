@@ -116,3 +116,36 @@ fn gemv_errors_name_the_problem() {
     let err = api::gemv_split_k_into(&stream, &x, &w, &out, &small_ws, 0).unwrap_err();
     assert!(err.to_string().contains("splits"), "{err}");
 }
+
+/// The bias joins the f32 sum before the one rounding (cuBLAS's epilogue), in the GEMV's store
+/// and in the split-K reduction alike; a mis-shaped bias is an error.
+#[test]
+fn gemv_bias_is_added_before_the_rounding() {
+    let dev = device();
+    let mut rng = Rng::new(41);
+    for dtype in FLOAT_DTYPES {
+        for (m, n, k) in [(1, 70, 512), (3, 33, 256)] {
+            let x = quantize(dtype, &rng.vec(m * k, -1.0, 1.0));
+            let w = quantize(dtype, &rng.vec(n * k, -1.0, 1.0));
+            let bias = quantize(dtype, &rng.vec(n, -4.0, 4.0));
+            let (mut want, mag) = linear_reference(&x, &w, m, n, k);
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += bias[i % n] as f64;
+            }
+            let (xt, wt, bt) = (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]), tensor(&dev, dtype, &bias, &[n]));
+            let ws = Tensor::zeros(&dev, DType::F32, &[4 * m * n]).unwrap();
+            for splits in [1, 4] {
+                let out = Tensor::zeros(&dev, dtype, &[m, n]).unwrap();
+                api::gemv_bias_into(&dev.default_stream(), &xt, &wt, &bt, &out, Some(&ws), splits).unwrap();
+                let got = out.to_f32_vec().unwrap();
+                check_linear(&format!("gemv+bias {dtype} {m}x{n}x{k} splits={splits}"), dtype, &got, &want, &mag, k);
+            }
+        }
+    }
+    let x = Tensor::zeros(&dev, DType::F32, &[1, 8]).unwrap();
+    let w = Tensor::zeros(&dev, DType::F32, &[4, 8]).unwrap();
+    let out = Tensor::zeros(&dev, DType::F32, &[1, 4]).unwrap();
+    let short = Tensor::zeros(&dev, DType::F32, &[3]).unwrap();
+    let err = api::gemv_bias_into(&dev.default_stream(), &x, &w, &short, &out, None, 1).unwrap_err().to_string();
+    assert!(err.contains("bias"), "{err}");
+}

@@ -79,16 +79,24 @@ pub fn gemv_workspace_len(device: &Device, m: usize, n: usize, k: usize) -> usiz
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn launch(
     name: &'static str,
     stream: &Stream,
     x: &Tensor,
     w: &Tensor,
+    bias: Option<&Tensor>,
     out: &Tensor,
     workspace: Option<&Tensor>,
     splits: u32,
 ) -> Result<()> {
     let g = check(name, stream, x, w, out)?;
+    if let Some(b) = bias {
+        contiguous_nonempty(name, "bias", b)?;
+        expect_dtype(name, "bias", b, x.dtype())?;
+        expect_shape(name, "bias", b, &[g.n as usize])?;
+        same_device(name, stream, &[("bias", b)])?;
+    }
     let chunk = match g.loads {
         GemvLoads::Vector => 16 / x.dtype().size() as u32,
         GemvLoads::Scalar => 1,
@@ -103,9 +111,9 @@ fn launch(
     let base = [Arg::Tensor(x), Arg::Tensor(w)];
     let dims = [Arg::scalar(g.m), Arg::scalar(g.n), Arg::scalar(g.k), Arg::scalar(per_split)];
     if splits == 1 {
-        let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: false };
+        let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: false, bias: bias.is_some() };
         let kern = kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?;
-        let args: Vec<Arg> = base.into_iter().chain([Arg::Tensor(out)]).chain(dims).collect();
+        let args: Vec<Arg> = base.into_iter().chain([Arg::Tensor(out)]).chain(bias.map(Arg::Tensor)).chain(dims).collect();
         stream.launch(&*kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
         return Ok(());
     }
@@ -116,13 +124,18 @@ fn launch(
     let need = splits as usize * len as usize;
     check_workspace(name, stream, ws, need)?;
     to_u32(name, "workspace elements", need)?;
-    let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: true };
+    let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: true, bias: false };
     let kern = kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?;
     let args: Vec<Arg> = base.into_iter().chain([Arg::Tensor(ws)]).chain(dims).collect();
     stream.launch(&*kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
-    let rcfg = GemvReduceConfig { dtype: g.dtype };
+    let rcfg = GemvReduceConfig { dtype: g.dtype, bias: bias.is_some() };
     let rk = kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?;
-    let args = [Arg::Tensor(ws), Arg::Tensor(out), Arg::scalar(len), Arg::scalar(splits)];
+    let args: Vec<Arg> = [Arg::Tensor(ws), Arg::Tensor(out)]
+        .into_iter()
+        .chain(bias.map(Arg::Tensor))
+        .chain([Arg::scalar(len), Arg::scalar(splits)])
+        .chain(bias.map(|_| Arg::scalar(g.n)))
+        .collect();
     stream.launch(&*rk, LaunchConfig::linear(len.div_ceil(GEMV_REDUCE_THREADS), GEMV_REDUCE_THREADS), &args)?;
     Ok(())
 }
@@ -159,7 +172,7 @@ pub(crate) fn gemv_named(
     // A smaller workspace caps the split count; none (or room for fewer than 2) disables it.
     let room = workspace.map_or(0, |ws| ws.numel() / (m * n).max(1));
     splits = splits.min(room);
-    launch(name, stream, x, w, out, workspace, splits.max(1) as u32)
+    launch(name, stream, x, w, None, out, workspace, splits.max(1) as u32)
 }
 
 /// `out[M, N] = x[M, K] · w[N, K]ᵀ` for `M ≤ 16`, `f32` accumulation, output in the input
@@ -186,7 +199,27 @@ pub fn gemv_split_k_into(
     if splits == 0 {
         return Err(OpError::InvalidArgument { op: "gemv", message: "splits must be at least 1".into() });
     }
-    launch("gemv", stream, x, w, out, Some(workspace), to_u32("gemv", "splits", splits)?)
+    launch("gemv", stream, x, w, None, out, Some(workspace), to_u32("gemv", "splits", splits)?)
+}
+
+/// `out[M, N] = x[M, K] · w[N, K]ᵀ + bias[N]` for `M ≤ 16` with `splits` K-splits: the bias
+/// (`x`'s dtype) is added to the f32 sum and rounded once with it, as cuBLAS's epilogue does,
+/// in the GEMV's store or, split, in its reduction. `workspace` (`f32`, `splits · M · N`) is
+/// needed only for `splits > 1`. Neither allocates nor synchronises.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_bias_into(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    out: &Tensor,
+    workspace: Option<&Tensor>,
+    splits: usize,
+) -> Result<()> {
+    if splits == 0 {
+        return Err(OpError::InvalidArgument { op: "gemv", message: "splits must be at least 1".into() });
+    }
+    launch("gemv", stream, x, w, Some(bias), out, workspace, to_u32("gemv", "splits", splits)?)
 }
 
 /// `x[M, K] · w[N, K]ᵀ` for `M ≤ 16` (allocates the output and any workspace), with the

@@ -51,17 +51,21 @@ pub struct GemvConfig {
     pub loads: GemvLoads,
     /// Write `f32` partials `[splits, M, N]` instead of the output.
     pub split_k: bool,
+    /// Add `bias[N]` (the input dtype) to the f32 sum before the one rounding, as cuBLAS's
+    /// epilogue does. Not with `split_k`: there [`GemvReduceConfig::bias`] adds it.
+    pub bias: bool,
 }
 
 impl GemvConfig {
-    /// `gemv.bf16.m1`, `gemv.f16.m4.splitk`, `gemv.f32.m16.scalar`.
+    /// `gemv.bf16.m1`, `gemv.f16.m4.splitk`, `gemv.f32.m16.scalar`, `gemv.bf16.m1.bias`.
     pub fn id(&self) -> String {
         let loads = match self.loads {
             GemvLoads::Vector => "",
             GemvLoads::Scalar => ".scalar",
         };
         let split = if self.split_k { ".splitk" } else { "" };
-        format!("gemv.{}.m{}{loads}{split}", self.dtype, self.m_tile)
+        let bias = if self.bias { ".bias" } else { "" };
+        format!("gemv.{}.m{}{loads}{split}{bias}", self.dtype, self.m_tile)
     }
 
     /// Elements per load: 16 bytes' worth for vector loads, one for scalar loads.
@@ -142,7 +146,7 @@ pub(crate) fn unpack_halves(b: &mut KernelBuilder, half: ScalarType, w: Value) -
 }
 
 /// Build the kernel. Parameters: x `[M, K]`, w `[N, K]`, out `[M, N]` (or partials
-/// `[splits, M, N]` f32), m, n, k, chunks_per_split (all `u32`). Grid: `(ceil(N / 4), splits)`,
+/// `[splits, M, N]` f32), with `cfg.bias` bias `[N]`, then m, n, k, chunks_per_split (all `u32`). Grid: `(ceil(N / 4), splits)`,
 /// block [`GEMV_THREADS`]. `k` must be a multiple of [`GemvConfig::chunk`].
 pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
@@ -150,6 +154,7 @@ pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
     let w = b.param("w", Type::Ptr(AddrSpace::Global, cfg.dtype));
     let (out_name, out_ty) = if cfg.split_k { ("partials", ScalarType::F32) } else { ("out", cfg.dtype) };
     let out = b.param(out_name, Type::Ptr(AddrSpace::Global, out_ty));
+    let bias = (cfg.bias && !cfg.split_k).then(|| b.param("bias", Type::Ptr(AddrSpace::Global, cfg.dtype)));
     let m = b.param("m", Type::U32);
     let n = b.param("n", Type::U32);
     let k = b.param("k", Type::U32);
@@ -234,6 +239,13 @@ pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
             b.if_then(store, |b| {
                 let row = if cfg.split_k { b.fma(split, m, i) } else { i };
                 let idx = b.fma(row, n, col);
+                let total = match bias {
+                    Some(bias) => {
+                        let bv = load_f32(b, bias, col);
+                        b.add(total, bv)
+                    }
+                    None => total,
+                };
                 store_from_f32(b, out, idx, total);
             });
         }
@@ -245,23 +257,29 @@ pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
 pub struct GemvReduceConfig {
     /// The output dtype.
     pub dtype: ScalarType,
+    /// Add `bias[i % n]` (the output dtype) before the rounding.
+    pub bias: bool,
 }
 
 impl GemvReduceConfig {
-    /// `gemv.bf16.splitk_reduce`.
+    /// `gemv.bf16.splitk_reduce`, `gemv.bf16.splitk_reduce.bias`.
     pub fn id(&self) -> String {
-        format!("gemv.{}.splitk_reduce", self.dtype)
+        let bias = if self.bias { ".bias" } else { "" };
+        format!("gemv.{}.splitk_reduce{bias}", self.dtype)
     }
 }
 
-/// `out[i] = Σ_s partials[s · len + i]` in increasing `s`, rounded once to the output dtype.
-/// Parameters: partials (f32), out, len, splits (`u32`). One thread per output element.
+/// `out[i] = Σ_s partials[s · len + i] (+ bias[i % n])` in increasing `s`, rounded once to the
+/// output dtype. Parameters: partials (f32), out, with `cfg.bias` bias, then len, splits, and with
+/// `cfg.bias` n (`u32`). One thread per output element.
 pub fn gemv_reduce(cfg: &GemvReduceConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let partials = b.param("partials", Type::Ptr(AddrSpace::Global, ScalarType::F32));
     let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
+    let bias = cfg.bias.then(|| b.param("bias", Type::Ptr(AddrSpace::Global, cfg.dtype)));
     let len = b.param("len", Type::U32);
     let splits = b.param("splits", Type::U32);
+    let n = cfg.bias.then(|| b.param("n", Type::U32));
     b.launch_bounds(GEMV_REDUCE_THREADS, None);
 
     let i = b.global_thread_id_x();
@@ -275,6 +293,14 @@ pub fn gemv_reduce(cfg: &GemvReduceConfig) -> Result<Kernel, VerifyError> {
             let p = load_f32(b, partials, idx);
             vec![b.add(acc[0], p)]
         })[0];
+        let sum = match bias.zip(n) {
+            Some((bias, n)) => {
+                let col = b.rem(i, n);
+                let bv = load_f32(b, bias, col);
+                b.add(sum, bv)
+            }
+            None => sum,
+        };
         store_from_f32(b, out, i, sum);
     });
     b.finish()

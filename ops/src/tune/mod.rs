@@ -72,10 +72,10 @@ pub fn gemv_candidates(device: &Device, key: &TuneKey, m: usize, n: usize, k: us
     let loads = if key.alignment == 16 && k.is_multiple_of(chunk) { GemvLoads::Vector } else { GemvLoads::Scalar };
     let mut hashes = String::new();
     for split_k in [false, true] {
-        let cfg = GemvConfig { dtype: st, m_tile, loads, split_k };
+        let cfg = GemvConfig { dtype: st, m_tile, loads, split_k, bias: false };
         hashes.push_str(&format!("{:016x}", api::kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?.ir_hash()));
     }
-    let rcfg = GemvReduceConfig { dtype: st };
+    let rcfg = GemvReduceConfig { dtype: st, bias: false };
     hashes.push_str(&format!("{:016x}", api::kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?.ir_hash()));
     // The heuristic sees the key's bucketed shape, so every shape of one key gets the same set
     // (a set that differed would invalidate the key's cached choice each time).

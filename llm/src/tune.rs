@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use ruda_ops::api::GEMV_MAX_M;
-use ruda_ops::tune::{tune_shape, DecodeShape, TuneShape};
+use ruda_ops::tune::{progress_bar, tune_shape, DecodeShape, TuneShape};
 use ruda_runtime::{AutotuneMode, DType, Device};
 
 use crate::config::{load_config, ModelConfig};
@@ -42,13 +42,6 @@ pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize, pre
         s_max: context,
     }));
     shapes
-}
-
-/// A text progress bar: `[#####.....] 3/7`.
-fn bar(done: usize, total: usize) -> String {
-    const WIDTH: usize = 20;
-    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
-    format!("[{}{}] {done}/{total}", "#".repeat(filled), ".".repeat(WIDTH - filled))
 }
 
 /// Tune every shape of the model in `dir` on `device` (see [`model_tune_shapes`]), one progress
@@ -97,7 +90,7 @@ pub fn tune_model(
                 format!("FAILED: {e}")
             }
         };
-        writeln!(progress, "{} {shape}: {result}", bar(n + 1, shapes.len())).map_err(io)?;
+        writeln!(progress, "{} {shape}: {result}", progress_bar(n + 1, shapes.len())).map_err(io)?;
     }
     writeln!(out, "tuned {} of {} shapes of {} on {}", shapes.len() - failed, shapes.len(), dir.display(), device.description())
         .map_err(io)?;
@@ -140,12 +133,5 @@ mod tests {
         assert_eq!(gemms, ["gemm bf16 512x256x64", "gemm bf16 512x128x64", "gemm bf16 512x64x256", "gemm bf16 512x192x64", "gemm bf16 512x64x96"]);
         let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, 512, &mut Vec::new(), &mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains("context"), "{err}");
-    }
-
-    #[test]
-    fn the_bar_fills() {
-        assert_eq!(bar(0, 4), "[....................] 0/4");
-        assert_eq!(bar(2, 4), "[##########..........] 2/4");
-        assert_eq!(bar(4, 4), "[####################] 4/4");
     }
 }

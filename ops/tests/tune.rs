@@ -164,3 +164,11 @@ fn rudac_tune_on_the_cpu_checks_the_file_and_shows_caches() {
     assert!(stdout.contains("gemv f32 1x8x1024 align16: best splits=1"), "{stdout}");
 }
 
+
+#[test]
+fn the_progress_bar_fills() {
+    use ruda_ops::tune::progress_bar;
+    assert_eq!(progress_bar(0, 4), "[....................] 0/4");
+    assert_eq!(progress_bar(2, 4), "[##########..........] 2/4");
+    assert_eq!(progress_bar(4, 4), "[####################] 4/4");
+}

@@ -311,6 +311,13 @@ pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<Choice>> 
     }
 }
 
+/// A text progress bar, `[#####...............] 3/12`, for tuning many shapes.
+pub fn progress_bar(done: usize, total: usize) -> String {
+    const WIDTH: usize = 20;
+    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH).min(WIDTH);
+    format!("[{}{}] {done}/{total}", "#".repeat(filled), ".".repeat(WIDTH - filled))
+}
+
 /// What `rudac tune` does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TuneCommand {
@@ -350,7 +357,7 @@ pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &
                         format!("FAILED: {e}")
                     }
                 };
-                writeln!(progress, "[{}/{}] {shape}: {line}", i + 1, shapes.len()).map_err(io)?;
+                writeln!(progress, "{} {shape}: {line}", progress_bar(i + 1, shapes.len())).map_err(io)?;
             }
             if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
                 writeln!(out, "tuned {} of {} shape(s) on {}; cache: {}", shapes.len() - failed, shapes.len(), device.description(), t.path().display())

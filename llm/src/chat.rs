@@ -130,7 +130,7 @@ impl ChatTemplate {
 
     /// Render `messages`. `add_generation_prompt` opens an assistant turn; `extra` holds further
     /// template variables (`enable_thinking`, `tools`, ...). Object keys of `extra` reach the
-    /// template in serde_json's (sorted) order.
+    /// template in their insertion order, as a Python dict's would.
     pub fn render(
         &self,
         messages: &[ChatMessage],
@@ -250,11 +250,8 @@ fn from_json(v: &Json) -> Value {
         },
         Json::String(s) => Value::from(s.as_str()),
         Json::Array(a) => Value::from(a.iter().map(from_json).collect::<Vec<_>>()),
-        Json::Object(o) => Value::from_object(
-            o.iter()
-                .map(|(k, v)| (k.clone(), from_json(v)))
-                .collect::<BTreeMap<_, _>>(),
-        ),
+        // In insertion order, as a Python dict: serde_json and minijinja both `preserve_order`.
+        Json::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), from_json(v)))),
     }
 }
 

@@ -7,14 +7,14 @@
 # machine.json, tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json,
 # summary.json, summary.md, and logs.tar.gz (every log). The summary ends stdout.
 #
-# Every step has a timeout, and all of them share RUDA_GPU_BUDGET_S (540 s by default, under
+# Every step has a timeout, and all of them share RUDA_GPU_BUDGET_S (420 s by default, under
 # the device tool's 600 s per call): tests 180 s in all (each executable at most 90 s), rudac
 # check 60 s, rudac run 30 s, gpucheck 45 s, the model bench 150 s, ruda-bench 100 s, baseline
 # 80 s, each capped by what is left of the budget (less a margin for the summary).
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
 # Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run gpucheck model bench"),
-#        RUDA_GPU_BUDGET_S (540), RUDA_BENCH_FILTER (words passed to both benchmark programs).
+#        RUDA_GPU_BUDGET_S (420), RUDA_BENCH_FILTER (words passed to both benchmark programs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 results=${1:?usage: run.sh RESULTS_DIR}
@@ -30,7 +30,7 @@ if [ -f "$bundle/executables.tar.xz" ]; then
 fi
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
 steps=" ${RUDA_GPU_STEPS:-tests check run gpucheck model bench} "
-budget=${RUDA_GPU_BUDGET_S:-540}
+budget=${RUDA_GPU_BUDGET_S:-420}
 filter=${RUDA_BENCH_FILTER:-}
 t_start=$(date +%s)
 

@@ -1,7 +1,7 @@
 //! RMSNorm fused with the residual add, and RMSNorm alone, in Hugging Face's rounding order (see
 //! [`crate::kernels::fused_norm`]).
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{Arg, LaunchConfig, Stream, Tensor};
 
 use super::*;
 use crate::kernels::fused_norm::FusedNormConfig;
@@ -21,39 +21,36 @@ pub fn rms_norm_residual_into(
     out: &Tensor,
     residual_out: &Tensor,
 ) -> Result<()> {
-    let name = "rms_norm_residual";
-    let dtype = float_dtype(name, x)?;
-    for (what, t) in [("x", x), ("residual", residual), ("out", out), ("residual_out", residual_out)] {
-        contiguous_nonempty(name, what, t)?;
-        expect_shape(name, what, t, x.shape())?;
-        expect_dtype(name, what, t, x.dtype())?;
+    launch_hf_norm("rms_norm_residual", stream, x, Some((residual, residual_out)), gamma, eps, out)
+}
+
+/// Check and launch Hugging Face's RMSNorm, after the residual add when `residual` holds
+/// `(residual, residual_out)`.
+fn launch_hf_norm(
+    name: &'static str,
+    stream: &Stream,
+    x: &Tensor,
+    residual: Option<(&Tensor, &Tensor)>,
+    gamma: &Tensor,
+    eps: f32,
+    out: &Tensor,
+) -> Result<()> {
+    let (dtype, rows, hidden) = check_norm(name, stream, x, &[("gamma", gamma)], eps, out)?;
+    if let Some((r, r_out)) = residual {
+        for (what, t) in [("residual", r), ("residual_out", r_out)] {
+            contiguous_nonempty(name, what, t)?;
+            expect_shape(name, what, t, x.shape())?;
+            expect_dtype(name, what, t, x.dtype())?;
+        }
+        same_device(name, stream, &[("residual", r), ("residual_out", r_out)])?;
     }
-    let hidden = *x.shape().last().unwrap_or(&0);
-    contiguous_nonempty(name, "gamma", gamma)?;
-    expect_shape(name, "gamma", gamma, &[hidden])?;
-    expect_dtype(name, "gamma", gamma, DType::F32)?;
-    same_device(
-        name,
-        stream,
-        &[("x", x), ("residual", residual), ("gamma", gamma), ("out", out), ("residual_out", residual_out)],
-    )?;
-    if !(eps.is_finite() && eps > 0.0) {
-        return Err(OpError::InvalidArgument {
-            op: name,
-            message: format!("epsilon must be finite and positive, got {eps}"),
-        });
-    }
-    let (rows, hidden) = rows_cols(name, x)?;
-    let cfg = FusedNormConfig { dtype, hidden, residual: true };
+    let cfg = FusedNormConfig { dtype, hidden, residual: residual.is_some() };
     let k = kernel(cfg.id(), || crate::kernels::fused_norm::rms_norm_residual(&cfg))?;
-    let args = [
-        Arg::Tensor(x),
-        Arg::Tensor(residual),
-        Arg::Tensor(gamma),
-        Arg::Tensor(out),
-        Arg::Tensor(residual_out),
-        Arg::scalar(eps),
-    ];
+    let mut args = vec![Arg::Tensor(x)];
+    args.extend(residual.map(|(r, _)| Arg::Tensor(r)));
+    args.extend([Arg::Tensor(gamma), Arg::Tensor(out)]);
+    args.extend(residual.map(|(_, r_out)| Arg::Tensor(r_out)));
+    args.push(Arg::scalar(eps));
     stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
     Ok(())
 }
@@ -71,27 +68,7 @@ pub fn rms_norm_residual(x: &Tensor, residual: &Tensor, gamma: &Tensor, eps: f32
 /// `out` in `x`'s dtype and shape. [`rms_norm_into`] (the ruDNN contract) rounds only once, after
 /// `gamma`; for f32 the two are the same. The CPU device rejects `out` aliasing `x`.
 pub fn rms_norm_hf_into(stream: &Stream, x: &Tensor, gamma: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
-    let name = "rms_norm_hf";
-    let dtype = float_dtype(name, x)?;
-    for (what, t) in [("x", x), ("out", out)] {
-        contiguous_nonempty(name, what, t)?;
-        expect_shape(name, what, t, x.shape())?;
-        expect_dtype(name, what, t, x.dtype())?;
-    }
-    let hidden = *x.shape().last().unwrap_or(&0);
-    contiguous_nonempty(name, "gamma", gamma)?;
-    expect_shape(name, "gamma", gamma, &[hidden])?;
-    expect_dtype(name, "gamma", gamma, DType::F32)?;
-    same_device(name, stream, &[("x", x), ("gamma", gamma), ("out", out)])?;
-    if !(eps.is_finite() && eps > 0.0) {
-        return Err(OpError::InvalidArgument { op: name, message: format!("epsilon must be finite and positive, got {eps}") });
-    }
-    let (rows, hidden) = rows_cols(name, x)?;
-    let cfg = FusedNormConfig { dtype, hidden, residual: false };
-    let k = kernel(cfg.id(), || crate::kernels::fused_norm::rms_norm_residual(&cfg))?;
-    let args = [Arg::Tensor(x), Arg::Tensor(gamma), Arg::Tensor(out), Arg::scalar(eps)];
-    stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
-    Ok(())
+    launch_hf_norm("rms_norm_hf", stream, x, None, gamma, eps, out)
 }
 
 /// [`rms_norm_hf_into`] into a new tensor.

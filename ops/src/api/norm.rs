@@ -8,7 +8,7 @@ use ruda_ir::ScalarType;
 use crate::kernels::rows::ROW_BLOCK;
 use crate::kernels::NormConfig;
 
-fn check_norm(
+pub(super) fn check_norm(
     name: &'static str,
     stream: &Stream,
     input: &Tensor,

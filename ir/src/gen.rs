@@ -222,6 +222,12 @@ impl GeneratedKernel {
 /// generated inputs with [`interp::run`]; returns the final contents of every buffer argument,
 /// in parameter order.
 pub fn run_generated(g: &GeneratedKernel, kernel: &Kernel) -> Result<Vec<Vec<u8>>, InterpError> {
+    run_generated_on(g, kernel, None)
+}
+
+/// [`run_generated`] on `threads` interpreter threads (`None`: as `RUDA_INTERP_THREADS` says),
+/// so that tests can vary how blocks are scheduled.
+pub fn run_generated_on(g: &GeneratedKernel, kernel: &Kernel, threads: Option<usize>) -> Result<Vec<Vec<u8>>, InterpError> {
     let mut buffers: Vec<Vec<u8>> = g
         .inputs
         .iter()
@@ -240,7 +246,10 @@ pub fn run_generated(g: &GeneratedKernel, kernel: &Kernel) -> Result<Vec<Vec<u8>
                 ArgSpec::Scalar(c) => Some(KernelArg::Scalar(*c)),
             })
             .collect();
-        interp::run(kernel, &g.launch, &mut args)?;
+        match threads {
+            Some(t) => interp::run_with_threads(kernel, &g.launch, &mut args, t)?,
+            None => interp::run(kernel, &g.launch, &mut args)?,
+        }
     }
     Ok(buffers)
 }

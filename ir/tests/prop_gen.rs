@@ -4,8 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use ruda_ir::gen::{generate, run_generated, ArgSpec, Entropy, GenConfig, GeneratedKernel};
-use ruda_ir::interp::{run_with_threads, KernelArg};
+use ruda_ir::gen::{generate, run_generated, run_generated_on, ArgSpec, Entropy, GenConfig, GeneratedKernel};
 use ruda_ir::{
     print_kernel, verify, AddrSpace, AtomicOp, BinaryOp, CmpOp, Cvt, Kernel, KernelBuilder, Op, Rounding, ScalarType,
     ShflMode, SpecialReg, Type, UnaryOp, Value, VoteMode,
@@ -115,26 +114,7 @@ fn generation_is_deterministic() {
 
 /// Run on `threads` interpreter threads (blocks then run in different orders and overlap).
 fn run_on(g: &GeneratedKernel, threads: usize) -> Vec<Vec<u8>> {
-    let mut buffers: Vec<Vec<u8>> = g
-        .inputs
-        .iter()
-        .filter_map(|a| match a {
-            ArgSpec::Buffer { bytes, .. } => Some(bytes.clone()),
-            ArgSpec::Scalar(_) => None,
-        })
-        .collect();
-    let mut bufs = buffers.iter_mut();
-    let mut args: Vec<KernelArg<'_>> = g
-        .inputs
-        .iter()
-        .map(|a| match a {
-            ArgSpec::Buffer { .. } => KernelArg::Buffer(bufs.next().expect("one per buffer")),
-            ArgSpec::Scalar(c) => KernelArg::Scalar(*c),
-        })
-        .collect();
-    run_with_threads(&g.kernel, &g.launch, &mut args, threads).expect("runs");
-    drop(args);
-    buffers
+    run_generated_on(g, &g.kernel, Some(threads)).expect("runs")
 }
 
 #[test]

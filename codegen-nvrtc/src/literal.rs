@@ -27,16 +27,19 @@ pub(crate) fn literal(c: Constant) -> String {
     }
 }
 
+/// How a literal's comment names a NaN or an infinity.
+fn non_finite(nan: bool, negative: bool) -> &'static str {
+    match (nan, negative) {
+        (true, _) => "NaN",
+        (false, true) => "-inf",
+        (false, false) => "inf",
+    }
+}
+
 fn f32_literal(bits: u32) -> String {
     let v = f32::from_bits(bits);
     if !v.is_finite() {
-        let what = if v.is_nan() {
-            "NaN"
-        } else if v < 0.0 {
-            "-inf"
-        } else {
-            "inf"
-        };
+        let what = non_finite(v.is_nan(), v < 0.0);
         return format!("__uint_as_float(0x{bits:08x}u) /* {what} */");
     }
     if v == v.trunc() && v.abs() < (1u32 << 24) as f32 {
@@ -50,13 +53,7 @@ fn f32_literal(bits: u32) -> String {
 fn f64_literal(bits: u64) -> String {
     let v = f64::from_bits(bits);
     if !v.is_finite() {
-        let what = if v.is_nan() {
-            "NaN"
-        } else if v < 0.0 {
-            "-inf"
-        } else {
-            "inf"
-        };
+        let what = non_finite(v.is_nan(), v < 0.0);
         return format!("__longlong_as_double(0x{bits:016x}ll) /* {what} */");
     }
     if v == v.trunc() && v.abs() < (1u64 << 53) as f64 {

@@ -110,6 +110,24 @@ fn vector_aligned(t: &Tensor) -> bool {
     t.offset().is_multiple_of(4)
 }
 
+/// The flash kernels' checks of `tensors`: contiguous and non-empty, `q`'s dtype, `rank`
+/// dimensions (`layout` names them in the error), 4-element aligned.
+fn expect_flash_operands(
+    op: &'static str,
+    q: &Tensor,
+    tensors: &[(&str, &Tensor)],
+    rank: usize,
+    layout: &str,
+) -> Result<()> {
+    for &(name, t) in tensors {
+        contiguous_nonempty(op, name, t)?;
+        expect_dtype(op, name, t, q.dtype())?;
+        expect_rank(op, name, t, rank, layout)?;
+        expect_aligned(op, name, t)?;
+    }
+    Ok(())
+}
+
 fn expect_aligned(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
     if !vector_aligned(t) {
         return Err(OpError::InvalidArgument {
@@ -223,12 +241,7 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
 /// `cu_seqlens_q` u32 `[batch + 1]`, `max_seqlen_q >= 1`. Returns `(T, Hq, D, batch)`.
 fn check_queries(op: &'static str, q: &Tensor, cu_q: &Tensor, max_q: usize, out: &Tensor) -> Result<(usize, usize, usize, usize)> {
     float_dtype(op, q)?;
-    for (name, t) in [("q", q), ("out", out)] {
-        contiguous_nonempty(op, name, t)?;
-        expect_dtype(op, name, t, q.dtype())?;
-        expect_rank(op, name, t, 3, "[tokens, heads, head_dim]")?;
-        expect_aligned(op, name, t)?;
-    }
+    expect_flash_operands(op, q, &[("q", q), ("out", out)], 3, "[tokens, heads, head_dim]")?;
     expect_shape(op, "out", out, q.shape())?;
     check_cu_tensor(op, "cu_seqlens_q", cu_q)?;
     if max_q == 0 {
@@ -263,12 +276,7 @@ fn check_varlen<'a>(
     out: &'a Tensor,
 ) -> Result<PrefillLaunch<'a>> {
     let (total_q, q_heads, d, batch) = check_queries(op, q, cu_q, max_q, out)?;
-    for (name, t) in [("k", k), ("v", v)] {
-        contiguous_nonempty(op, name, t)?;
-        expect_dtype(op, name, t, q.dtype())?;
-        expect_rank(op, name, t, 3, "[tokens, kv_heads, head_dim]")?;
-        expect_aligned(op, name, t)?;
-    }
+    expect_flash_operands(op, q, &[("k", k), ("v", v)], 3, "[tokens, kv_heads, head_dim]")?;
     let (total_k, kv_heads) = (k.shape()[0], k.shape()[1]);
     expect_shape(op, "k", k, &[total_k, kv_heads, d])?;
     expect_shape(op, "v", v, k.shape())?;
@@ -395,12 +403,7 @@ fn check_prefill_cache<'a>(
     out: &'a Tensor,
 ) -> Result<PrefillLaunch<'a>> {
     let (total_q, q_heads, d, batch) = check_queries(op, q, cu_q, max_q, out)?;
-    for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache)] {
-        contiguous_nonempty(op, name, t)?;
-        expect_dtype(op, name, t, q.dtype())?;
-        expect_rank(op, name, t, 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
-        expect_aligned(op, name, t)?;
-    }
+    expect_flash_operands(op, q, &[("k_cache", k_cache), ("v_cache", v_cache)], 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
     let (kv_heads, s_max) = (k_cache.shape()[1], k_cache.shape()[2]);
     expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
     expect_shape(op, "v_cache", v_cache, k_cache.shape())?;

@@ -445,9 +445,7 @@ impl<'a> Emitter<'a> {
             | Op::LdMatrix { .. }
             | Op::CpAsync { .. }
             | Op::CpAsyncCommit
-            | Op::CpAsyncWait(_) => {
-                return Err(NvrtcError::Internal(format!("{} handled twice", self.op_at(id))))
-            }
+            | Op::CpAsyncWait(_) => return Err(NvrtcError::Internal(format!("{} handled twice", self.op_at(id)))),
         };
         self.def(d, expr)
     }

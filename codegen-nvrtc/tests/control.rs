@@ -19,7 +19,6 @@ fn fib_kernel() -> Kernel {
     coverage::fib_kernel().unwrap_or_else(|e| panic!("{e}"))
 }
 
-
 /// The lines of `text` with leading whitespace and trailing comments removed.
 fn code_lines(text: &str) -> Vec<String> {
     text.lines().map(|l| l.split("  //").next().unwrap_or_default().trim().to_string()).collect()

@@ -22,7 +22,9 @@ fn cp_async_compiles_as_inline_asm() {
     }
     let refs: Vec<&Kernel> = vec![&k];
     for (arch, ptx) in compile_and_assemble("cp_async_compiles_as_inline_asm", &refs, &[Arch::Sm80, Arch::Sm90]) {
-        for want in ["cp.async.cg.shared.global", "cp.async.ca.shared.global", "cp.async.commit_group", "cp.async.wait_group 1"] {
+        for want in
+            ["cp.async.cg.shared.global", "cp.async.ca.shared.global", "cp.async.commit_group", "cp.async.wait_group 1"]
+        {
             assert!(ptx.contains(want), "{arch}: no `{want}` in\n{ptx}");
         }
     }

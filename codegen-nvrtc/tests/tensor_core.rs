@@ -21,7 +21,8 @@ fn mma_and_ldmatrix_compile_as_inline_asm() {
     assert!(src.contains("asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "{src}");
     assert!(src.contains("asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"), "{src}");
     let refs: Vec<&Kernel> = kernels.iter().collect();
-    for (arch, ptx) in compile_and_assemble("mma_and_ldmatrix_compile_as_inline_asm", &refs, &[Arch::Sm80, Arch::Sm90]) {
+    for (arch, ptx) in compile_and_assemble("mma_and_ldmatrix_compile_as_inline_asm", &refs, &[Arch::Sm80, Arch::Sm90])
+    {
         for want in [
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",

@@ -68,9 +68,7 @@ fn constant_offsets_fold_into_the_address() {
     let k = offsets();
     let ptx = squash(&emit(&k, Arch::Sm80));
     let lines: Vec<&str> = ptx.lines().collect();
-    let has = |prefix: &str, operands: &str| {
-        lines.iter().any(|l| l.starts_with(prefix) && l.contains(operands))
-    };
+    let has = |prefix: &str, operands: &str| lines.iter().any(|l| l.starts_with(prefix) && l.contains(operands));
     for (prefix, operands) in [
         ("ld.global.f32", "+12];"),
         ("ld.global.f32", "+-8];"),

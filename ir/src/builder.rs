@@ -561,13 +561,7 @@ impl KernelBuilder {
 
     /// A loop without carried values.
     #[track_caller]
-    pub fn for_each(
-        &mut self,
-        start: Value,
-        end: Value,
-        step: Value,
-        body: impl FnOnce(&mut KernelBuilder, Value),
-    ) {
+    pub fn for_each(&mut self, start: Value, end: Value, step: Value, body: impl FnOnce(&mut KernelBuilder, Value)) {
         self.for_range(start, end, step, &[], |b, iv, _| {
             body(b, iv);
             vec![]

@@ -227,7 +227,11 @@ pub fn run_generated(g: &GeneratedKernel, kernel: &Kernel) -> Result<Vec<Vec<u8>
 
 /// [`run_generated`] on `threads` interpreter threads (`None`: as `RUDA_INTERP_THREADS` says),
 /// so that tests can vary how blocks are scheduled.
-pub fn run_generated_on(g: &GeneratedKernel, kernel: &Kernel, threads: Option<usize>) -> Result<Vec<Vec<u8>>, InterpError> {
+pub fn run_generated_on(
+    g: &GeneratedKernel,
+    kernel: &Kernel,
+    threads: Option<usize>,
+) -> Result<Vec<Vec<u8>>, InterpError> {
     let mut buffers: Vec<Vec<u8>> = g
         .inputs
         .iter()

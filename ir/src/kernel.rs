@@ -191,10 +191,7 @@ impl SpecialReg {
 
     /// Whether every thread of a block reads the same value.
     pub fn is_block_uniform(self) -> bool {
-        !matches!(
-            self,
-            SpecialReg::TidX | SpecialReg::TidY | SpecialReg::TidZ | SpecialReg::LaneId
-        )
+        !matches!(self, SpecialReg::TidX | SpecialReg::TidY | SpecialReg::TidZ | SpecialReg::LaneId)
     }
 }
 
@@ -254,10 +251,7 @@ named_enum!(
 impl UnaryOp {
     /// Whether the operation is one of PTX's approximate math instructions.
     pub fn is_approx(self) -> bool {
-        matches!(
-            self,
-            UnaryOp::Rsqrt | UnaryOp::Ex2 | UnaryOp::Lg2 | UnaryOp::Tanh | UnaryOp::Sin | UnaryOp::Cos
-        )
+        matches!(self, UnaryOp::Rsqrt | UnaryOp::Ex2 | UnaryOp::Lg2 | UnaryOp::Tanh | UnaryOp::Sin | UnaryOp::Cos)
     }
 }
 
@@ -385,17 +379,35 @@ pub enum Op {
     /// Pointer to the dynamic shared memory given at launch, viewed as `elem`.
     DynSharedBase(ScalarType),
     /// Load `lanes` consecutive elements (1: scalar, 2 or 4: a vector) from a pointer.
-    Load { ptr: Value, lanes: u8 },
+    Load {
+        ptr: Value,
+        lanes: u8,
+    },
     /// Store a scalar or vector value through a pointer.
-    Store { ptr: Value, value: Value },
+    Store {
+        ptr: Value,
+        value: Value,
+    },
     /// Atomic read-modify-write returning the old value; `compare` only for `cas`.
-    Atomic { op: AtomicOp, ptr: Value, value: Value, compare: Option<Value> },
+    Atomic {
+        op: AtomicOp,
+        ptr: Value,
+        value: Value,
+        compare: Option<Value>,
+    },
     /// `bar.sync 0`: all threads of the block wait; must be reached in uniform control flow.
     Barrier,
     /// Warp shuffle of a 32-bit value from the lane `lane` selects (per `mode`).
-    Shfl { mode: ShflMode, value: Value, lane: Value },
+    Shfl {
+        mode: ShflMode,
+        value: Value,
+        lane: Value,
+    },
     /// Warp vote over a predicate; `ballot` returns `u32`, the others a predicate.
-    Vote { mode: VoteMode, pred: Value },
+    Vote {
+        mode: VoteMode,
+        pred: Value,
+    },
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32`: the warp computes
     /// `D = A * B + C` with A 16x16 (row-major), B 16x8 (column-major), C and D 16x8 in f32.
     /// Warp-collective: all 32 lanes of the warp must be active. With `g = laneid / 4` and
@@ -412,7 +424,12 @@ pub enum Op {
     /// order in f32 with round to nearest even starting from +0, then C is added with one more
     /// rounding; a NaN result is the canonical `0x7fffffff`. Subnormals are kept. Results on a
     /// GPU differ from this model within a small tolerance, not bit-exactly.
-    Mma { ty: MmaType, a: Value, b: Value, c: Value },
+    Mma {
+        ty: MmaType,
+        a: Value,
+        b: Value,
+        c: Value,
+    },
     /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16`: the warp loads `count` (1, 2
     /// or 4) 8x8 matrices of 16-bit elements from shared memory. Warp-collective: all 32 lanes
     /// must be active. Lane `8 * m + r` gives the address of row `r` of matrix `m` (8
@@ -421,7 +438,11 @@ pub enum Op {
     /// packed in a u32 (lower column in the low 16 bits), or with `trans` the transposed
     /// `M_m[2 * (l % 4)][l / 4]` and `M_m[2 * (l % 4) + 1][l / 4]`. The pointer is a shared
     /// pointer to a 16-bit type; the result is `u32`, `v2u32` or `v4u32`.
-    LdMatrix { ptr: Value, count: u8, trans: bool },
+    LdMatrix {
+        ptr: Value,
+        count: u8,
+        trans: bool,
+    },
     /// `cp.async.{ca,cg}.shared.global [dst], [src], size{, src_size}`: each thread starts an
     /// asynchronous copy of `size` (4, 8 or 16) bytes from global memory (`src`, a global
     /// pointer) to shared memory (`dst`, a shared pointer), both aligned to `size`. With
@@ -440,7 +461,12 @@ pub enum Op {
     /// the copy (a write by the issuing thread for race detection, as is the issue itself). A
     /// barrier does not complete copies (as on hardware), and copies still pending when the
     /// thread exits are dropped.
-    CpAsync { dst: Value, src: Value, size: u8, src_size: Option<Value> },
+    CpAsync {
+        dst: Value,
+        src: Value,
+        size: u8,
+        src_size: Option<Value>,
+    },
     /// `cp.async.commit_group`: closes the thread's open group of `cp.async` copies (possibly
     /// empty) and makes it the most recent committed group.
     CpAsyncCommit,
@@ -453,11 +479,21 @@ pub enum Op {
     /// A vector from scalars.
     MakeVector(Vec<Value>),
     /// Structured conditional: results are the yields of whichever region ran.
-    If { cond: Value, then_region: RegionId, else_region: RegionId },
+    If {
+        cond: Value,
+        then_region: RegionId,
+        else_region: RegionId,
+    },
     /// `for (iv = start; iv < end; iv += step)` with loop-carried values. The body's params are
     /// `[iv, carried...]`, its yields the next carried values, the results the final ones. The
     /// comparison is signed or unsigned by the induction type.
-    For { start: Value, end: Value, step: Value, init: Vec<Value>, body: RegionId },
+    For {
+        start: Value,
+        end: Value,
+        step: Value,
+        init: Vec<Value>,
+        body: RegionId,
+    },
 }
 
 impl Op {
@@ -553,7 +589,12 @@ impl Op {
     pub fn has_side_effects(&self) -> bool {
         matches!(
             self,
-            Op::Store { .. } | Op::Atomic { .. } | Op::Barrier | Op::CpAsync { .. } | Op::CpAsyncCommit | Op::CpAsyncWait(_)
+            Op::Store { .. }
+                | Op::Atomic { .. }
+                | Op::Barrier
+                | Op::CpAsync { .. }
+                | Op::CpAsyncCommit
+                | Op::CpAsyncWait(_)
         )
     }
 

@@ -174,12 +174,8 @@ impl Printer<'_> {
                     None => format!("for <missing iv> = {start} to {end} step {step}"),
                 };
                 if !init.is_empty() {
-                    let carried: Vec<String> = params
-                        .iter()
-                        .skip(1)
-                        .zip(init)
-                        .map(|(p, i)| format!("{p}: {} = {i}", k.ty(*p)))
-                        .collect();
+                    let carried: Vec<String> =
+                        params.iter().skip(1).zip(init).map(|(p, i)| format!("{p}: {} = {i}", k.ty(*p))).collect();
                     let _ = write!(s, " iter({})", carried.join(", "));
                 }
                 s

@@ -238,7 +238,8 @@ impl<'a> Verifier<'a> {
                     _ => t == ScalarType::F32,
                 };
                 if !ok {
-                    let hint = if t.is_float() && !t.is_arith_float() { " (convert f16/bf16 to f32 first)" } else { "" };
+                    let hint =
+                        if t.is_float() && !t.is_arith_float() { " (convert f16/bf16 to f32 first)" } else { "" };
                     return e(format!("`{op}` is not defined on {t}{hint}"));
                 }
                 vec![Type::Scalar(t)]
@@ -261,14 +262,15 @@ impl<'a> Verifier<'a> {
                             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => is_arith(t),
                             BinaryOp::Min | BinaryOp::Max => is_arith(t),
                             BinaryOp::MulHi | BinaryOp::Rem => is_arith_int(t),
-                            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
-                                is_arith_int(t) || t == ScalarType::Pred
-                            }
+                            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => is_arith_int(t) || t == ScalarType::Pred,
                             BinaryOp::Shl | BinaryOp::Shr => unreachable!("handled above"),
                         };
                         if !ok {
-                            let hint =
-                                if t.is_float() && !t.is_arith_float() { " (convert f16/bf16 to f32 first)" } else { "" };
+                            let hint = if t.is_float() && !t.is_arith_float() {
+                                " (convert f16/bf16 to f32 first)"
+                            } else {
+                                ""
+                            };
                             return e(format!("`{op}` is not defined on {t}{hint}"));
                         }
                     }
@@ -412,7 +414,11 @@ impl<'a> Verifier<'a> {
                 vec![if *mode == VoteMode::Ballot { Type::U32 } else { Type::PRED }]
             }
             Op::Mma { a, b, c, .. } => {
-                let want = [(*a, "A", Type::Vector(ScalarType::U32, 4)), (*b, "B", Type::Vector(ScalarType::U32, 2)), (*c, "C", Type::Vector(ScalarType::F32, 4))];
+                let want = [
+                    (*a, "A", Type::Vector(ScalarType::U32, 4)),
+                    (*b, "B", Type::Vector(ScalarType::U32, 2)),
+                    (*c, "C", Type::Vector(ScalarType::F32, 4)),
+                ];
                 for (v, name, t) in want {
                     if ty(v) != t {
                         return e(format!("`mma.m16n8k16` {name} fragment {v} must be {t}, found {}", ty(v)));
@@ -523,7 +529,8 @@ impl<'a> Verifier<'a> {
                 Ok((space, elem))
             }
             Type::Ptr(space, _) => {
-                Err(self.err(id, format!("memory access through a {space} pointer: only global and shared are supported")))
+                Err(self
+                    .err(id, format!("memory access through a {space} pointer: only global and shared are supported")))
             }
             other => Err(self.err(id, format!("{ptr} is not a pointer ({other})"))),
         }
@@ -591,7 +598,8 @@ pub fn uniformity(k: &Kernel) -> Vec<bool> {
                         let carried = uniform[init[i].index()] && uniform[y.index()] && bounds;
                         set(*p, carried, &mut uniform);
                     }
-                    bounds && region.yields.iter().all(|y| uniform[y.index()])
+                    bounds
+                        && region.yields.iter().all(|y| uniform[y.index()])
                         && init.iter().all(|v| uniform[v.index()])
                 }
                 _ => ops_uniform,

@@ -87,19 +87,28 @@ fn reading_a_pending_destination_is_an_error() {
     // wait covers committed groups only).
     let cases: [(&str, Box<dyn Fn(&mut KernelBuilder)>); 4] = [
         ("no wait", Box::new(|_b: &mut KernelBuilder| {})),
-        ("barrier only", Box::new(|b: &mut KernelBuilder| {
-            b.cp_async_commit();
-            b.barrier();
-        })),
-        ("wait_group 1 with one group", Box::new(|b: &mut KernelBuilder| {
-            b.cp_async_commit();
-            b.cp_async_wait(1);
-            b.barrier();
-        })),
-        ("uncommitted", Box::new(|b: &mut KernelBuilder| {
-            b.cp_async_wait(0);
-            b.barrier();
-        })),
+        (
+            "barrier only",
+            Box::new(|b: &mut KernelBuilder| {
+                b.cp_async_commit();
+                b.barrier();
+            }),
+        ),
+        (
+            "wait_group 1 with one group",
+            Box::new(|b: &mut KernelBuilder| {
+                b.cp_async_commit();
+                b.cp_async_wait(1);
+                b.barrier();
+            }),
+        ),
+        (
+            "uncommitted",
+            Box::new(|b: &mut KernelBuilder| {
+                b.cp_async_wait(0);
+                b.barrier();
+            }),
+        ),
     ];
     for (what, body) in cases {
         let k = neighbour_kernel(body);
@@ -224,27 +233,43 @@ fn the_verifier_checks_spaces_sizes_and_static_alignment() {
     check(&|b, [g, _, _]| b.cp_async(g, g, 4), "destination %0 must be a shared pointer");
     check(&|b, [_, s, _]| b.cp_async(s, s, 4), "must be a global pointer");
     check(&|b, [g, s, n]| b.cp_async_zfill(s, g, 4, n), "");
-    check(&|b, [g, s, _]| {
-        let big = b.const_u32(5);
-        b.cp_async_zfill(s, g, 4, big)
-    }, "source size 5 exceeds the copy size 4");
-    check(&|b, [g, s, _]| {
-        let one = b.const_u32(1);
-        let p = b.ptr_add(s, one);
-        b.cp_async(p, g, 8)
-    }, "at shared offset 4, not aligned to the copy size 8");
-    check(&|b, [g, s, _]| {
-        let two = b.const_u32(2);
-        let p = b.ptr_add(s, two);
-        b.cp_async(p, g, 8)
-    }, "");
+    check(
+        &|b, [g, s, _]| {
+            let big = b.const_u32(5);
+            b.cp_async_zfill(s, g, 4, big)
+        },
+        "source size 5 exceeds the copy size 4",
+    );
+    check(
+        &|b, [g, s, _]| {
+            let one = b.const_u32(1);
+            let p = b.ptr_add(s, one);
+            b.cp_async(p, g, 8)
+        },
+        "at shared offset 4, not aligned to the copy size 8",
+    );
+    check(
+        &|b, [g, s, _]| {
+            let two = b.const_u32(2);
+            let p = b.ptr_add(s, two);
+            b.cp_async(p, g, 8)
+        },
+        "",
+    );
 }
 
 #[test]
 fn text_form_round_trips() {
     let k = cp_async_kernel(2).unwrap();
     let text = print_kernel(&k);
-    for want in ["cp.async.16 %", "cp.async.8 %", "cp.async.4 %", "cp.async.commit_group\n", "cp.async.wait_group 1\n", "cp.async.wait_group 0\n"] {
+    for want in [
+        "cp.async.16 %",
+        "cp.async.8 %",
+        "cp.async.4 %",
+        "cp.async.commit_group\n",
+        "cp.async.wait_group 1\n",
+        "cp.async.wait_group 0\n",
+    ] {
         assert!(text.contains(want), "no `{want}` in\n{text}");
     }
     let back = parse_kernel(&text).unwrap();

@@ -253,8 +253,20 @@ fn warp_shuffle_reduction_and_modes() {
             let src = match mode {
                 ShflMode::Idx => bval,
                 ShflMode::Bfly => l ^ bval,
-                ShflMode::Down => if l + bval <= 31 { l + bval } else { l },
-                ShflMode::Up => if l >= bval { l - bval } else { l },
+                ShflMode::Down => {
+                    if l + bval <= 31 {
+                        l + bval
+                    } else {
+                        l
+                    }
+                }
+                ShflMode::Up => {
+                    if l >= bval {
+                        l - bval
+                    } else {
+                        l
+                    }
+                }
             };
             assert_eq!(g, inputs[0][w0 + src], "shfl.{mode} lane {i} b {}", inputs[1][i]);
         }
@@ -284,12 +296,14 @@ fn votes_over_each_warp() {
     store_at(&mut b, out, i1, ballot);
     let k = b.finish().unwrap();
     // Warp 0: every third lane; warp 1: all; warp 2: none; warp 3: lane 31 only.
-    let data: Vec<u32> = (0..128).map(|i| match i / 32 {
-        0 => (i % 3 == 0) as u32,
-        1 => 5,
-        2 => 0,
-        _ => (i % 32 == 31) as u32,
-    }).collect();
+    let data: Vec<u32> = (0..128)
+        .map(|i| match i / 32 {
+            0 => (i % 3 == 0) as u32,
+            1 => 5,
+            2 => 0,
+            _ => (i % 32 == 31) as u32,
+        })
+        .collect();
     let mut input = u32s(&data);
     let mut out = vec![0u8; 4 * 2 * 128];
     run(&k, &linear(1, 128), &mut [KernelArg::Buffer(&mut input), KernelArg::Buffer(&mut out)]).unwrap();
@@ -668,7 +682,8 @@ fn scalar_parameters_of_each_type() {
     let types = [I16, I32, I64, U16, U32, U64, F32, F64, F16, BF16, U8, I8];
     let mut b = KernelBuilder::new("params");
     let out = b.param("out", gptr(U64));
-    let params: Vec<Value> = types.iter().enumerate().map(|(i, &t)| b.param(format!("p{i}"), Type::Scalar(t))).collect();
+    let params: Vec<Value> =
+        types.iter().enumerate().map(|(i, &t)| b.param(format!("p{i}"), Type::Scalar(t))).collect();
     for (i, (&p, &t)) in params.iter().zip(&types).enumerate() {
         let w = match t.bits() {
             8 => b.bitcast(p, U8),
@@ -681,7 +696,8 @@ fn scalar_parameters_of_each_type() {
         store_at(&mut b, out, idx, w);
     }
     let k = b.finish().unwrap();
-    let bits: Vec<u64> = types.iter().enumerate().map(|(i, t)| (0x8123_4567_89ab_cdefu64 >> i) & width_mask(*t)).collect();
+    let bits: Vec<u64> =
+        types.iter().enumerate().map(|(i, t)| (0x8123_4567_89ab_cdefu64 >> i) & width_mask(*t)).collect();
     let mut out = vec![0u8; 8 * types.len()];
     let mut args = vec![KernelArg::Buffer(&mut out)];
     args.extend(types.iter().zip(&bits).map(|(&t, &x)| KernelArg::Scalar(Constant::new(t, x))));

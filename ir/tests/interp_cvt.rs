@@ -181,7 +181,10 @@ fn cvt(to: ScalarType, rounding: Option<Rounding>, sat: bool) -> Cvt {
 
 fn int_samples(t: ScalarType, rng: &mut Rng) -> Vec<u64> {
     let mut v = int_edges(t);
-    v.extend([1 << 24, (1 << 24) + 1, (1 << 24) + 3, 65504, 65519, 65520, 65535, (1 << 53) + 1, 0x7fff_ff40].map(|x| x & width_mask(t)));
+    v.extend(
+        [1 << 24, (1 << 24) + 1, (1 << 24) + 3, 65504, 65519, 65520, 65535, (1 << 53) + 1, 0x7fff_ff40]
+            .map(|x| x & width_mask(t)),
+    );
     for _ in 0..200 {
         let shift = rng.next() % 64;
         v.push((rng.next() >> shift) & width_mask(t));
@@ -310,8 +313,31 @@ fn half_widening_is_exact_for_every_pattern() {
 fn float_to_integer_rounds_then_saturates() {
     let mut rng = Rng(0x0bad_f00d_dead_beef);
     let mut xs: Vec<f64> = vec![
-        0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 127.5, 128.0, -128.5, 255.5, 256.0, 32767.5, 65535.5,
-        2147483520.0, 2147483648.0, -2147483904.0, 4294967296.0, 9.3e18, 1.9e19, -9.3e18, 1e30, -1e30,
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -1.5,
+        -2.5,
+        0.49999997,
+        127.5,
+        128.0,
+        -128.5,
+        255.5,
+        256.0,
+        32767.5,
+        65535.5,
+        2147483520.0,
+        2147483648.0,
+        -2147483904.0,
+        4294967296.0,
+        9.3e18,
+        1.9e19,
+        -9.3e18,
+        1e30,
+        -1e30,
     ];
     xs.extend((0..100).map(|_| ((rng.next() % 2_000_000) as f64 - 1_000_000.0) / 7.0));
     xs.extend([f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1e-40]);

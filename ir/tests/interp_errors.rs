@@ -40,10 +40,14 @@ fn global_out_of_bounds_names_the_first_failing_block_and_thread() {
     let k = copy_kernel();
     let mut input = vec![0u8; 4 * (64 * 2 + 5)];
     let mut out = vec![0u8; 4 * 256];
-    let e = expect_err(&k, &LaunchConfig::linear(4, 64), &mut [KernelArg::Buffer(&mut input), KernelArg::Buffer(&mut out)]);
+    let e =
+        expect_err(&k, &LaunchConfig::linear(4, 64), &mut [KernelArg::Buffer(&mut input), KernelArg::Buffer(&mut out)]);
     assert_eq!((e.kernel.as_str(), e.op.as_str(), e.block, e.thread), ("copy", "load", [2, 0, 0], [5, 0, 0]));
     assert!(e.loc.as_ref().is_some_and(|l| l.file.ends_with("interp_errors.rs")), "{:?}", e.loc);
-    assert_mentions(&e, &["out of bounds", "global load of 4 bytes", "buffer 0, offset 532", "has 532 bytes", "interp_errors.rs:"]);
+    assert_mentions(
+        &e,
+        &["out of bounds", "global load of 4 bytes", "buffer 0, offset 532", "has 532 bytes", "interp_errors.rs:"],
+    );
 }
 
 #[test]
@@ -289,7 +293,10 @@ fn launch_shapes_are_validated() {
         (LaunchConfig { grid: [1, 1, 1], block: [1025, 1, 1], dynamic_shared_bytes: 0 }, "at most 1024"),
         (LaunchConfig { grid: [1, 1, 1], block: [1, 1, 65], dynamic_shared_bytes: 0 }, "z at most 64"),
         (LaunchConfig { grid: [1, 1, 1], block: [256, 1, 1], dynamic_shared_bytes: 0 }, "launch bound of 128"),
-        (LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], dynamic_shared_bytes: 300 * 1024 }, "bytes of shared memory"),
+        (
+            LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], dynamic_shared_bytes: 300 * 1024 },
+            "bytes of shared memory",
+        ),
     ];
     for (cfg, msg) in cases {
         let e = expect_err(&k, &cfg, &mut []);

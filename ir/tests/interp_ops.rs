@@ -156,8 +156,11 @@ fn integer_comparisons_by_signedness() {
 fn predicate_logic() {
     let inputs = pairs(&[0, 1], &[0, 1]);
     type Logic = fn(bool, bool) -> bool;
-    let cases: [(&str, Logic, BinaryOp); 3] =
-        [("and", |a, b| a & b, BinaryOp::And), ("or", |a, b| a | b, BinaryOp::Or), ("xor", |a, b| a ^ b, BinaryOp::Xor)];
+    let cases: [(&str, Logic, BinaryOp); 3] = [
+        ("and", |a, b| a & b, BinaryOp::And),
+        ("or", |a, b| a | b, BinaryOp::Or),
+        ("xor", |a, b| a ^ b, BinaryOp::Xor),
+    ];
     for (name, f, op) in cases {
         let got = map(&[Pred, Pred], Pred, &inputs, |b, v| b.binary(op, v[0], v[1]));
         check(name, &inputs, &got, |a| f(a[0] != 0, a[1] != 0) as u64);
@@ -390,7 +393,8 @@ fn select_and_bitcast_keep_bits() {
         let got = map(&[Pred, t, t], t, &inputs, |b, v| b.select(v[0], v[1], v[2]));
         check(&format!("select.{t}"), &inputs, &got, |a| if a[0] != 0 { a[1] } else { a[2] });
     }
-    let pairs_: [(ScalarType, ScalarType); 6] = [(F32, U32), (U32, F32), (F64, I64), (F16, U16), (BF16, I16), (I32, F32)];
+    let pairs_: [(ScalarType, ScalarType); 6] =
+        [(F32, U32), (U32, F32), (F64, I64), (F16, U16), (BF16, I16), (I32, F32)];
     for (from, to) in pairs_ {
         let inputs = vec![vec![0, 1, width_mask(from), 0x7fc0_0001 & width_mask(from)]];
         let got = map(&[from], to, &inputs, |b, v| b.bitcast(v[0], to));

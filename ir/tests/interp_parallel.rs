@@ -107,7 +107,11 @@ fn lane_op_throughput() {
     let start = Instant::now();
     run_with_threads(&k, &LaunchConfig::linear(blocks, 256), &mut [KernelArg::Buffer(&mut buf)], 1).unwrap();
     let secs = start.elapsed().as_secs_f64();
-    eprintln!("interp throughput: {lane_ops:.2e} lane-ops in {:.1} ms = {:.2e} lane-ops/s (1 thread)", secs * 1e3, lane_ops / secs);
+    eprintln!(
+        "interp throughput: {lane_ops:.2e} lane-ops in {:.1} ms = {:.2e} lane-ops/s (1 thread)",
+        secs * 1e3,
+        lane_ops / secs
+    );
     assert!(secs < 1.0, "{lane_ops:.2e} lane-ops took {secs:.2} s");
     // The loop computed something: thread 0 has x = 0, so each chain is c * 0.999^(2 iters).
     let got = to_f32s(&buf)[0];

@@ -188,7 +188,10 @@ fn accesses_at_constant_offsets_share_one_base_after_cse() {
     b.store(q, acc);
     let k = b.finish().unwrap();
     let after = check(&k, "simplify,addr-fold,cse,dce", LaunchConfig::linear(1, 32), &gather_args(0)[..2]);
-    let variable = count(&after, |o| matches!(o, Op::PtrAdd(_, i) if !matches!(after.insts.iter().find(|d| d.results.first() == Some(i)).map(|d| &d.op), Some(Op::Const(_)))));
+    let variable = count(
+        &after,
+        |o| matches!(o, Op::PtrAdd(_, i) if !matches!(after.insts.iter().find(|d| d.results.first() == Some(i)).map(|d| &d.op), Some(Op::Const(_)))),
+    );
     // x + 2 tid and out + tid.
     assert_eq!(variable, 2, "{}", print_kernel(&after));
 }

@@ -38,7 +38,12 @@ fn fold_binary(t: ScalarType, ops: &[BinaryOp]) {
             vals
         });
         let after = check_slots(&k, n, "fold");
-        assert_eq!(count(&after, |o| matches!(o, Op::Binary(..))), 0, "{op} on {t} left unfolded:\n{}", print_kernel(&after));
+        assert_eq!(
+            count(&after, |o| matches!(o, Op::Binary(..))),
+            0,
+            "{op} on {t} left unfolded:\n{}",
+            print_kernel(&after)
+        );
     }
 }
 

@@ -161,7 +161,8 @@ fn invariants_climb_out_of_nested_loops() {
     let p = b.ptr_add(out, tid);
     b.store(p, r);
     let k = b.finish().unwrap();
-    let after = check(&k, "licm", LaunchConfig::linear(1, 8), &[Arg::Buffer(vec![0; 32]), Arg::Scalar(Constant::u32(4))]);
+    let after =
+        check(&k, "licm", LaunchConfig::linear(1, 8), &[Arg::Buffer(vec![0; 32]), Arg::Scalar(Constant::u32(4))]);
     let text = print_kernel(&after);
     // `7` and `tid * 7` leave both loops, `i * 7` and its sum with `tid * 7` leave the inner.
     let top = after.region(after.body).insts.iter().filter(|id| matches!(after.inst(**id).op, Op::Binary(..))).count();

@@ -251,10 +251,12 @@ fn ptradd_of_zero_and_pointer_cast_chains_fold() {
     let v = b.load(q);
     b.store(out, v);
     let k = b.finish().unwrap();
-    let after = check(&k, "simplify,dce", ruda_ir::interp::LaunchConfig::linear(1, 1), &[
-        Arg::Buffer(bytes_of(&[42], 4)),
-        Arg::Buffer(vec![0; 4]),
-    ]);
+    let after = check(
+        &k,
+        "simplify,dce",
+        ruda_ir::interp::LaunchConfig::linear(1, 1),
+        &[Arg::Buffer(bytes_of(&[42], 4)), Arg::Buffer(vec![0; 4])],
+    );
     let text = print_kernel(&after);
     assert!(!text.contains("ptradd") && !text.contains("ptrcast"), "{text}");
 }
@@ -278,10 +280,14 @@ fn float_division_by_a_power_of_two_becomes_a_multiplication() {
             // Powers of two (one with a subnormal reciprocal), and divisors that must stay.
             let exact = [4096.0, 0.5, -8.0, 2f64.powi(if t == F32 { 127 } else { 1023 })];
             let inexact = [3.0, 0.1, 0.0, f64::INFINITY, 2f64.powi(if t == F32 { -140 } else { -1060 })];
-            exact.iter().chain(&inexact).map(|&v| {
-                let k = b.constant(c(v));
-                b.div(x, k)
-            }).collect()
+            exact
+                .iter()
+                .chain(&inexact)
+                .map(|&v| {
+                    let k = b.constant(c(v));
+                    b.div(x, k)
+                })
+                .collect()
         });
         let divs = count(&after, |o| matches!(o, Op::Binary(BinaryOp::Div, ..)));
         assert_eq!(divs, 5, "{t}:\n{}", print_kernel(&after));

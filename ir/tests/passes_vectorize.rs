@@ -158,7 +158,8 @@ fn loads_through_a_parameter_pointer_stay_scalar() {
     b.store(q, acc);
     let k = b.finish().unwrap();
     let xs: Vec<u64> = (0..16).map(|v| (v as f32 * 0.5).to_bits() as u64).collect();
-    let after = check(&k, "vectorize", LaunchConfig::linear(1, 4), &[Arg::Buffer(bytes_of(&xs, 4)), Arg::Buffer(vec![0; 16])]);
+    let after =
+        check(&k, "vectorize", LaunchConfig::linear(1, 4), &[Arg::Buffer(bytes_of(&xs, 4)), Arg::Buffer(vec![0; 16])]);
     assert!(vectors(&after).is_empty());
 }
 

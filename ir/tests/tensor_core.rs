@@ -84,8 +84,12 @@ fn run_mma(ty: MmaType, a: &[[f32; 16]; 16], bm: &[[f32; 8]; 16], c: &[[f32; 8];
         }
     }
     let (mut ba, mut bb, mut bc, mut bd) = (u32s(&fa), u32s(&fb), f32s(&fc), vec![0u8; 512]);
-    let mut args =
-        [KernelArg::Buffer(&mut ba), KernelArg::Buffer(&mut bb), KernelArg::Buffer(&mut bc), KernelArg::Buffer(&mut bd)];
+    let mut args = [
+        KernelArg::Buffer(&mut ba),
+        KernelArg::Buffer(&mut bb),
+        KernelArg::Buffer(&mut bc),
+        KernelArg::Buffer(&mut bd),
+    ];
     run(&k, &LaunchConfig::linear(1, 32), &mut args).unwrap();
     let out = to_f32s(&bd);
     let mut d = [[f32::NAN; 8]; 16];
@@ -167,8 +171,12 @@ fn mma_sums_in_k_order_in_f32() {
 fn mma_needs_the_whole_warp() {
     let k = mma_kernel(MmaType::BF16, true);
     let (mut ba, mut bb, mut bc, mut bd) = (vec![0u8; 512], vec![0u8; 256], vec![0u8; 512], vec![0u8; 512]);
-    let mut args =
-        [KernelArg::Buffer(&mut ba), KernelArg::Buffer(&mut bb), KernelArg::Buffer(&mut bc), KernelArg::Buffer(&mut bd)];
+    let mut args = [
+        KernelArg::Buffer(&mut ba),
+        KernelArg::Buffer(&mut bb),
+        KernelArg::Buffer(&mut bc),
+        KernelArg::Buffer(&mut bd),
+    ];
     let e = run(&k, &LaunchConfig::linear(1, 32), &mut args).unwrap_err();
     assert_eq!(e.op, "mma.m16n8k16.bf16");
     assert!(e.message.contains("inactive lanes"), "{e}");
@@ -230,8 +238,11 @@ fn ldmatrix_matches_a_plain_reference() {
             for lane in 0..32 {
                 for m in 0..count as usize {
                     let (g, t) = (lane / 4, lane % 4);
-                    let (lo, hi) =
-                        if trans { (elem(m, 2 * t, g), elem(m, 2 * t + 1, g)) } else { (elem(m, g, 2 * t), elem(m, g, 2 * t + 1)) };
+                    let (lo, hi) = if trans {
+                        (elem(m, 2 * t, g), elem(m, 2 * t + 1, g))
+                    } else {
+                        (elem(m, g, 2 * t), elem(m, g, 2 * t + 1))
+                    };
                     assert_eq!(out[lane * 4 + m], lo | hi << 16, "x{count} trans={trans} lane {lane} reg {m}");
                 }
             }
@@ -259,8 +270,12 @@ fn ldmatrix_rejects_misaligned_rows_and_partial_warps() {
 
 #[test]
 fn text_form_round_trips_and_types_are_checked() {
-    for k in [mma_kernel(MmaType::F16, false), mma_kernel(MmaType::BF16, true), ldmatrix_kernel(4, true), ldmatrix_kernel(2, false)]
-    {
+    for k in [
+        mma_kernel(MmaType::F16, false),
+        mma_kernel(MmaType::BF16, true),
+        ldmatrix_kernel(4, true),
+        ldmatrix_kernel(2, false),
+    ] {
         let text = print_kernel(&k);
         let back = parse_kernel(&text).unwrap();
         assert_eq!(print_kernel(&back), text);

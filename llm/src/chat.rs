@@ -29,10 +29,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -48,44 +45,28 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("origin", &self.origin)
-            .finish_non_exhaustive()
+        f.debug_struct("ChatTemplate").field("origin", &self.origin).finish_non_exhaustive()
     }
 }
 
 impl ChatTemplate {
     /// Compile `source`; `origin` names it in error messages.
-    pub fn new(
-        source: impl Into<String>,
-        origin: impl Into<String>,
-    ) -> Result<ChatTemplate, LoadError> {
+    pub fn new(source: impl Into<String>, origin: impl Into<String>) -> Result<ChatTemplate, LoadError> {
         let (source, origin) = (source.into(), origin.into());
         let mut env = Environment::new();
-        let syntax = SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build();
+        let syntax = SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
         env.set_syntax(syntax.map_err(|e| template_error(&origin, &e))?);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.clone())
-            .map_err(|e| template_error(&origin, &e))?;
-        Ok(ChatTemplate {
-            source,
-            origin,
-            env,
-            bos_token: None,
-            eos_token: None,
-        })
+        env.add_template_owned(NAME, source.clone()).map_err(|e| template_error(&origin, &e))?;
+        Ok(ChatTemplate { source, origin, env, bos_token: None, eos_token: None })
     }
 
     /// The ChatML fallback.
     pub fn chatml() -> ChatTemplate {
         // The constant compiles (tested); an error here would be a bug in this file.
-        ChatTemplate::new(CHATML_TEMPLATE, "built-in ChatML")
-            .expect("the built-in ChatML template compiles")
+        ChatTemplate::new(CHATML_TEMPLATE, "built-in ChatML").expect("the built-in ChatML template compiles")
     }
 
     /// The template of the model in `dir`: `chat_template` of `tokenizer_config.json` (a string,
@@ -95,17 +76,8 @@ impl ChatTemplate {
     pub fn load(dir: impl AsRef<Path>) -> Result<ChatTemplate, LoadError> {
         let dir = dir.as_ref();
         let config_path = dir.join("tokenizer_config.json");
-        let config = if config_path.exists() {
-            Some(read_json(&config_path)?)
-        } else {
-            None
-        };
-        let mut template = match config
-            .as_ref()
-            .map(|c| template_source(&config_path, c))
-            .transpose()?
-            .flatten()
-        {
+        let config = if config_path.exists() { Some(read_json(&config_path)?) } else { None };
+        let mut template = match config.as_ref().map(|c| template_source(&config_path, c)).transpose()?.flatten() {
             Some(source) => ChatTemplate::new(source, config_path.display().to_string())?,
             None => {
                 let jinja = dir.join("chat_template.jinja");
@@ -142,9 +114,7 @@ impl ChatTemplate {
             if matches!(key.as_str(), "messages" | "add_generation_prompt") {
                 return Err(LoadError::Template {
                     source_name: self.origin.clone(),
-                    message: format!(
-                        "extra variable \"{key}\" would replace the argument of the same name"
-                    ),
+                    message: format!("extra variable \"{key}\" would replace the argument of the same name"),
                 });
             }
             ctx.insert(key.clone(), from_json(value));
@@ -162,34 +132,19 @@ impl ChatTemplate {
             })
             .collect();
         ctx.insert("messages".into(), Value::from(messages));
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
-        );
-        for (key, token) in [
-            ("bos_token", &self.bos_token),
-            ("eos_token", &self.eos_token),
-        ] {
+        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+        for (key, token) in [("bos_token", &self.bos_token), ("eos_token", &self.eos_token)] {
             if let Some(token) = token {
-                ctx.entry(key.to_string())
-                    .or_insert_with(|| Value::from(token.as_str()));
+                ctx.entry(key.to_string()).or_insert_with(|| Value::from(token.as_str()));
             }
         }
-        let template = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| template_error(&self.origin, &e))?;
-        template
-            .render(Value::from_object(ctx))
-            .map_err(|e| template_error(&self.origin, &e))
+        let template = self.env.get_template(NAME).map_err(|e| template_error(&self.origin, &e))?;
+        template.render(Value::from_object(ctx)).map_err(|e| template_error(&self.origin, &e))
     }
 }
 
 fn template_error(origin: &str, e: &dyn std::fmt::Display) -> LoadError {
-    LoadError::Template {
-        source_name: origin.to_string(),
-        message: e.to_string(),
-    }
+    LoadError::Template { source_name: origin.to_string(), message: e.to_string() }
 }
 
 /// `chat_template` of a tokenizer config: absent, a string, or a list of named templates.
@@ -205,22 +160,15 @@ fn template_source(path: &Path, config: &Json) -> Result<Option<String>, LoadErr
                 })
             };
             let chosen = named(Some("default")).or_else(|| named(None));
-            match chosen
-                .and_then(|t| t.get("template"))
-                .and_then(Json::as_str)
-            {
+            match chosen.and_then(|t| t.get("template")).and_then(Json::as_str) {
                 Some(s) => Ok(Some(s.to_string())),
                 None if list.is_empty() => Ok(None),
-                None => Err(LoadError::invalid(
-                    path,
-                    "chat_template is a list without a {name, template} string entry",
-                )),
+                None => {
+                    Err(LoadError::invalid(path, "chat_template is a list without a {name, template} string entry"))
+                }
             }
         }
-        Some(_) => Err(LoadError::invalid(
-            path,
-            "chat_template is neither a string nor a list of named templates",
-        )),
+        Some(_) => Err(LoadError::invalid(path, "chat_template is neither a string nor a list of named templates")),
     }
 }
 
@@ -231,10 +179,7 @@ fn special_token(path: &Path, config: &Json, key: &str) -> Result<Option<String>
         Some(Json::String(s)) => Ok(Some(s.clone())),
         Some(obj) => match obj.get("content").and_then(Json::as_str) {
             Some(s) => Ok(Some(s.to_string())),
-            None => Err(LoadError::invalid(
-                path,
-                format!("{key} is neither a string nor a token with \"content\""),
-            )),
+            None => Err(LoadError::invalid(path, format!("{key} is neither a string nor a token with \"content\""))),
         },
     }
 }
@@ -269,22 +214,12 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     kwargs.assert_all_used()?;
     let (item_sep, key_sep) = match separators.as_deref() {
         Some([item, key]) => (item.clone(), key.clone()),
-        Some(_) => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: separators must be (item, key)",
-            ))
-        }
+        Some(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be (item, key)")),
         // Python's defaults: no space before a newline when indenting.
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
-    let style = JsonStyle {
-        indent,
-        sort_keys: sort_keys.unwrap_or(false),
-        item_sep,
-        key_sep,
-    };
+    let style = JsonStyle { indent, sort_keys: sort_keys.unwrap_or(false), item_sep, key_sep };
     let mut out = String::new();
     write_json(&mut out, value, &style, 0)?;
     Ok(Value::from_safe_string(out))
@@ -297,12 +232,7 @@ struct JsonStyle {
     key_sep: String,
 }
 
-fn write_json(
-    out: &mut String,
-    value: &Value,
-    style: &JsonStyle,
-    depth: usize,
-) -> Result<(), Error> {
+fn write_json(out: &mut String, value: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = style.indent {
             out.push('\n');

@@ -75,9 +75,7 @@ pub fn load_config(dir: impl AsRef<Path>) -> Result<ModelConfig, LoadError> {
 
 /// Parse the JSON of a `config.json`; `path` is only used in error messages.
 pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError> {
-    let obj = json
-        .as_object()
-        .ok_or_else(|| LoadError::invalid(path, "the top level is not a JSON object"))?;
+    let obj = json.as_object().ok_or_else(|| LoadError::invalid(path, "the top level is not a JSON object"))?;
     let f = Fields { path, obj };
 
     let model_type = match obj.get("model_type").and_then(Value::as_str) {
@@ -93,26 +91,21 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     };
 
     if let Some(q) = obj.get("quantization_config").filter(|v| !v.is_null()) {
-        let method = q
-            .get("quant_method")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown");
-        return Err(LoadError::unsupported(path, format!("quantization_config (quant_method \"{method}\"): quantised checkpoints are not implemented")));
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+        return Err(LoadError::unsupported(
+            path,
+            format!("quantization_config (quant_method \"{method}\"): quantised checkpoints are not implemented"),
+        ));
     }
     let act = f.string("hidden_act")?.unwrap_or("silu");
     if act != "silu" {
-        return Err(LoadError::unsupported(
-            path,
-            format!("hidden_act \"{act}\" (only \"silu\")"),
-        ));
+        return Err(LoadError::unsupported(path, format!("hidden_act \"{act}\" (only \"silu\")")));
     }
 
     let hidden_size = f.required_usize("hidden_size")?;
     let num_hidden_layers = f.required_usize("num_hidden_layers")?;
     let num_attention_heads = f.required_usize("num_attention_heads")?;
-    let num_key_value_heads = f
-        .usize("num_key_value_heads")?
-        .unwrap_or(num_attention_heads);
+    let num_key_value_heads = f.usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
     let head_dim = match (f.usize("head_dim")?, model_type) {
         (Some(d), _) => d,
         // transformers' Qwen3Config default.
@@ -168,26 +161,14 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     if config.head_dim & 1 != 0 {
         return Err(LoadError::invalid(
             path,
-            format!(
-                "head_dim {} is odd (rotary embedding pairs dimensions)",
-                config.head_dim
-            ),
+            format!("head_dim {} is odd (rotary embedding pairs dimensions)", config.head_dim),
         ));
     }
     if !(config.rms_norm_eps > 0.0 && config.rms_norm_eps.is_finite()) {
-        return Err(LoadError::invalid(
-            path,
-            format!(
-                "rms_norm_eps {} is not a positive number",
-                config.rms_norm_eps
-            ),
-        ));
+        return Err(LoadError::invalid(path, format!("rms_norm_eps {} is not a positive number", config.rms_norm_eps)));
     }
     if !(config.rope_theta > 0.0 && config.rope_theta.is_finite()) {
-        return Err(LoadError::invalid(
-            path,
-            format!("rope_theta {} is not a positive number", config.rope_theta),
-        ));
+        return Err(LoadError::invalid(path, format!("rope_theta {} is not a positive number", config.rope_theta)));
     }
     reject_sliding_window(&f, num_hidden_layers)?;
     Ok(config)
@@ -202,23 +183,19 @@ fn rope_theta(f: &Fields) -> Result<f64, LoadError> {
             continue;
         };
         let Some(params) = params.as_object() else {
-            return Err(LoadError::invalid(
-                f.path,
-                format!("{key} is not an object"),
-            ));
+            return Err(LoadError::invalid(f.path, format!("{key} is not an object")));
         };
-        let kind = params
-            .get("rope_type")
-            .or_else(|| params.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
+        let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
         if kind != "default" {
-            return Err(LoadError::unsupported(f.path, format!("{key} with rope_type \"{kind}\" (only unscaled rotary embeddings are implemented)")));
+            return Err(LoadError::unsupported(
+                f.path,
+                format!("{key} with rope_type \"{kind}\" (only unscaled rotary embeddings are implemented)"),
+            ));
         }
         if let Some(t) = params.get("rope_theta") {
-            theta = Some(t.as_f64().ok_or_else(|| {
-                LoadError::invalid(f.path, format!("{key}.rope_theta is not a number"))
-            })?);
+            theta = Some(
+                t.as_f64().ok_or_else(|| LoadError::invalid(f.path, format!("{key}.rope_theta is not a number")))?,
+            );
         }
     }
     Ok(theta.unwrap_or(10000.0))
@@ -232,33 +209,22 @@ fn reject_sliding_window(f: &Fields, layers: usize) -> Result<(), LoadError> {
         None => None,
         Some(v) => {
             let list = v.as_array().filter(|a| a.iter().all(Value::is_string));
-            let list = list.ok_or_else(|| {
-                LoadError::invalid(f.path, "layer_types is not a list of strings")
-            })?;
+            let list = list.ok_or_else(|| LoadError::invalid(f.path, "layer_types is not a list of strings"))?;
             let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
             if names.len() != layers {
                 return Err(LoadError::invalid(
                     f.path,
-                    format!(
-                        "layer_types has {} entries for {layers} layers",
-                        names.len()
-                    ),
+                    format!("layer_types has {} entries for {layers} layers", names.len()),
                 ));
             }
-            if let Some(bad) = names
-                .iter()
-                .find(|t| !matches!(**t, "full_attention" | "sliding_attention"))
-            {
-                return Err(LoadError::unsupported(
-                    f.path,
-                    format!("layer type \"{bad}\" (only full_attention)"),
-                ));
+            if let Some(bad) = names.iter().find(|t| !matches!(**t, "full_attention" | "sliding_attention")) {
+                return Err(LoadError::unsupported(f.path, format!("layer type \"{bad}\" (only full_attention)")));
             }
             Some(names)
         }
     };
-    let enabled = f.bool("use_sliding_window")?.unwrap_or(false)
-        && f.obj.get("sliding_window").is_some_and(|v| !v.is_null());
+    let enabled =
+        f.bool("use_sliding_window")?.unwrap_or(false) && f.obj.get("sliding_window").is_some_and(|v| !v.is_null());
     if !enabled {
         return Ok(());
     }
@@ -310,10 +276,7 @@ impl Fields<'_> {
     }
 
     fn wrong(&self, key: &str, what: &str) -> LoadError {
-        LoadError::invalid(
-            self.path,
-            format!("{key} is not {what} (found {})", self.obj[key]),
-        )
+        LoadError::invalid(self.path, format!("{key} is not {what} (found {})", self.obj[key]))
     }
 
     fn usize(&self, key: &str) -> Result<Option<usize>, LoadError> {
@@ -327,25 +290,18 @@ impl Fields<'_> {
     }
 
     fn required_usize(&self, key: &str) -> Result<usize, LoadError> {
-        self.usize(key)?
-            .ok_or_else(|| LoadError::invalid(self.path, format!("missing \"{key}\"")))
+        self.usize(key)?.ok_or_else(|| LoadError::invalid(self.path, format!("missing \"{key}\"")))
     }
 
     fn f64(&self, key: &str) -> Result<Option<f64>, LoadError> {
-        self.get(key)
-            .map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number")))
-            .transpose()
+        self.get(key).map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number"))).transpose()
     }
 
     fn bool(&self, key: &str) -> Result<Option<bool>, LoadError> {
-        self.get(key)
-            .map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "true or false")))
-            .transpose()
+        self.get(key).map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "true or false"))).transpose()
     }
 
     fn string(&self, key: &str) -> Result<Option<&str>, LoadError> {
-        self.get(key)
-            .map(|v| v.as_str().ok_or_else(|| self.wrong(key, "a string")))
-            .transpose()
+        self.get(key).map(|v| v.as_str().ok_or_else(|| self.wrong(key, "a string"))).transpose()
     }
 }

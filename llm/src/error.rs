@@ -44,39 +44,24 @@ pub enum LoadError {
     Tokenizer { path: PathBuf, message: String },
     /// A chat template failed to compile or to render (including its own `raise_exception`).
     #[error("chat template ({source_name}): {message}")]
-    Template {
-        source_name: String,
-        message: String,
-    },
+    Template { source_name: String, message: String },
 }
 
 impl LoadError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> LoadError {
-        LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
+        LoadError::Io { path: path.to_path_buf(), source }
     }
 
     pub(crate) fn json(path: &Path, source: serde_json::Error) -> LoadError {
-        LoadError::Json {
-            path: path.to_path_buf(),
-            source,
-        }
+        LoadError::Json { path: path.to_path_buf(), source }
     }
 
     pub(crate) fn invalid(path: &Path, message: impl Into<String>) -> LoadError {
-        LoadError::Invalid {
-            path: path.to_path_buf(),
-            message: message.into(),
-        }
+        LoadError::Invalid { path: path.to_path_buf(), message: message.into() }
     }
 
     pub(crate) fn unsupported(path: &Path, message: impl Into<String>) -> LoadError {
-        LoadError::Unsupported {
-            path: path.to_path_buf(),
-            message: message.into(),
-        }
+        LoadError::Unsupported { path: path.to_path_buf(), message: message.into() }
     }
 }
 

@@ -46,7 +46,10 @@ impl ExampleArgs {
         let positive = |what: &str, s: &str| -> Result<usize, LlmError> {
             match s.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(n),
-                _ => Err(LlmError::InvalidArgument(format!("{what} must be a positive integer, got \"{s}\"\n{}", usage()))),
+                _ => Err(LlmError::InvalidArgument(format!(
+                    "{what} must be a positive integer, got \"{s}\"\n{}",
+                    usage()
+                ))),
             }
         };
         match args {
@@ -75,7 +78,12 @@ fn json_line(fields: &[(&str, Value)]) -> String {
 
 /// Run the example for `model_type` with `args`, writing JSON lines to `out` and notices to
 /// `notices`.
-pub fn run(model_type: ModelType, args: &[String], out: &mut dyn Write, notices: &mut dyn Write) -> Result<(), LlmError> {
+pub fn run(
+    model_type: ModelType,
+    args: &[String],
+    out: &mut dyn Write,
+    notices: &mut dyn Write,
+) -> Result<(), LlmError> {
     let args = ExampleArgs::parse(model_type, args)?;
     if args.prompt.is_empty() {
         return Err(LlmError::InvalidArgument("the prompt is empty".into()));

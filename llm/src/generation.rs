@@ -45,18 +45,14 @@ impl GenerationConfig {
     /// Parse the JSON of a `generation_config.json`; `path` is only used in error messages.
     pub fn parse(path: &Path, json: &Value) -> Result<GenerationConfig, LoadError> {
         if !json.is_object() {
-            return Err(LoadError::invalid(
-                path,
-                "the top level is not a JSON object",
-            ));
+            return Err(LoadError::invalid(path, "the top level is not a JSON object"));
         }
         let num = |key: &str| -> Result<Option<f64>, LoadError> {
             match json.get(key).filter(|v| !v.is_null()) {
                 None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| LoadError::invalid(path, format!("{key} is not a number"))),
+                Some(v) => {
+                    v.as_f64().map(Some).ok_or_else(|| LoadError::invalid(path, format!("{key} is not a number")))
+                }
             }
         };
         let count = |key: &str| -> Result<Option<usize>, LoadError> {
@@ -66,17 +62,12 @@ impl GenerationConfig {
                     .as_u64()
                     .and_then(|n| usize::try_from(n).ok())
                     .map(Some)
-                    .ok_or_else(|| {
-                        LoadError::invalid(path, format!("{key} is not a non-negative integer"))
-                    }),
+                    .ok_or_else(|| LoadError::invalid(path, format!("{key} is not a non-negative integer"))),
             }
         };
         let do_sample = match json.get("do_sample").filter(|v| !v.is_null()) {
             None => None,
-            Some(v) => Some(
-                v.as_bool()
-                    .ok_or_else(|| LoadError::invalid(path, "do_sample is not true or false"))?,
-            ),
+            Some(v) => Some(v.as_bool().ok_or_else(|| LoadError::invalid(path, "do_sample is not true or false"))?),
         };
         Ok(GenerationConfig {
             eos_token_ids: ids(path, json, "eos_token_id")?,
@@ -100,12 +91,7 @@ impl GenerationConfig {
 /// A token-id field that may be absent, null, one id or a list of ids.
 fn ids(path: &Path, json: &Value, key: &str) -> Result<Vec<u32>, LoadError> {
     let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
-    let bad = || {
-        LoadError::invalid(
-            path,
-            format!("{key} is not a token id or a list of token ids"),
-        )
-    };
+    let bad = || LoadError::invalid(path, format!("{key} is not a token id or a list of token ids"));
     match json.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(list)) => list.iter().map(|v| one(v).ok_or_else(bad)).collect(),

@@ -32,8 +32,8 @@ mod generation;
 mod model;
 mod pipeline;
 pub mod safetensors;
-pub mod tune;
 mod tokenizer;
+pub mod tune;
 mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
@@ -43,12 +43,12 @@ pub use generate::{
     GenerateParams, GeneratedText, GreedyGenerationConfig, SamplingConfig, SamplingGenerationConfig, StopReason,
     StreamControl,
 };
+pub use generation::GenerationConfig;
 pub use model::{DecodeActivations, KvCache, QwenModel};
 pub use pipeline::{
-    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, DEFAULT_CONTEXT, HuggingFaceLoadError,
+    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError,
     HuggingFaceQwen2Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions, Qwen2ChatMessage,
-    Qwen2ChatRole,
+    Qwen2ChatRole, DEFAULT_CONTEXT,
 };
-pub use generation::GenerationConfig;
 pub use tokenizer::Tokenizer;
 pub use weights::{expected_tensors, ExpectedTensor, WeightInfo, Weights, EMBED_TOKENS, LM_HEAD};

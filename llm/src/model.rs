@@ -135,7 +135,11 @@ struct GemvPlan {
 
 /// The tuned tensor-core tile of each weight shape for `tokens`-row products (none where the
 /// tensor cores do not apply: f32, `K % 8 != 0`).
-fn gemm_tiles(model: &QwenModel, stream: &Stream, tokens: usize) -> Result<HashMap<(usize, usize), GemmTile>, LlmError> {
+fn gemm_tiles(
+    model: &QwenModel,
+    stream: &Stream,
+    tokens: usize,
+) -> Result<HashMap<(usize, usize), GemmTile>, LlmError> {
     let mut tiles = HashMap::new();
     if tokens <= api::GEMV_MAX_M || !matches!(model.dtype, DType::F16 | DType::BF16) {
         return Ok(tiles);
@@ -146,7 +150,8 @@ fn gemm_tiles(model: &QwenModel, stream: &Stream, tokens: usize) -> Result<HashM
             continue;
         }
         let x = Tensor::zeros(&model.device, model.dtype, &[tokens, k])?;
-        let w = model.weight_of_shape(n, k).ok_or_else(|| LlmError::InvalidArgument(format!("no [{n}, {k}] weight")))?;
+        let w =
+            model.weight_of_shape(n, k).ok_or_else(|| LlmError::InvalidArgument(format!("no [{n}, {k}] weight")))?;
         let tile = tune::tuned_gemm_tile(stream, &x, w).map_err(|e| LlmError::op("tuning the prefill GEMM", e))?;
         tiles.insert((n, k), tile);
     }
@@ -162,7 +167,9 @@ impl GemvPlan {
                 continue;
             }
             let x = Tensor::zeros(&model.device, model.dtype, &[1, k])?;
-            let w = model.weight_of_shape(n, k).ok_or_else(|| LlmError::InvalidArgument(format!("no [{n}, {k}] weight")))?;
+            let w = model
+                .weight_of_shape(n, k)
+                .ok_or_else(|| LlmError::InvalidArgument(format!("no [{n}, {k}] weight")))?;
             let s = tune::tuned_gemv_splits(stream, &x, w).map_err(|e| LlmError::op("tuning the decode GEMV", e))?;
             if s > 1 {
                 longest = longest.max(s * n);
@@ -219,7 +226,8 @@ impl Loader<'_> {
     fn upload(&self, name: &str, dtype: DType) -> Result<Tensor, LlmError> {
         let info = self.weights.get(name).ok_or_else(|| LlmError::missing_tensor(name))?;
         let bytes = self.weights.bytes(name).ok_or_else(|| LlmError::missing_tensor(name))?;
-        let t = Tensor::from_bytes(self.device, info.dtype, &info.shape, bytes).map_err(|e| LlmError::upload(name, self.device, e))?;
+        let t = Tensor::from_bytes(self.device, info.dtype, &info.shape, bytes)
+            .map_err(|e| LlmError::upload(name, self.device, e))?;
         convert(t, dtype, name)
     }
 
@@ -258,7 +266,8 @@ impl Loader<'_> {
             dtype = Some(info.dtype);
         }
         let dtype = dtype.unwrap_or(self.dtype);
-        let t = Tensor::from_bytes(self.device, dtype, &[rows, cols], &bytes).map_err(|e| LlmError::upload(&names[0], self.device, e))?;
+        let t = Tensor::from_bytes(self.device, dtype, &[rows, cols], &bytes)
+            .map_err(|e| LlmError::upload(&names[0], self.device, e))?;
         convert(t, self.dtype, &names[0])
     }
 }
@@ -267,7 +276,8 @@ fn convert(t: Tensor, dtype: DType, name: &str) -> Result<Tensor, LlmError> {
     if t.dtype() == dtype {
         return Ok(t);
     }
-    api::cast(&t, dtype).map_err(|e| LlmError::Op { context: format!("converting {name} to {dtype}"), source: Box::new(e) })
+    api::cast(&t, dtype)
+        .map_err(|e| LlmError::Op { context: format!("converting {name} to {dtype}"), source: Box::new(e) })
 }
 
 impl QwenModel {
@@ -303,8 +313,12 @@ impl QwenModel {
             .map_err(|e| LlmError::op("building the rotary table", e))?;
         // A tied checkpoint may store `lm_head.weight` too; it is the embedding, counted once.
         let tied_copy = |name: &str| weights.lm_head_is_embedding() && name == LM_HEAD;
-        let parameters =
-            weights.tensors().iter().filter(|(name, _)| !tied_copy(name)).map(|(_, t)| t.shape.iter().product::<usize>()).sum();
+        let parameters = weights
+            .tensors()
+            .iter()
+            .filter(|(name, _)| !tied_copy(name))
+            .map(|(_, t)| t.shape.iter().product::<usize>())
+            .sum();
         Ok(QwenModel {
             config: config.clone(),
             device: device.clone(),
@@ -366,7 +380,13 @@ impl QwenModel {
     /// Run `ids` at positions `cache.len()..` (appending them to the cache) and return the
     /// logits `[rows, vocab]` in the compute dtype: of the last token only, or of every token
     /// with `all_logits`. Long inputs run in chunks of `chunk` tokens.
-    pub fn forward(&self, cache: &mut KvCache, ids: &[u32], chunk: usize, all_logits: bool) -> Result<Tensor, LlmError> {
+    pub fn forward(
+        &self,
+        cache: &mut KvCache,
+        ids: &[u32],
+        chunk: usize,
+        all_logits: bool,
+    ) -> Result<Tensor, LlmError> {
         if ids.is_empty() {
             return Err(LlmError::InvalidArgument("forward needs at least one token".into()));
         }
@@ -426,7 +446,13 @@ impl QwenModel {
         self.forward_chunk(cache, &[id], acts, false)
     }
 
-    fn forward_chunk(&self, cache: &mut KvCache, ids: &[u32], a: &Activations, all_logits: bool) -> Result<Tensor, LlmError> {
+    fn forward_chunk(
+        &self,
+        cache: &mut KvCache,
+        ids: &[u32],
+        a: &Activations,
+        all_logits: bool,
+    ) -> Result<Tensor, LlmError> {
         let c = &self.config;
         let stream = self.device.default_stream();
         let s = &stream;
@@ -452,10 +478,22 @@ impl QwenModel {
             self.project(s, a, &a.normed, &layer.v, &a.v, &a.v_scratch)?;
             let (q, k) = match &layer.qk_norm {
                 Some((qn, kn)) => {
-                    api::rms_norm_hf_into(s, &a.q.reshape(&[t * hq, d])?, qn, self.eps, &a.q_scratch.reshape(&[t * hq, d])?)
-                        .map_err(op("q norm"))?;
-                    api::rms_norm_hf_into(s, &a.k.reshape(&[t * hkv, d])?, kn, self.eps, &a.k_scratch.reshape(&[t * hkv, d])?)
-                        .map_err(op("k norm"))?;
+                    api::rms_norm_hf_into(
+                        s,
+                        &a.q.reshape(&[t * hq, d])?,
+                        qn,
+                        self.eps,
+                        &a.q_scratch.reshape(&[t * hq, d])?,
+                    )
+                    .map_err(op("q norm"))?;
+                    api::rms_norm_hf_into(
+                        s,
+                        &a.k.reshape(&[t * hkv, d])?,
+                        kn,
+                        self.eps,
+                        &a.k_scratch.reshape(&[t * hkv, d])?,
+                    )
+                    .map_err(op("k norm"))?;
                     (&a.q_scratch, &a.k_scratch)
                 }
                 None => (&a.q, &a.k),
@@ -503,12 +541,22 @@ impl QwenModel {
             )
             .map_err(op("residual + post-attention norm"))?;
             cur = 1 - cur;
-            self.linear(s, a, &a.normed, &layer.gate_up, None, &a.gate_up, &a.gate_up).map_err(op("gate/up projection"))?;
+            self.linear(s, a, &a.normed, &layer.gate_up, None, &a.gate_up, &a.gate_up)
+                .map_err(op("gate/up projection"))?;
             api::swiglu_into(s, &a.gate_up, &a.act).map_err(op("swiglu"))?;
-            self.linear(s, a, &a.act, &layer.down, None, &a.hidden_out, &a.hidden_out).map_err(op("down projection"))?;
+            self.linear(s, a, &a.act, &layer.down, None, &a.hidden_out, &a.hidden_out)
+                .map_err(op("down projection"))?;
             let next_norm = self.layers.get(l + 1).map_or(&self.final_norm, |n| &n.input_norm);
-            api::rms_norm_residual_into(s, &a.hidden_out, &a.residual[cur], next_norm, self.eps, &a.normed, &a.residual[1 - cur])
-                .map_err(op("residual + norm"))?;
+            api::rms_norm_residual_into(
+                s,
+                &a.hidden_out,
+                &a.residual[cur],
+                next_norm,
+                self.eps,
+                &a.normed,
+                &a.residual[1 - cur],
+            )
+            .map_err(op("residual + norm"))?;
             cur = 1 - cur;
         }
         cache.len += t;
@@ -526,12 +574,25 @@ impl QwenModel {
     /// epilogue, a prefill chunk's tensor-core GEMM with its tuned tile and the bias in its
     /// epilogue, else `linear` (GEMV or GEMM by rows) and `add_bias` through `scratch`.
     #[allow(clippy::too_many_arguments)]
-    fn linear(&self, s: &Stream, a: &Activations, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor, scratch: &Tensor) -> Result<(), OpError> {
+    fn linear(
+        &self,
+        s: &Stream,
+        a: &Activations,
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        scratch: &Tensor,
+    ) -> Result<(), OpError> {
         let shape = (w.shape()[0], w.shape()[1]);
         if let (Some(&tile), true) = (a.gemm_tiles.get(&shape), x.shape()[0] == a.tokens) {
             return api::linear_tile_into(s, x, w, bias, None, out, tile);
         }
-        let decode = a.gemv.as_ref().filter(|_| x.shape()[0] == 1).map(|g| (g.splits.get(&shape).copied().unwrap_or(1), &g.workspace));
+        let decode = a
+            .gemv
+            .as_ref()
+            .filter(|_| x.shape()[0] == 1)
+            .map(|g| (g.splits.get(&shape).copied().unwrap_or(1), &g.workspace));
         match (decode, bias) {
             (Some((splits, workspace)), Some(b)) => api::gemv_bias_into(s, x, w, b, out, Some(workspace), splits),
             (Some((splits, workspace)), None) if splits > 1 => api::gemv_split_k_into(s, x, w, out, workspace, splits),
@@ -552,14 +613,27 @@ impl QwenModel {
     }
 
     /// `out = x·Wᵀ + bias` (through `scratch` when the bias cannot be fused).
-    fn project(&self, s: &Stream, a: &Activations, x: &Tensor, lin: &Linear, out: &Tensor, scratch: &Tensor) -> Result<(), LlmError> {
+    fn project(
+        &self,
+        s: &Stream,
+        a: &Activations,
+        x: &Tensor,
+        lin: &Linear,
+        out: &Tensor,
+        scratch: &Tensor,
+    ) -> Result<(), LlmError> {
         self.linear(s, a, x, &lin.weight, lin.bias.as_ref(), out, scratch).map_err(|e| LlmError::op("projection", e))
     }
 
     /// The shapes every `linear` of a forward over `tokens` rows runs: `(name, m, n, k)`.
     pub fn linear_shapes(&self, tokens: usize) -> Vec<(&'static str, usize, usize, usize)> {
         let c = &self.config;
-        let (h, q, kv, i) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+        let (h, q, kv, i) = (
+            c.hidden_size,
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+            c.intermediate_size,
+        );
         vec![
             ("q_proj", tokens, q, h),
             ("k_proj", tokens, kv, h),

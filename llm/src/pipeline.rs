@@ -126,11 +126,19 @@ fn dtype_from_env() -> Result<Option<DType>, LlmError> {
 
 impl Pipeline {
     /// Load `dir`, which must hold a `model_type` model.
-    pub fn load_expecting_type(dir: &Path, model_type: ModelType, options: &PipelineOptions) -> Result<Pipeline, LlmError> {
+    pub fn load_expecting_type(
+        dir: &Path,
+        model_type: ModelType,
+        options: &PipelineOptions,
+    ) -> Result<Pipeline, LlmError> {
         Pipeline::load_expecting(dir, Some(model_type), options)
     }
 
-    fn load_expecting(dir: &Path, expected: Option<ModelType>, options: &PipelineOptions) -> Result<Pipeline, LlmError> {
+    fn load_expecting(
+        dir: &Path,
+        expected: Option<ModelType>,
+        options: &PipelineOptions,
+    ) -> Result<Pipeline, LlmError> {
         let start = Instant::now();
         if !dir.is_dir() {
             return Err(LlmError::InvalidArgument(format!("{}: not a model directory", dir.display())));
@@ -213,7 +221,8 @@ impl Pipeline {
         add_generation_prompt: bool,
         enable_thinking: bool,
     ) -> Result<String, LlmError> {
-        let extra: Map<String, Value> = [("enable_thinking".to_string(), Value::Bool(enable_thinking))].into_iter().collect();
+        let extra: Map<String, Value> =
+            [("enable_thinking".to_string(), Value::Bool(enable_thinking))].into_iter().collect();
         Ok(self.chat.render(messages, add_generation_prompt, &extra)?)
     }
 
@@ -440,7 +449,8 @@ impl TokenPicker {
             if self.penalised.as_ref().is_none_or(|p| p.shape() != logits.shape()) {
                 self.penalised = Some(Tensor::empty(&device, DType::F32, logits.shape())?);
             }
-            let penalised = self.penalised.as_ref().ok_or_else(|| LlmError::InvalidArgument("no logits buffer".into()))?;
+            let penalised =
+                self.penalised.as_ref().ok_or_else(|| LlmError::InvalidArgument("no logits buffer".into()))?;
             api::cast_into(&stream, logits, penalised).map_err(|e| LlmError::op("repetition penalty", e))?;
             let mut seen = HashSet::new();
             let unique: Vec<u32> = history.iter().copied().filter(|id| seen.insert(*id)).collect();
@@ -454,12 +464,14 @@ impl TokenPicker {
         match &self.sampling {
             Some(params) => {
                 self.offsets.copy_from_slice(&[step as u64])?;
-                api::sample_into(&stream, logits, params, &self.offsets, &self.chosen).map_err(|e| LlmError::op("sampling", e))?;
+                api::sample_into(&stream, logits, params, &self.offsets, &self.chosen)
+                    .map_err(|e| LlmError::op("sampling", e))?;
             }
             None => {
                 if self.argmax_workspace.is_none() {
                     let len = api::argmax_workspace_len(&device, 1, logits.shape()[1]);
-                    self.argmax_workspace = (len > 0).then(|| Tensor::zeros(&device, DType::U64, &[len])).transpose()?;
+                    self.argmax_workspace =
+                        (len > 0).then(|| Tensor::zeros(&device, DType::U64, &[len])).transpose()?;
                 }
                 api::argmax_into(&stream, logits, &self.chosen, self.argmax_workspace.as_ref())
                     .map_err(|e| LlmError::op("argmax", e))?;

@@ -43,20 +43,14 @@ impl SafetensorsFile {
         if len < 8 {
             return Err(LoadError::invalid(
                 path,
-                format!(
-                    "truncated safetensors file: {len} bytes, not even the 8-byte header length"
-                ),
+                format!("truncated safetensors file: {len} bytes, not even the 8-byte header length"),
             ));
         }
         // SAFETY: the mapping is read-only; like every mmap-based loader we rely on model files
         // not being modified while they are loaded (a concurrent truncation could fault).
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
         let tensors = parse_header(path, &mmap)?;
-        Ok(SafetensorsFile {
-            path: path.to_path_buf(),
-            mmap,
-            tensors,
-        })
+        Ok(SafetensorsFile { path: path.to_path_buf(), mmap, tensors })
     }
 
     pub fn path(&self) -> &Path {
@@ -107,9 +101,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, TensorInfo
     let data_start = 8 + header_len as usize;
     let header: Value = serde_json::from_slice(&bytes[8..data_start])
         .map_err(|e| bad(format!("corrupt safetensors header (not JSON: {e})")))?;
-    let header = header
-        .as_object()
-        .ok_or_else(|| bad("corrupt safetensors header (not a JSON object)".into()))?;
+    let header = header.as_object().ok_or_else(|| bad("corrupt safetensors header (not a JSON object)".into()))?;
     let data_len = bytes.len() - data_start;
 
     let mut tensors = BTreeMap::new();
@@ -117,69 +109,46 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, TensorInfo
         if name == "__metadata__" {
             continue;
         }
-        let field = |key: &str| {
-            entry
-                .get(key)
-                .ok_or_else(|| bad(format!("tensor {name}: no \"{key}\" in the header")))
-        };
-        let dtype_name = field("dtype")?
-            .as_str()
-            .ok_or_else(|| bad(format!("tensor {name}: dtype is not a string")))?;
-        let dtype = dtype_of(dtype_name).ok_or_else(|| {
-            LoadError::unsupported(path, format!("tensor {name}: dtype {dtype_name}"))
-        })?;
-        let shape = usize_list(field("shape")?)
-            .ok_or_else(|| bad(format!("tensor {name}: shape is not a list of sizes")))?;
+        let field = |key: &str| entry.get(key).ok_or_else(|| bad(format!("tensor {name}: no \"{key}\" in the header")));
+        let dtype_name =
+            field("dtype")?.as_str().ok_or_else(|| bad(format!("tensor {name}: dtype is not a string")))?;
+        let dtype = dtype_of(dtype_name)
+            .ok_or_else(|| LoadError::unsupported(path, format!("tensor {name}: dtype {dtype_name}")))?;
+        let shape =
+            usize_list(field("shape")?).ok_or_else(|| bad(format!("tensor {name}: shape is not a list of sizes")))?;
         let offsets = usize_list(field("data_offsets")?)
             .filter(|o| o.len() == 2)
             .ok_or_else(|| bad(format!("tensor {name}: data_offsets is not [begin, end]")))?;
         let (begin, end) = (offsets[0], offsets[1]);
         if begin > end {
-            return Err(bad(format!(
-                "tensor {name}: data_offsets [{begin}, {end}] run backwards"
-            )));
+            return Err(bad(format!("tensor {name}: data_offsets [{begin}, {end}] run backwards")));
         }
         if end > data_len {
             return Err(bad(format!(
                 "truncated safetensors file: tensor {name} ends at data byte {end} but the data has {data_len} bytes"
             )));
         }
-        let want = shape
-            .iter()
-            .try_fold(dtype.size(), |n, &d| n.checked_mul(d));
+        let want = shape.iter().try_fold(dtype.size(), |n, &d| n.checked_mul(d));
         if want != Some(end - begin) {
             return Err(bad(format!(
                 "tensor {name}: shape {shape:?} of {dtype} does not fit its {} data bytes",
                 end - begin
             )));
         }
-        tensors.insert(
-            name.clone(),
-            TensorInfo {
-                dtype,
-                shape,
-                range: data_start + begin..data_start + end,
-            },
-        );
+        tensors.insert(name.clone(), TensorInfo { dtype, shape, range: data_start + begin..data_start + end });
     }
 
-    let mut ranges: Vec<(&Range<usize>, &String)> =
-        tensors.iter().map(|(n, t)| (&t.range, n)).collect();
+    let mut ranges: Vec<(&Range<usize>, &String)> = tensors.iter().map(|(n, t)| (&t.range, n)).collect();
     ranges.sort_by_key(|(r, _)| (r.start, r.end));
     for pair in ranges.windows(2) {
         let ((a, an), (b, bn)) = (pair[0], pair[1]);
         if b.start < a.end {
-            return Err(bad(format!(
-                "corrupt safetensors header: tensors {an} and {bn} overlap"
-            )));
+            return Err(bad(format!("corrupt safetensors header: tensors {an} and {bn} overlap")));
         }
     }
     Ok(tensors)
 }
 
 fn usize_list(v: &Value) -> Option<Vec<usize>> {
-    v.as_array()?
-        .iter()
-        .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
-        .collect()
+    v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok())).collect()
 }

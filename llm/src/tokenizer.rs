@@ -22,30 +22,19 @@ impl Tokenizer {
         let text = crate::error::read_text(path)?;
         let inner = text
             .parse::<tokenizers::Tokenizer>()
-            .map_err(|e| LoadError::Tokenizer {
-                path: path.to_path_buf(),
-                message: format!("cannot load: {e}"),
-            })?;
-        Ok(Tokenizer {
-            path: path.to_path_buf(),
-            inner,
-        })
+            .map_err(|e| LoadError::Tokenizer { path: path.to_path_buf(), message: format!("cannot load: {e}") })?;
+        Ok(Tokenizer { path: path.to_path_buf(), inner })
     }
 
     fn error(&self, what: String) -> LoadError {
-        LoadError::Tokenizer {
-            path: self.path.clone(),
-            message: what,
-        }
+        LoadError::Tokenizer { path: self.path.clone(), message: what }
     }
 
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) are matched
     /// either way; `add_special_tokens` adds those the post-processor inserts (none for Qwen).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, LoadError> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| self.error(format!("encoding {text:?}: {e}")))?;
+        let enc =
+            self.inner.encode(text, add_special_tokens).map_err(|e| self.error(format!("encoding {text:?}: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -54,13 +43,9 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {
         let size = self.vocab_size();
         if let Some(bad) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
-            return Err(self.error(format!(
-                "decoding: token id {bad} is not in the vocabulary ({size} tokens)"
-            )));
+            return Err(self.error(format!("decoding: token id {bad} is not in the vocabulary ({size} tokens)")));
         }
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| self.error(format!("decoding {} ids: {e}", ids.len())))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| self.error(format!("decoding {} ids: {e}", ids.len())))
     }
 
     /// The id of a token string (`"<|im_end|>"`), if the vocabulary has it.
@@ -75,8 +60,7 @@ impl Tokenizer {
 
     /// The id of a special token the caller cannot work without, or an error naming it.
     pub fn special_id(&self, token: &str) -> Result<u32, LoadError> {
-        self.token_to_id(token)
-            .ok_or_else(|| self.error(format!("no token {token:?} in the vocabulary")))
+        self.token_to_id(token).ok_or_else(|| self.error(format!("no token {token:?} in the vocabulary")))
     }
 
     /// The number of tokens, added tokens included.

@@ -17,7 +17,8 @@ use crate::error::LlmError;
 /// attention.
 pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize, prefill_tokens: usize) -> Vec<TuneShape> {
     let c = config;
-    let (h, q, kv, i) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+    let (h, q, kv, i) =
+        (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
     let projections = [(q, h), (kv, h), (h, q), (2 * i, h), (h, i)];
     let mut shapes: Vec<TuneShape> = Vec::new();
     let mut add = |shape: TuneShape| {
@@ -68,7 +69,8 @@ pub fn tune_model(
     let mode = AutotuneMode::from_env(device)?;
     if device.is_cpu() || mode == AutotuneMode::Off {
         let why = if device.is_cpu() { "autotuning is off on the CPU device" } else { "RUDA_AUTOTUNE=off" };
-        writeln!(out, "{why}: the {} shapes of {} are listed, nothing is tuned", shapes.len(), dir.display()).map_err(io)?;
+        writeln!(out, "{why}: the {} shapes of {} are listed, nothing is tuned", shapes.len(), dir.display())
+            .map_err(io)?;
         for shape in &shapes {
             writeln!(out, "{shape}").map_err(io)?;
         }
@@ -92,8 +94,15 @@ pub fn tune_model(
         };
         writeln!(progress, "{} {shape}: {result}", progress_bar(n + 1, shapes.len())).map_err(io)?;
     }
-    writeln!(out, "tuned {} of {} shapes of {} on {}", shapes.len() - failed, shapes.len(), dir.display(), device.description())
-        .map_err(io)?;
+    writeln!(
+        out,
+        "tuned {} of {} shapes of {} on {}",
+        shapes.len() - failed,
+        shapes.len(),
+        dir.display(),
+        device.description()
+    )
+    .map_err(io)?;
     Ok(failed == 0)
 }
 
@@ -130,7 +139,16 @@ mod tests {
             .map(ToString::to_string)
             .filter(|s| s.starts_with("gemm"))
             .collect();
-        assert_eq!(gemms, ["gemm bf16 512x256x64", "gemm bf16 512x128x64", "gemm bf16 512x64x256", "gemm bf16 512x192x64", "gemm bf16 512x64x96"]);
+        assert_eq!(
+            gemms,
+            [
+                "gemm bf16 512x256x64",
+                "gemm bf16 512x128x64",
+                "gemm bf16 512x64x256",
+                "gemm bf16 512x192x64",
+                "gemm bf16 512x64x96"
+            ]
+        );
         let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, 512, &mut Vec::new(), &mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains("context"), "{err}");
     }

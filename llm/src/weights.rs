@@ -28,24 +28,10 @@ pub struct ExpectedTensor {
 
 /// Every tensor `config` needs, with its shape (PyTorch's `[out, in]` for linear weights).
 pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
-    let (h, v, i, d) = (
-        config.hidden_size,
-        config.vocab_size,
-        config.intermediate_size,
-        config.head_dim,
-    );
-    let (q, kv) = (
-        config.num_attention_heads * d,
-        config.num_key_value_heads * d,
-    );
+    let (h, v, i, d) = (config.hidden_size, config.vocab_size, config.intermediate_size, config.head_dim);
+    let (q, kv) = (config.num_attention_heads * d, config.num_key_value_heads * d);
     let mut out = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>| {
-        out.push(ExpectedTensor {
-            name,
-            shape,
-            required: true,
-        })
-    };
+    let mut add = |name: String, shape: Vec<usize>| out.push(ExpectedTensor { name, shape, required: true });
     add(EMBED_TOKENS.into(), vec![v, h]);
     for l in 0..config.num_hidden_layers {
         let p = format!("model.layers.{l}");
@@ -72,11 +58,7 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
         add(format!("{p}.mlp.down_proj.weight"), vec![h, i]);
     }
     add("model.norm.weight".into(), vec![h]);
-    out.push(ExpectedTensor {
-        name: LM_HEAD.into(),
-        shape: vec![v, h],
-        required: !config.tie_word_embeddings,
-    });
+    out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![v, h], required: !config.tie_word_embeddings });
     out
 }
 
@@ -115,18 +97,10 @@ impl Weights {
                 ));
             }
             let file = SafetensorsFile::open(&single)?;
-            let tensors = file
-                .tensors()
-                .iter()
-                .map(|(n, t)| (n.clone(), info(0, t)))
-                .collect();
+            let tensors = file.tensors().iter().map(|(n, t)| (n.clone(), info(0, t))).collect();
             (vec![file], tensors)
         };
-        let weights = Weights {
-            files,
-            tensors,
-            tied: config.tie_word_embeddings,
-        };
+        let weights = Weights { files, tensors, tied: config.tie_word_embeddings };
         weights.validate(dir, config)?;
         Ok(weights)
     }
@@ -150,14 +124,8 @@ impl Weights {
                 ),
             ));
         }
-        let wanted: HashMap<&str, &ExpectedTensor> =
-            expected.iter().map(|e| (e.name.as_str(), e)).collect();
-        let extra: Vec<&str> = self
-            .tensors
-            .keys()
-            .map(String::as_str)
-            .filter(|n| !wanted.contains_key(n))
-            .collect();
+        let wanted: HashMap<&str, &ExpectedTensor> = expected.iter().map(|e| (e.name.as_str(), e)).collect();
+        let extra: Vec<&str> = self.tensors.keys().map(String::as_str).filter(|n| !wanted.contains_key(n)).collect();
         if let Some(first) = extra.first() {
             return Err(LoadError::invalid(
                 &source(first),
@@ -224,14 +192,11 @@ impl Weights {
                 continue;
             }
             let bytes = &self.files[t.file].bytes(name).unwrap_or_default();
-            let tensor =
-                Tensor::from_bytes(device, t.dtype, &t.shape, bytes).map_err(|source| {
-                    LoadError::Upload {
-                        name: name.clone(),
-                        device: device.description(),
-                        source: Box::new(source),
-                    }
-                })?;
+            let tensor = Tensor::from_bytes(device, t.dtype, &t.shape, bytes).map_err(|source| LoadError::Upload {
+                name: name.clone(),
+                device: device.description(),
+                source: Box::new(source),
+            })?;
             out.insert(name.clone(), tensor);
         }
         if self.tied {
@@ -244,12 +209,7 @@ impl Weights {
 }
 
 fn info(file: usize, t: &TensorInfo) -> WeightInfo {
-    WeightInfo {
-        dtype: t.dtype,
-        shape: t.shape.clone(),
-        file,
-        range: t.range.clone(),
-    }
+    WeightInfo { dtype: t.dtype, shape: t.shape.clone(), file, range: t.range.clone() }
 }
 
 /// At most eight names, then a count: errors stay readable for a wrong model of 400 tensors.
@@ -272,18 +232,12 @@ fn load_sharded(dir: &Path, index: &Path) -> Result<Loaded, LoadError> {
         .ok_or_else(|| LoadError::invalid(index, "no \"weight_map\" object"))?;
     let mut shard_of: BTreeMap<&str, &str> = BTreeMap::new();
     for (name, file) in map {
-        let file = file.as_str().ok_or_else(|| {
-            LoadError::invalid(index, format!("weight_map[{name}] is not a file name"))
-        })?;
+        let file =
+            file.as_str().ok_or_else(|| LoadError::invalid(index, format!("weight_map[{name}] is not a file name")))?;
         // Shards live beside the index: no absolute paths or parent folders.
-        let plain = Path::new(file)
-            .file_name()
-            .is_some_and(|f| f == std::ffi::OsStr::new(file));
+        let plain = Path::new(file).file_name().is_some_and(|f| f == std::ffi::OsStr::new(file));
         if !plain {
-            return Err(LoadError::invalid(
-                index,
-                format!("weight_map[{name}] = \"{file}\" is not a plain file name"),
-            ));
+            return Err(LoadError::invalid(index, format!("weight_map[{name}] = \"{file}\" is not a plain file name")));
         }
         shard_of.insert(name, file);
     }
@@ -318,10 +272,7 @@ fn load_sharded(dir: &Path, index: &Path) -> Result<Loaded, LoadError> {
         files.push(file);
     }
     if let Some((name, shard)) = shard_of.iter().find(|(n, _)| !tensors.contains_key(**n)) {
-        return Err(LoadError::invalid(
-            index,
-            format!("lists tensor {name} in {shard}, which does not hold it"),
-        ));
+        return Err(LoadError::invalid(index, format!("lists tensor {name} in {shard}, which does not hold it")));
     }
     Ok((files, tensors))
 }

@@ -20,12 +20,7 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
     v.as_array()
         .expect("a message list")
         .iter()
-        .map(|m| {
-            ChatMessage::new(
-                m["role"].as_str().expect("role"),
-                m["content"].as_str().expect("content"),
-            )
-        })
+        .map(|m| ChatMessage::new(m["role"].as_str().expect("role"), m["content"].as_str().expect("content")))
         .collect()
 }
 
@@ -42,19 +37,11 @@ fn check(
     extra_key: &str,
     want_key: &str,
 ) -> Option<String> {
-    let add_gen = case["add_generation_prompt"]
-        .as_bool()
-        .expect("add_generation_prompt");
+    let add_gen = case["add_generation_prompt"].as_bool().expect("add_generation_prompt");
     let want = case[want_key].as_str().expect("the rendered text");
-    match template.render(
-        &messages(&case[messages_key]),
-        add_gen,
-        &object(&case[extra_key]),
-    ) {
+    match template.render(&messages(&case[messages_key]), add_gen, &object(&case[extra_key])) {
         Ok(got) if got == want => None,
-        Ok(got) => Some(format!(
-            "{label}:\n  ours:         {got:?}\n  transformers: {want:?}"
-        )),
+        Ok(got) => Some(format!("{label}:\n  ours:         {got:?}\n  transformers: {want:?}")),
         Err(e) => Some(format!("{label}: {e}")),
     }
 }
@@ -71,11 +58,7 @@ fn fixture_templates_match_transformers() {
             let dir = fixtures().join(fixture);
             let t = ChatTemplate::load(&dir).unwrap();
             let config = read_json(&dir.join("tokenizer_config.json"));
-            assert_eq!(
-                Some(t.source()),
-                config["chat_template"].as_str(),
-                "{fixture}"
-            );
+            assert_eq!(Some(t.source()), config["chat_template"].as_str(), "{fixture}");
             t
         });
         let label = format!(
@@ -85,18 +68,10 @@ fn fixture_templates_match_transformers() {
             case["add_generation_prompt"],
             case["extra"]
         );
-        failures.extend(check(
-            template, &label, case, "messages", "extra", "rendered",
-        ));
+        failures.extend(check(template, &label, case, "messages", "extra", "rendered"));
     }
     assert!(cases.len() >= 60, "{} cases", cases.len());
-    assert!(
-        failures.is_empty(),
-        "{} of {} differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {} differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
 #[test]
@@ -124,23 +99,12 @@ fn model_golden_chat_prompts_match_transformers() {
         let dir = fixtures().join(model);
         let template = ChatTemplate::load(&dir).unwrap();
         let goldens = read_json(&dir.join("goldens.json"));
-        let chats: Vec<&Value> = goldens["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["kind"] == "chat")
-            .collect();
+        let chats: Vec<&Value> =
+            goldens["prompts"].as_array().unwrap().iter().filter(|p| p["kind"] == "chat").collect();
         assert!(!chats.is_empty(), "{model}: a chat prompt");
         for prompt in chats {
             let label = format!("{model} {}", prompt["name"].as_str().unwrap());
-            if let Some(failure) = check(
-                &template,
-                &label,
-                prompt,
-                "messages",
-                "chat_kwargs",
-                "rendered",
-            ) {
+            if let Some(failure) = check(&template, &label, prompt, "messages", "chat_kwargs", "rendered") {
                 panic!("{failure}");
             }
         }

@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ruda_llm::{
-    expected_tensors, load_config, GenerationConfig, LoadError, ModelConfig, ModelType, Weights,
-    EMBED_TOKENS, LM_HEAD,
+    expected_tensors, load_config, GenerationConfig, LoadError, ModelConfig, ModelType, Weights, EMBED_TOKENS, LM_HEAD,
 };
 use ruda_runtime::{DType, Device};
 use serde_json::{json, Value};
@@ -84,28 +83,9 @@ fn err_of(v: &Value) -> String {
 fn qwen3_config() {
     let c = config_of(&qwen3_json()).unwrap();
     assert_eq!(c.model_type, ModelType::Qwen3);
-    assert_eq!(
-        (
-            c.vocab_size,
-            c.hidden_size,
-            c.intermediate_size,
-            c.num_hidden_layers
-        ),
-        (16, 6, 10, 2)
-    );
-    assert_eq!(
-        (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-            c.gqa_group()
-        ),
-        (2, 1, 4, 2)
-    );
-    assert_eq!(
-        (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings),
-        (1e6, 1e-6, 40960)
-    );
+    assert_eq!((c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers), (16, 6, 10, 2));
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.gqa_group()), (2, 1, 4, 2));
+    assert_eq!((c.rope_theta, c.rms_norm_eps, c.max_position_embeddings), (1e6, 1e-6, 40960));
     assert!(c.tie_word_embeddings && c.qk_norm && !c.qkv_bias && !c.o_proj_bias);
     assert_eq!(c.torch_dtype, Some(DType::BF16));
     // attention_bias puts biases on all four projections.
@@ -132,18 +112,8 @@ fn qwen2_config_and_defaults() {
         v.as_object_mut().unwrap().remove(key);
     }
     let c = config_of(&v).unwrap();
-    assert_eq!(
-        (c.num_key_value_heads, c.rope_theta, c.rms_norm_eps),
-        (4, 10000.0, 1e-6)
-    );
-    assert_eq!(
-        (
-            c.tie_word_embeddings,
-            c.max_position_embeddings,
-            c.torch_dtype
-        ),
-        (false, 32768, None)
-    );
+    assert_eq!((c.num_key_value_heads, c.rope_theta, c.rms_norm_eps), (4, 10000.0, 1e-6));
+    assert_eq!((c.tie_word_embeddings, c.max_position_embeddings, c.torch_dtype), (false, 32768, None));
 }
 
 #[test]
@@ -153,109 +123,50 @@ fn rope_theta_in_rope_parameters() {
     v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5000000.0});
     assert_eq!(config_of(&v).unwrap().rope_theta, 5e6);
     v["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6});
-    assert!(
-        err_of(&v).contains("rope_parameters with rope_type \"yarn\""),
-        "{}",
-        err_of(&v)
-    );
+    assert!(err_of(&v).contains("rope_parameters with rope_type \"yarn\""), "{}", err_of(&v));
 }
 
 #[test]
 fn rejected_configs_name_the_problem() {
     let cases: Vec<(Value, &str)> = vec![
+        (with(qwen3_json(), "model_type", json!("llama")), "model_type \"llama\""),
+        (with(qwen3_json(), "quantization_config", json!({"quant_method": "awq", "bits": 4})), "quant_method \"awq\""),
         (
-            with(qwen3_json(), "model_type", json!("llama")),
-            "model_type \"llama\"",
-        ),
-        (
-            with(
-                qwen3_json(),
-                "quantization_config",
-                json!({"quant_method": "awq", "bits": 4}),
-            ),
-            "quant_method \"awq\"",
-        ),
-        (
-            with(
-                qwen2_json(),
-                "rope_scaling",
-                json!({"type": "yarn", "factor": 4.0}),
-            ),
+            with(qwen2_json(), "rope_scaling", json!({"type": "yarn", "factor": 4.0})),
             "rope_scaling with rope_type \"yarn\"",
         ),
+        (with(qwen2_json(), "use_sliding_window", json!(true)), "layer 0 uses sliding-window"),
         (
-            with(qwen2_json(), "use_sliding_window", json!(true)),
-            "layer 0 uses sliding-window",
-        ),
-        (
-            with(
-                with(qwen3_json(), "use_sliding_window", json!(true)),
-                "sliding_window",
-                json!(4096),
-            )
-            .as_object()
-            .cloned()
-            .map(|mut o| {
-                o.insert(
-                    "layer_types".into(),
-                    json!(["full_attention", "sliding_attention"]),
-                );
-                Value::Object(o)
-            })
-            .unwrap(),
+            with(with(qwen3_json(), "use_sliding_window", json!(true)), "sliding_window", json!(4096))
+                .as_object()
+                .cloned()
+                .map(|mut o| {
+                    o.insert("layer_types".into(), json!(["full_attention", "sliding_attention"]));
+                    Value::Object(o)
+                })
+                .unwrap(),
             "layer 1 uses sliding-window",
         ),
-        (
-            with(qwen3_json(), "layer_types", json!(["full_attention"])),
-            "layer_types has 1 entries for 2 layers",
-        ),
-        (
-            with(qwen3_json(), "hidden_act", json!("gelu")),
-            "hidden_act \"gelu\"",
-        ),
-        (
-            with(qwen3_json(), "num_key_value_heads", json!(3)),
-            "not a multiple of num_key_value_heads 3",
-        ),
-        (
-            with(qwen3_json(), "hidden_size", json!(-1)),
-            "hidden_size is not a non-negative integer",
-        ),
-        (
-            with(qwen3_json(), "vocab_size", Value::Null),
-            "missing \"vocab_size\"",
-        ),
-        (
-            with(qwen3_json(), "torch_dtype", json!("int8")),
-            "torch_dtype \"int8\"",
-        ),
-        (
-            with(qwen2_json(), "hidden_size", json!(10)),
-            "not a multiple of num_attention_heads",
-        ),
+        (with(qwen3_json(), "layer_types", json!(["full_attention"])), "layer_types has 1 entries for 2 layers"),
+        (with(qwen3_json(), "hidden_act", json!("gelu")), "hidden_act \"gelu\""),
+        (with(qwen3_json(), "num_key_value_heads", json!(3)), "not a multiple of num_key_value_heads 3"),
+        (with(qwen3_json(), "hidden_size", json!(-1)), "hidden_size is not a non-negative integer"),
+        (with(qwen3_json(), "vocab_size", Value::Null), "missing \"vocab_size\""),
+        (with(qwen3_json(), "torch_dtype", json!("int8")), "torch_dtype \"int8\""),
+        (with(qwen2_json(), "hidden_size", json!(10)), "not a multiple of num_attention_heads"),
     ];
     for (v, want) in cases {
         let e = err_of(&v);
-        assert!(
-            e.contains(want) && e.contains("config.json"),
-            "expected {want:?} in: {e}"
-        );
+        assert!(e.contains(want) && e.contains("config.json"), "expected {want:?} in: {e}");
     }
     // Sliding window configured but disabled, with layers marked sliding: accepted (transformers
     // ignores the window then).
-    let v = with(
-        qwen3_json(),
-        "layer_types",
-        json!(["full_attention", "sliding_attention"]),
-    );
+    let v = with(qwen3_json(), "layer_types", json!(["full_attention", "sliding_attention"]));
     assert!(config_of(&v).is_ok());
     let dir = TempDir::new("nocfg");
     assert!(matches!(load_config(dir.path()), Err(LoadError::Io { .. })));
     dir.write("config.json", b"{ not json");
-    assert!(matches!(
-        load_config(dir.path()),
-        Err(LoadError::Json { .. })
-    ));
+    assert!(matches!(load_config(dir.path()), Err(LoadError::Json { .. })));
 }
 
 /// A safetensors file: header JSON (padded to 8 bytes as the Python writer does) + data.
@@ -264,7 +175,10 @@ fn safetensors(tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut data = Vec::new();
     for (name, dtype, shape, bytes) in tensors {
-        header.insert(name.clone(), json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}));
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()]}),
+        );
         data.extend_from_slice(bytes);
     }
     let mut h = serde_json::to_string(&header).unwrap().into_bytes();
@@ -278,19 +192,14 @@ fn safetensors(tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
 }
 
 /// Every tensor `config` needs as f32, tensor `k` filled with `k + index / 1000`.
-fn model_tensors(
-    config: &ModelConfig,
-    with_lm_head: bool,
-) -> Vec<(String, &'static str, Vec<usize>, Vec<u8>)> {
+fn model_tensors(config: &ModelConfig, with_lm_head: bool) -> Vec<(String, &'static str, Vec<usize>, Vec<u8>)> {
     expected_tensors(config)
         .into_iter()
         .filter(|e| e.required || with_lm_head)
         .enumerate()
         .map(|(k, e)| {
             let n: usize = e.shape.iter().product();
-            let bytes = (0..n)
-                .flat_map(|i| (k as f32 + i as f32 / 1000.0).to_le_bytes())
-                .collect();
+            let bytes = (0..n).flat_map(|i| (k as f32 + i as f32 / 1000.0).to_le_bytes()).collect();
             (e.name, "F32", e.shape, bytes)
         })
         .collect()
@@ -306,11 +215,8 @@ fn weights_err(dir: &TempDir, config: &ModelConfig) -> String {
 #[test]
 fn expected_tensor_names_and_shapes() {
     let q3 = config_of(&qwen3_json()).unwrap();
-    let names: Vec<String> = expected_tensors(&q3)
-        .into_iter()
-        .filter(|e| e.name.starts_with("model.layers.1."))
-        .map(|e| e.name)
-        .collect();
+    let names: Vec<String> =
+        expected_tensors(&q3).into_iter().filter(|e| e.name.starts_with("model.layers.1.")).map(|e| e.name).collect();
     let want: Vec<String> = [
         "input_layernorm.weight",
         "post_attention_layernorm.weight",
@@ -337,9 +243,7 @@ fn expected_tensor_names_and_shapes() {
     assert!(!all.iter().find(|e| e.name == LM_HEAD).unwrap().required);
     let q2 = config_of(&qwen2_json()).unwrap();
     let all = expected_tensors(&q2);
-    assert!(all
-        .iter()
-        .any(|e| e.name == "model.layers.0.self_attn.k_proj.bias" && e.shape == vec![4]));
+    assert!(all.iter().any(|e| e.name == "model.layers.0.self_attn.k_proj.bias" && e.shape == vec![4]));
     assert!(all.iter().find(|e| e.name == LM_HEAD).unwrap().required);
 }
 
@@ -363,9 +267,7 @@ fn single_file_tied_upload() {
         assert_eq!(v[1], k as f32 + 0.001, "{name}");
     }
     assert!(
-        uploaded[LM_HEAD]
-            .buffer()
-            .same_memory(uploaded[EMBED_TOKENS].buffer()),
+        uploaded[LM_HEAD].buffer().same_memory(uploaded[EMBED_TOKENS].buffer()),
         "tied lm_head reuses the embedding"
     );
 }
@@ -376,24 +278,16 @@ fn sharded_untied_with_bf16() {
     let dir = TempDir::new("sharded");
     let mut tensors = model_tensors(&config, true);
     // One bf16 tensor: dtypes may differ between tensors.
-    let norm = tensors
-        .iter_mut()
-        .find(|t| t.0 == "model.norm.weight")
-        .unwrap();
+    let norm = tensors.iter_mut().find(|t| t.0 == "model.norm.weight").unwrap();
     norm.1 = "BF16";
-    norm.3 = (0..8u16)
-        .flat_map(|i| (0x3f80u16 + i).to_le_bytes())
-        .collect();
+    norm.3 = (0..8u16).flat_map(|i| (0x3f80u16 + i).to_le_bytes()).collect();
     let (a, b) = tensors.split_at(5);
     dir.write("model-00001-of-00002.safetensors", &safetensors(a));
     dir.write("model-00002-of-00002.safetensors", &safetensors(b));
     let map: serde_json::Map<String, Value> = a
         .iter()
         .map(|t| (t.0.clone(), json!("model-00001-of-00002.safetensors")))
-        .chain(
-            b.iter()
-                .map(|t| (t.0.clone(), json!("model-00002-of-00002.safetensors"))),
-        )
+        .chain(b.iter().map(|t| (t.0.clone(), json!("model-00002-of-00002.safetensors"))))
         .collect();
     let index = json!({"metadata": {"total_size": 0}, "weight_map": map});
     dir.write_json("model.safetensors.index.json", &index);
@@ -403,10 +297,7 @@ fn sharded_untied_with_bf16() {
     assert_eq!(w.get("model.norm.weight").unwrap().dtype, DType::BF16);
     let up = w.upload(&Device::cpu()).unwrap();
     assert_eq!(up.len(), tensors.len());
-    assert_eq!(
-        up["model.norm.weight"].to_f32_vec().unwrap()[..2],
-        [1.0, 1.0078125]
-    );
+    assert_eq!(up["model.norm.weight"].to_f32_vec().unwrap()[..2], [1.0, 1.0078125]);
     assert!(!up[LM_HEAD].buffer().same_memory(up[EMBED_TOKENS].buffer()));
 
     // The index and the shards must agree.
@@ -414,15 +305,15 @@ fn sharded_untied_with_bf16() {
     moved["weight_map"][LM_HEAD] = json!("model-00001-of-00002.safetensors");
     dir.write_json("model.safetensors.index.json", &moved);
     let e = weights_err(&dir, &config);
-    assert!(
-        e.contains("holds tensor lm_head.weight, which the index places in model-00001"),
-        "{e}"
-    );
+    assert!(e.contains("holds tensor lm_head.weight, which the index places in model-00001"), "{e}");
     let mut ghost = index.clone();
     ghost["weight_map"]["model.ghost.weight"] = json!("model-00001-of-00002.safetensors");
     dir.write_json("model.safetensors.index.json", &ghost);
     let e = weights_err(&dir, &config);
-    assert!(e.contains("lists tensor model.ghost.weight in model-00001-of-00002.safetensors, which does not hold it"), "{e}");
+    assert!(
+        e.contains("lists tensor model.ghost.weight in model-00001-of-00002.safetensors, which does not hold it"),
+        "{e}"
+    );
     let mut escape = index.clone();
     escape["weight_map"][LM_HEAD] = json!("../x.safetensors");
     dir.write_json("model.safetensors.index.json", &escape);
@@ -439,83 +330,43 @@ fn missing_extra_and_misshapen_tensors() {
     let dir = TempDir::new("bad-tensors");
     let good = model_tensors(&config, true);
 
-    let missing: Vec<_> = good
-        .iter()
-        .filter(|t| t.0 != "model.layers.0.self_attn.v_proj.bias")
-        .cloned()
-        .collect();
+    let missing: Vec<_> = good.iter().filter(|t| t.0 != "model.layers.0.self_attn.v_proj.bias").cloned().collect();
     dir.write("model.safetensors", &safetensors(&missing));
     let e = weights_err(&dir, &config);
-    assert!(
-        e.contains(
-            "1 missing tensor(s) for this qwen2 config: model.layers.0.self_attn.v_proj.bias"
-        ),
-        "{e}"
-    );
+    assert!(e.contains("1 missing tensor(s) for this qwen2 config: model.layers.0.self_attn.v_proj.bias"), "{e}");
 
     // Tied weights do not excuse an untied config.
     let no_head: Vec<_> = good.iter().filter(|t| t.0 != LM_HEAD).cloned().collect();
     dir.write("model.safetensors", &safetensors(&no_head));
-    assert!(weights_err(&dir, &config)
-        .contains("missing tensor(s) for this qwen2 config: lm_head.weight"));
+    assert!(weights_err(&dir, &config).contains("missing tensor(s) for this qwen2 config: lm_head.weight"));
 
     let mut extra = good.clone();
-    extra.push((
-        "model.layers.0.self_attn.q_norm.weight".into(),
-        "F32",
-        vec![2],
-        vec![0; 8],
-    ));
+    extra.push(("model.layers.0.self_attn.q_norm.weight".into(), "F32", vec![2], vec![0; 8]));
     dir.write("model.safetensors", &safetensors(&extra));
     let e = weights_err(&dir, &config);
-    assert!(
-        e.contains(
-            "1 unexpected tensor(s) for this qwen2 config: model.layers.0.self_attn.q_norm.weight"
-        ),
-        "{e}"
-    );
+    assert!(e.contains("1 unexpected tensor(s) for this qwen2 config: model.layers.0.self_attn.q_norm.weight"), "{e}");
     assert!(e.contains("model.safetensors"), "{e}");
 
     let mut misshapen = good.clone();
-    let t = misshapen
-        .iter_mut()
-        .find(|t| t.0 == "model.layers.0.mlp.up_proj.weight")
-        .unwrap();
+    let t = misshapen.iter_mut().find(|t| t.0 == "model.layers.0.mlp.up_proj.weight").unwrap();
     t.2 = vec![8, 12];
     dir.write("model.safetensors", &safetensors(&misshapen));
     let e = weights_err(&dir, &config);
-    assert!(
-        e.contains(
-            "tensor model.layers.0.mlp.up_proj.weight has shape [8, 12], the config needs [12, 8]"
-        ),
-        "{e}"
-    );
+    assert!(e.contains("tensor model.layers.0.mlp.up_proj.weight has shape [8, 12], the config needs [12, 8]"), "{e}");
 
     let mut ints = good.clone();
-    ints.iter_mut()
-        .find(|t| t.0 == "model.norm.weight")
-        .unwrap()
-        .1 = "I32";
+    ints.iter_mut().find(|t| t.0 == "model.norm.weight").unwrap().1 = "I32";
     dir.write("model.safetensors", &safetensors(&ints));
     let e = weights_err(&dir, &config);
-    assert!(
-        e.contains("not supported: tensor model.norm.weight has dtype i32"),
-        "{e}"
-    );
+    assert!(e.contains("not supported: tensor model.norm.weight has dtype i32"), "{e}");
 
     let mut bool_dtype = good;
-    bool_dtype
-        .iter_mut()
-        .find(|t| t.0 == "model.norm.weight")
-        .unwrap()
-        .1 = "BOOL";
+    bool_dtype.iter_mut().find(|t| t.0 == "model.norm.weight").unwrap().1 = "BOOL";
     dir.write("model.safetensors", &safetensors(&bool_dtype));
     assert!(weights_err(&dir, &config).contains("tensor model.norm.weight: dtype BOOL"));
 
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
-    assert!(
-        weights_err(&dir, &config).contains("no model.safetensors or model.safetensors.index.json")
-    );
+    assert!(weights_err(&dir, &config).contains("no model.safetensors or model.safetensors.index.json"));
 }
 
 #[test]
@@ -527,25 +378,16 @@ fn truncated_and_corrupt_files_are_errors() {
     let check = |bytes: &[u8], want: &str| {
         dir.write("model.safetensors", bytes);
         let e = weights_err(&dir, &config);
-        assert!(
-            e.contains(want) && e.contains("model.safetensors"),
-            "expected {want:?} in: {e}"
-        );
+        assert!(e.contains(want) && e.contains("model.safetensors"), "expected {want:?} in: {e}");
     };
-    check(
-        &good[..good.len() - 1],
-        "truncated safetensors file: tensor lm_head.weight ends at data byte",
-    );
+    check(&good[..good.len() - 1], "truncated safetensors file: tensor lm_head.weight ends at data byte");
     check(&good[..8 + header_len], "truncated safetensors file");
     check(&good[..20], "header length");
     check(&good[..5], "not even the 8-byte header length");
     check(&[], "not even the 8-byte header length");
     let mut huge = good.clone();
     huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-    check(
-        &huge,
-        "corrupt or truncated safetensors file: header length",
-    );
+    check(&huge, "corrupt or truncated safetensors file: header length");
     let mut garbage = good.clone();
     garbage[8] = b'#';
     check(&garbage, "corrupt safetensors header (not JSON");
@@ -558,10 +400,7 @@ fn truncated_and_corrupt_files_are_errors() {
         b[at..at + from.len()].copy_from_slice(to.as_bytes());
         b
     };
-    check(
-        &edit("\"shape\":[8]", "\"shape\":[7]"),
-        "shape [7] of f32 does not fit its 32 data bytes",
-    );
+    check(&edit("\"shape\":[8]", "\"shape\":[7]"), "shape [7] of f32 does not fit its 32 data bytes");
     // Hand-written headers: overlapping tensors, offsets that run backwards.
     let raw = |header: Value, data: usize| {
         let h = serde_json::to_vec(&header).unwrap();
@@ -572,19 +411,10 @@ fn truncated_and_corrupt_files_are_errors() {
     };
     let a = json!({"dtype": "F32", "shape": [2], "data_offsets": [0, 8]});
     let overlap = json!({"dtype": "F32", "shape": [2], "data_offsets": [4, 12]});
-    check(
-        &raw(json!({"a": a, "b": overlap}), 12),
-        "corrupt safetensors header: tensors a and b overlap",
-    );
+    check(&raw(json!({"a": a, "b": overlap}), 12), "corrupt safetensors header: tensors a and b overlap");
     let backwards = json!({"dtype": "F32", "shape": [0], "data_offsets": [8, 4]});
-    check(
-        &raw(json!({"a": a, "b": backwards}), 12),
-        "tensor b: data_offsets [8, 4] run backwards",
-    );
-    check(
-        &raw(json!({"a": {"dtype": "F32", "shape": [2]}}), 8),
-        "tensor a: no \"data_offsets\" in the header",
-    );
+    check(&raw(json!({"a": a, "b": backwards}), 12), "tensor b: data_offsets [8, 4] run backwards");
+    check(&raw(json!({"a": {"dtype": "F32", "shape": [2]}}), 8), "tensor a: no \"data_offsets\" in the header");
     check(&raw(json!([1, 2]), 8), "not a JSON object");
 }
 
@@ -599,38 +429,20 @@ fn generation_config() {
     let g = GenerationConfig::load(dir.path()).unwrap();
     assert_eq!(g.eos_token_ids, vec![151645, 151643]);
     assert!(g.is_eos(151643) && !g.is_eos(1));
-    assert_eq!(
-        (g.temperature, g.top_k, g.top_p, g.do_sample),
-        (Some(0.6), Some(20), Some(0.95), Some(true))
-    );
-    assert_eq!(
-        (g.bos_token_id, g.pad_token_id, g.repetition_penalty),
-        (Some(151643), Some(151643), None)
-    );
+    assert_eq!((g.temperature, g.top_k, g.top_p, g.do_sample), (Some(0.6), Some(20), Some(0.95), Some(true)));
+    assert_eq!((g.bos_token_id, g.pad_token_id, g.repetition_penalty), (Some(151643), Some(151643), None));
 
     dir.write_json("generation_config.json", &json!({"eos_token_id": 7}));
-    assert_eq!(
-        GenerationConfig::load(dir.path()).unwrap().eos_token_ids,
-        vec![7]
-    );
+    assert_eq!(GenerationConfig::load(dir.path()).unwrap().eos_token_ids, vec![7]);
     dir.write_json("generation_config.json", &json!({"eos_token_id": "x"}));
     let e = GenerationConfig::load(dir.path()).unwrap_err().to_string();
-    assert!(
-        e.contains("generation_config.json") && e.contains("eos_token_id is not a token id"),
-        "{e}"
-    );
+    assert!(e.contains("generation_config.json") && e.contains("eos_token_id is not a token id"), "{e}");
     dir.write_json("generation_config.json", &json!({"top_k": 0.5}));
-    assert!(GenerationConfig::load(dir.path())
-        .unwrap_err()
-        .to_string()
-        .contains("top_k"));
+    assert!(GenerationConfig::load(dir.path()).unwrap_err().to_string().contains("top_k"));
 
     // Without the file: config.json's ids.
     std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
     dir.write_json("config.json", &qwen3_json());
     let g = GenerationConfig::load(dir.path()).unwrap();
-    assert_eq!(
-        (g.eos_token_ids, g.bos_token_id, g.temperature),
-        (vec![15], Some(14), None)
-    );
+    assert_eq!((g.eos_token_ids, g.bos_token_id, g.temperature), (vec![15], Some(14), None));
 }

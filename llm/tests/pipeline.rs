@@ -147,12 +147,14 @@ fn sampling_is_reproducible_per_seed() {
     let a = p.generate_text_sampled("Hello", config(7), false, true).unwrap();
     let b = p.generate_text_sampled("Hello", config(7), false, true).unwrap();
     assert_eq!(a.generated_token_ids, b.generated_token_ids);
-    let others: Vec<Vec<u32>> =
-        (8..12).map(|s| p.generate_text_sampled("Hello", config(s), false, true).unwrap().generated_token_ids).collect();
+    let others: Vec<Vec<u32>> = (8..12)
+        .map(|s| p.generate_text_sampled("Hello", config(s), false, true).unwrap().generated_token_ids)
+        .collect();
     assert!(others.iter().any(|o| *o != a.generated_token_ids), "every seed drew the same tokens");
     // top_k = 1 is the greedy reply.
     let top1 = SamplingGenerationConfig { sampling: SamplingConfig { top_k: 1, ..config(3).sampling }, ..config(3) };
-    let greedy_ids = p.generate("Hello", &greedy(8), false, true, |_, _| StreamControl::Continue).unwrap().generated_token_ids;
+    let greedy_ids =
+        p.generate("Hello", &greedy(8), false, true, |_, _| StreamControl::Continue).unwrap().generated_token_ids;
     assert_eq!(p.generate_text_sampled("Hello", top1, false, true).unwrap().generated_token_ids, greedy_ids);
 }
 
@@ -176,9 +178,13 @@ fn bad_input_is_a_clear_error() {
     let err = |r: Result<ruda_llm::GeneratedText, LlmError>| r.unwrap_err().to_string();
     assert!(err(p.generate("", &greedy(4), false, false, |_, _| StreamControl::Continue)).contains("empty"));
     assert!(err(p.generate("Hi", &greedy(0), false, false, |_, _| StreamControl::Continue)).contains("max_new_tokens"));
-    assert!(err(p.generate("Hi", &greedy(1000), false, false, |_, _| StreamControl::Continue)).contains("256 positions"));
-    assert!(err(p.generate_from_ids(&[5000], &greedy(1), false, |_, _| StreamControl::Continue)).contains("outside the vocabulary"));
-    let hot = GenerateParams { sampling: Some(SamplingConfig { temperature: -1.0, ..Default::default() }), ..greedy(2) };
+    assert!(
+        err(p.generate("Hi", &greedy(1000), false, false, |_, _| StreamControl::Continue)).contains("256 positions")
+    );
+    assert!(err(p.generate_from_ids(&[5000], &greedy(1), false, |_, _| StreamControl::Continue))
+        .contains("outside the vocabulary"));
+    let hot =
+        GenerateParams { sampling: Some(SamplingConfig { temperature: -1.0, ..Default::default() }), ..greedy(2) };
     assert!(err(p.generate("Hi", &hot, false, false, |_, _| StreamControl::Continue)).contains("temperature"));
 
     // The wrong loader for the folder's architecture.
@@ -209,7 +215,8 @@ fn broken_model_folders_are_clear_errors() {
     std::fs::write(c.file("config.json"), "{ not json").unwrap();
     assert!(load_err(&c).contains("config.json"), "{}", load_err(&c));
 
-    let missing = load_pipeline("/nonexistent/model", &PipelineOptions { device: Some(device()), ..Default::default() });
+    let missing =
+        load_pipeline("/nonexistent/model", &PipelineOptions { device: Some(device()), ..Default::default() });
     assert!(missing.err().unwrap().to_string().contains("not a model directory"));
 }
 
@@ -241,17 +248,29 @@ fn examples_print_the_json_contract_for_the_bundled_models() {
         let keys = |line: &str| -> Vec<String> {
             let v: serde_json::Map<String, Value> = serde_json::from_str(line).unwrap();
             // serde_json sorts keys; recover the printed order from the text.
-            let mut ks: Vec<(usize, String)> = v.keys().map(|k| (line.find(&format!("\"{k}\":")).unwrap(), k.clone())).collect();
+            let mut ks: Vec<(usize, String)> =
+                v.keys().map(|k| (line.find(&format!("\"{k}\":")).unwrap(), k.clone())).collect();
             ks.sort();
             ks.into_iter().map(|(_, k)| k).collect()
         };
-        assert_eq!(keys(lines[0]), ["event", "model_type", "load_seconds", "device", "dtype", "compiler", "parameters"]);
+        assert_eq!(
+            keys(lines[0]),
+            ["event", "model_type", "load_seconds", "device", "dtype", "compiler", "parameters"]
+        );
         for (run, line) in lines[1..].iter().enumerate() {
             assert_eq!(
                 keys(line),
                 [
-                    "event", "run", "text", "generated_text", "generated_token_ids", "stopped_on_eos", "stop_reason",
-                    "prompt_tokens", "prefill_ms", "decode_tokens_per_second"
+                    "event",
+                    "run",
+                    "text",
+                    "generated_text",
+                    "generated_token_ids",
+                    "stopped_on_eos",
+                    "stop_reason",
+                    "prompt_tokens",
+                    "prefill_ms",
+                    "decode_tokens_per_second"
                 ]
             );
             let v: Value = serde_json::from_str(line).unwrap();

@@ -13,8 +13,7 @@ impl TempDir {
     fn new(tag: &str) -> TempDir {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("ruda-llm-text-{}-{tag}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ruda-llm-text-{}-{tag}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -52,7 +51,8 @@ fn byte_chars() -> Vec<char> {
     by_byte
 }
 
-const QWEN_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// A Qwen-shaped tokenizer.json: NFC, the Qwen split regex (look-ahead: needs fancy-regex),
 /// byte-level BPE over all 256 bytes plus five merges, and three special tokens.
@@ -90,10 +90,7 @@ fn byte_level_bpe_tokenizer() {
     dir.write("tokenizer.json", &tokenizer_json().to_string());
     let tok = Tokenizer::load(dir.path()).unwrap();
     assert_eq!(tok.vocab_size(), 264);
-    assert_eq!(
-        tok.encode("hello world", false).unwrap(),
-        vec![259, 260, 111, 114, 108, 100]
-    );
+    assert_eq!(tok.encode("hello world", false).unwrap(), vec![259, 260, 111, 114, 108, 100]);
     // `\s+(?!\S)` leaves the last space of a run to the next word.
     assert_eq!(tok.encode("a  b", false).unwrap(), vec![97, 32, 32, 98]);
     let chat = "<|im_start|>user\nhi<|im_end|>";
@@ -109,34 +106,22 @@ fn byte_level_bpe_tokenizer() {
     assert_eq!(tok.id_to_token(259).as_deref(), Some("hello"));
     assert_eq!(tok.special_id("<|endoftext|>").unwrap(), 261);
     let e = tok.special_id("<|nope|>").unwrap_err().to_string();
-    assert!(
-        e.contains("tokenizer.json") && e.contains("<|nope|>"),
-        "{e}"
-    );
+    assert!(e.contains("tokenizer.json") && e.contains("<|nope|>"), "{e}");
     let e = tok.decode(&[1, 9999], false).unwrap_err().to_string();
-    assert!(
-        e.contains("token id 9999 is not in the vocabulary (264 tokens)"),
-        "{e}"
-    );
+    assert!(e.contains("token id 9999 is not in the vocabulary (264 tokens)"), "{e}");
 }
 
 #[test]
 fn bad_tokenizer_files_are_errors() {
     let dir = TempDir::new("badtok");
-    assert!(matches!(
-        Tokenizer::load(dir.path()),
-        Err(LoadError::Io { .. })
-    ));
+    assert!(matches!(Tokenizer::load(dir.path()), Err(LoadError::Io { .. })));
     dir.write("tokenizer.json", "{\"model\": 3}");
     let e = Tokenizer::load(dir.path()).err().unwrap();
     assert!(
-        matches!(e, LoadError::Tokenizer { .. })
-            && e.to_string()
-                .contains("tokenizer.json: tokenizer: cannot load"),
+        matches!(e, LoadError::Tokenizer { .. }) && e.to_string().contains("tokenizer.json: tokenizer: cannot load"),
         "{e}"
     );
 }
-
 
 fn msgs(list: &[(&str, &str)]) -> Vec<ChatMessage> {
     list.iter().map(|(r, c)| ChatMessage::new(*r, *c)).collect()
@@ -145,7 +130,6 @@ fn msgs(list: &[(&str, &str)]) -> Vec<ChatMessage> {
 fn extra(v: Value) -> Map<String, Value> {
     v.as_object().unwrap().clone()
 }
-
 
 /// Qwen2.5's own template (the fixture folders hold it) with `tools`: the function definitions
 /// are rendered by `tojson` in their insertion order, as transformers' `apply_chat_template`
@@ -180,64 +164,38 @@ fn template_sources_and_fallbacks() {
     let config = json!({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}],
                         "eos_token": {"content": "<|im_end|>", "special": true}});
     dir.write("tokenizer_config.json", &config.to_string());
-    assert_eq!(
-        ChatTemplate::load(dir.path())
-            .unwrap()
-            .render(&[], false, &Map::new())
-            .unwrap(),
-        "D<|im_end|>"
-    );
+    assert_eq!(ChatTemplate::load(dir.path()).unwrap().render(&[], false, &Map::new()).unwrap(), "D<|im_end|>");
     // No template in the config: chat_template.jinja beside it.
     dir.write("tokenizer_config.json", "{\"eos_token\": \"E\"}");
-    dir.write(
-        "chat_template.jinja",
-        "J{{ messages|length }}{{ eos_token }}",
-    );
+    dir.write("chat_template.jinja", "J{{ messages|length }}{{ eos_token }}");
     assert_eq!(
-        ChatTemplate::load(dir.path())
-            .unwrap()
-            .render(&msgs(&[("user", "x")]), false, &Map::new())
-            .unwrap(),
+        ChatTemplate::load(dir.path()).unwrap().render(&msgs(&[("user", "x")]), false, &Map::new()).unwrap(),
         "J1E"
     );
     // Nothing: ChatML.
     std::fs::remove_file(dir.path().join("chat_template.jinja")).unwrap();
     let t = ChatTemplate::load(dir.path()).unwrap();
     assert_eq!(t.source(), ruda_llm::CHATML_TEMPLATE);
-    let text = t
-        .render(&msgs(&[("system", "S"), ("user", "U")]), true, &Map::new())
-        .unwrap();
-    assert_eq!(
-        text,
-        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
-    );
+    let text = t.render(&msgs(&[("system", "S"), ("user", "U")]), true, &Map::new()).unwrap();
+    assert_eq!(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
     dir.write("tokenizer_config.json", "{\"chat_template\": 3}");
     let e = ChatTemplate::load(dir.path()).unwrap_err().to_string();
-    assert!(
-        e.contains("tokenizer_config.json") && e.contains("neither a string nor a list"),
-        "{e}"
-    );
+    assert!(e.contains("tokenizer_config.json") && e.contains("neither a string nor a list"), "{e}");
 }
 
 #[test]
 fn template_errors() {
-    let t = ChatTemplate::new("{% if %}", "test")
-        .unwrap_err()
-        .to_string();
+    let t = ChatTemplate::new("{% if %}", "test").unwrap_err().to_string();
     assert!(t.starts_with("chat template (test):"), "{t}");
-    let t = ChatTemplate::new("{%- if messages|length == 0 %}{{ raise_exception('No user query found in messages.') }}{% endif %}ok", "test")
-        .unwrap();
+    let t = ChatTemplate::new(
+        "{%- if messages|length == 0 %}{{ raise_exception('No user query found in messages.') }}{% endif %}ok",
+        "test",
+    )
+    .unwrap();
     let e = t.render(&[], false, &Map::new()).unwrap_err().to_string();
     assert!(e.contains("No user query found in messages."), "{e}");
-    assert_eq!(
-        t.render(&msgs(&[("user", "x")]), false, &Map::new())
-            .unwrap(),
-        "ok"
-    );
-    let e = t
-        .render(&[], false, &extra(json!({"messages": []})))
-        .unwrap_err()
-        .to_string();
+    assert_eq!(t.render(&msgs(&[("user", "x")]), false, &Map::new()).unwrap(), "ok");
+    let e = t.render(&[], false, &extra(json!({"messages": []}))).unwrap_err().to_string();
     assert!(e.contains("would replace the argument"), "{e}");
 }
 

@@ -28,9 +28,7 @@ fn ids_of(v: &Value) -> Vec<u32> {
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key]
-        .as_str()
-        .unwrap_or_else(|| panic!("no string {key:?}"))
+    v[key].as_str().unwrap_or_else(|| panic!("no string {key:?}"))
 }
 
 fn real_goldens() -> &'static Value {
@@ -53,14 +51,10 @@ fn real_tokenizer(variant: &str) -> &'static Tokenizer {
         let gz = fixtures().join("qwen-real/tokenizer.json.gz");
         let file = std::fs::File::open(&gz).unwrap_or_else(|e| panic!("{}: {e}", gz.display()));
         let mut text = String::new();
-        flate2::read::GzDecoder::new(file)
-            .read_to_string(&mut text)
-            .expect("tokenizer.json.gz decompresses to UTF-8");
+        flate2::read::GzDecoder::new(file).read_to_string(&mut text).expect("tokenizer.json.gz decompresses to UTF-8");
         let mut json: Value = serde_json::from_str(&text).expect("tokenizer.json is JSON");
         let base = json["added_tokens"].as_array().expect("added_tokens").len();
-        let wanted = real_goldens()["added_tokens"][variant]
-            .as_array()
-            .expect("the variant's added tokens");
+        let wanted = real_goldens()["added_tokens"][variant].as_array().expect("the variant's added tokens");
         let added = json["added_tokens"].as_array_mut().expect("added_tokens");
         for token in &wanted[base..] {
             let special = token["special"].as_bool().expect("special flag");
@@ -69,10 +63,7 @@ fn real_tokenizer(variant: &str) -> &'static Tokenizer {
                 "lstrip": false, "rstrip": false, "normalized": false, "special": special,
             }));
         }
-        let dir = std::env::temp_dir().join(format!(
-            "ruda-llm-qwen-real-{}-{variant}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("ruda-llm-qwen-real-{}-{variant}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temporary folder");
         let path = dir.join("tokenizer.json");
         std::fs::write(&path, json.to_string()).expect("write the tokenizer");
@@ -114,25 +105,13 @@ fn real_tokenizer_matches_transformers() {
         for add_special in [false, true] {
             let got = tok.encode(text, add_special).unwrap();
             if got != want {
-                failures.push(format!(
-                    "{name} (add_special_tokens={add_special}): ids {got:?}, transformers {want:?}"
-                ));
+                failures.push(format!("{name} (add_special_tokens={add_special}): ids {got:?}, transformers {want:?}"));
             }
         }
-        let tokens: Vec<String> = want
-            .iter()
-            .map(|&id| tok.id_to_token(id).unwrap_or_default())
-            .collect();
-        let want_tokens: Vec<&str> = case["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap())
-            .collect();
+        let tokens: Vec<String> = want.iter().map(|&id| tok.id_to_token(id).unwrap_or_default()).collect();
+        let want_tokens: Vec<&str> = case["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
         if tokens != want_tokens {
-            failures.push(format!(
-                "{name}: tokens {tokens:?}, transformers {want_tokens:?}"
-            ));
+            failures.push(format!("{name}: tokens {tokens:?}, transformers {want_tokens:?}"));
         }
         for (skip, key) in [(false, "decoded"), (true, "decoded_skip_special")] {
             let got = tok.decode(&want, skip).unwrap();
@@ -163,43 +142,19 @@ fn fixture_tokenizers_match_transformers() {
         for id in ids_of(&goldens["eos_token_ids"]) {
             assert!(tok.id_to_token(id).is_some(), "{model}: EOS id {id}");
         }
-        assert_eq!(
-            tok.token_to_id("<think>").is_some(),
-            model == "qwen3",
-            "{model}: only Qwen3 has <think>"
-        );
+        assert_eq!(tok.token_to_id("<think>").is_some(), model == "qwen3", "{model}: only Qwen3 has <think>");
         for prompt in goldens["prompts"].as_array().unwrap() {
             let name = format!("{model}/{}", str_of(prompt, "name"));
             let add_special = prompt["add_special_tokens"].as_bool().unwrap();
             let ids = ids_of(&prompt["prompt_ids"]);
-            assert_eq!(
-                tok.encode(str_of(prompt, "text"), add_special).unwrap(),
-                ids,
-                "{name}: prompt ids"
-            );
-            assert_eq!(
-                tok.decode(&ids, false).unwrap(),
-                str_of(prompt, "text"),
-                "{name}: the prompt decodes back"
-            );
+            assert_eq!(tok.encode(str_of(prompt, "text"), add_special).unwrap(), ids, "{name}: prompt ids");
+            assert_eq!(tok.decode(&ids, false).unwrap(), str_of(prompt, "text"), "{name}: the prompt decodes back");
             let greedy = &prompt["greedy"];
             let generated = ids_of(&greedy["ids"]);
-            assert_eq!(
-                tok.decode(&generated, false).unwrap(),
-                str_of(greedy, "text"),
-                "{name}"
-            );
-            assert_eq!(
-                tok.decode(&generated, true).unwrap(),
-                str_of(greedy, "text_skip_special"),
-                "{name}"
-            );
+            assert_eq!(tok.decode(&generated, false).unwrap(), str_of(greedy, "text"), "{name}");
+            assert_eq!(tok.decode(&generated, true).unwrap(), str_of(greedy, "text_skip_special"), "{name}");
             let all: Vec<u32> = ids.iter().chain(&generated).copied().collect();
-            assert_eq!(
-                tok.decode(&all, false).unwrap(),
-                str_of(greedy, "full_text"),
-                "{name}"
-            );
+            assert_eq!(tok.decode(&all, false).unwrap(), str_of(greedy, "full_text"), "{name}");
         }
     }
 }

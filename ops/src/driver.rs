@@ -240,7 +240,11 @@ fn parse_run(positional: &[String], flags: &[(String, Option<String>)]) -> Resul
     if arch.is_some() && engine != Engine::PtxEmu {
         return Err(format!(
             "--target applies to --engine ptx-emu only ({})",
-            if engine == Engine::Cuda { "on CUDA the runtime picks the device's target" } else { "the interpreter runs the IR" }
+            if engine == Engine::Cuda {
+                "on CUDA the runtime picks the device's target"
+            } else {
+                "the interpreter runs the IR"
+            }
         ));
     }
     let seed = match flag("--seed") {
@@ -250,7 +254,10 @@ fn parse_run(positional: &[String], flags: &[(String, Option<String>)]) -> Resul
     let mut inputs: Vec<(String, String)> = Vec::new();
     for (_, v) in flags.iter().filter(|(f, _)| f == "--input") {
         let v = v.as_deref().unwrap_or_default();
-        let (name, value) = v.split_once('=').filter(|(n, _)| !n.is_empty()).ok_or_else(|| format!("--input `{v}`: expected NAME=FILE or NAME=VALUE"))?;
+        let (name, value) = v
+            .split_once('=')
+            .filter(|(n, _)| !n.is_empty())
+            .ok_or_else(|| format!("--input `{v}`: expected NAME=FILE or NAME=VALUE"))?;
         if inputs.iter().any(|(n, _)| n == name) {
             return Err(format!("--input `{name}` given twice"));
         }
@@ -367,7 +374,9 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             let text = match kind {
                 EmitKind::Ir => ruda_ir::print_kernel(&kernel),
                 EmitKind::IrOpt => ruda_ir::print_kernel(&optimize(kernel, passes)?),
-                EmitKind::Cuda => ruda_codegen_nvrtc::emit_cuda(&optimize(kernel, passes)?).map_err(|e| e.to_string())?,
+                EmitKind::Cuda => {
+                    ruda_codegen_nvrtc::emit_cuda(&optimize(kernel, passes)?).map_err(|e| e.to_string())?
+                }
                 EmitKind::Ptx => compile(&optimize(kernel, passes)?, *arch, compiler)?,
             };
             write!(out, "{text}").map_err(io)?;
@@ -441,11 +450,9 @@ pub fn run_sample(args: &RunArgs) -> Result<(u64, f64), String> {
 fn set_input(problem: &mut Problem, kernel: &str, name: &str, value: &str) -> Result<(), String> {
     let names: Vec<&str> = problem.args.iter().map(|a| a.name()).collect();
     let known = names.join(", ");
-    let arg = problem
-        .args
-        .iter_mut()
-        .find(|a| a.name() == name)
-        .ok_or_else(|| format!("--input {name}: kernel `{kernel}` has no parameter `{name}` (its parameters: {known})"))?;
+    let arg = problem.args.iter_mut().find(|a| a.name() == name).ok_or_else(|| {
+        format!("--input {name}: kernel `{kernel}` has no parameter `{name}` (its parameters: {known})")
+    })?;
     match arg {
         SampleArg::Buffer { elem, bytes, .. } => {
             let data = std::fs::read(value).map_err(|e| format!("--input {name}: {value}: {e}"))?;
@@ -513,7 +520,9 @@ fn run_cuda(kernel: &Kernel, problem: &Problem, compiler: Compiler) -> Result<(V
     let ptx_version = ruda_runtime::parse_ptx_version(version.as_deref()).map_err(cuda)?;
     let device = Device::cuda_with(0, compiler, ptx_version).map_err(|e| match e {
         RuntimeError::CudaUnavailable { request, source } => {
-            format!("--engine cuda needs a CUDA GPU: {request}: {source}; --engine interp and ptx-emu run on any machine")
+            format!(
+                "--engine cuda needs a CUDA GPU: {request}: {source}; --engine interp and ptx-emu run on any machine"
+            )
         }
         other => cuda(other),
     })?;
@@ -570,7 +579,11 @@ fn check(archs: &[Arch], compiler: Compiler, passes: &str, out: &mut dyn Write) 
         reg.iter().flat_map(|r| archs.iter().filter(|a| r.targets.contains(a)).map(move |a| (r, *a))).collect();
     let rows = parallel_map(&jobs, |(reg, arch)| {
         let started = Instant::now();
-        let ptx = reg.build().map_err(|e| e.to_string()).and_then(|k| optimize(k, passes)).and_then(|k| compile(&k, *arch, compiler));
+        let ptx = reg
+            .build()
+            .map_err(|e| e.to_string())
+            .and_then(|k| optimize(k, passes))
+            .and_then(|k| compile(&k, *arch, compiler));
         let emit_ms = started.elapsed().as_secs_f64() * 1e3;
         let name = reg.id.replace('.', "_");
         let result = ptx.and_then(|ptx| {

@@ -30,8 +30,15 @@ pub const BUFFER_BYTES: usize = 256 << 10;
 #[derive(Clone, Debug, PartialEq)]
 pub enum SampleArg {
     /// A global buffer: its element type and little-endian contents.
-    Buffer { name: String, elem: ScalarType, bytes: Vec<u8> },
-    Scalar { name: String, value: Constant },
+    Buffer {
+        name: String,
+        elem: ScalarType,
+        bytes: Vec<u8>,
+    },
+    Scalar {
+        name: String,
+        value: Constant,
+    },
 }
 
 impl SampleArg {
@@ -132,10 +139,18 @@ impl Sampler {
                     SampleArg::Buffer { name, elem, bytes }
                 }
                 Type::Scalar(t) => {
-                    let value = c.scalars.get(p.name.as_str()).map_or_else(|| default_scalar(&p.name, t), |b| Constant::new(t, *b));
+                    let value = c
+                        .scalars
+                        .get(p.name.as_str())
+                        .map_or_else(|| default_scalar(&p.name, t), |b| Constant::new(t, *b));
                     SampleArg::Scalar { name, value }
                 }
-                other => return Err(format!("`{}`: parameter `{}` of type {other} has no sample value", kernel.name, p.name)),
+                other => {
+                    return Err(format!(
+                        "`{}`: parameter `{}` of type {other} has no sample value",
+                        kernel.name, p.name
+                    ))
+                }
             });
         }
         let threads = kernel.launch_bounds.map_or(256, |lb| lb.max_threads);
@@ -218,7 +233,14 @@ fn case(family: &str, id: &str) -> Option<Case> {
             // The KV-cache variant's key counts.
             c.indices.insert("seq_lens", vec![9, 21]);
             s.extend([("total_q", 17), ("total_k", 30), ("group", 1)]);
-            s.extend([("q_token", 2 * d), ("q_head", d), ("q_batch", 0), ("k_token", 2 * d), ("k_head", d), ("k_batch", 0)]);
+            s.extend([
+                ("q_token", 2 * d),
+                ("q_head", d),
+                ("q_batch", 0),
+                ("k_token", 2 * d),
+                ("k_head", d),
+                ("k_batch", 0),
+            ]);
             s.extend([("mask_batch", 0), ("mask_head", 0), ("mask_query", 32), ("mask_key", 1)]);
             s.extend([("bias_batch", 0), ("bias_head", 0), ("bias_query", 32), ("bias_key", 1)]);
             c.grid = [1, 2, 2];
@@ -242,7 +264,13 @@ fn case(family: &str, id: &str) -> Option<Case> {
         "gemv" => {
             let m_tile = id_number(id, 'm')? as u64;
             let split = id.contains("splitk");
-            let (k, per_split) = if id.contains("scalar") { (77, 96) } else if split { (512, 32) } else { (512, 256) };
+            let (k, per_split) = if id.contains("scalar") {
+                (77, 96)
+            } else if split {
+                (512, 32)
+            } else {
+                (512, 256)
+            };
             s.extend([("m", m_tile.saturating_sub(1).max(1)), ("n", 10), ("k", k), ("chunks_per_split", per_split)]);
             c.grid = [3, if split { 2 } else { 1 }, 1];
         }
@@ -269,12 +297,24 @@ fn case(family: &str, id: &str) -> Option<Case> {
             s.insert("splits", 3);
         }
         "sampling" => {
-            s.extend([("cols", 700), ("scale", f32_bits(1.4)), ("top_k", 50), ("top_p", f32_bits(0.9)), ("seed", 1234)]);
+            s.extend([
+                ("cols", 700),
+                ("scale", f32_bits(1.4)),
+                ("top_k", 50),
+                ("top_p", f32_bits(0.9)),
+                ("seed", 1234),
+            ]);
         }
         "add_bias" => {
             // Rows of 520 elements (whole 16-byte units in every dtype), five rows over two
             // block rows.
-            let per_thread = if id.contains("scalar") { 1 } else if id.contains("f32") { 4 } else { 8 };
+            let per_thread = if id.contains("scalar") {
+                1
+            } else if id.contains("f32") {
+                4
+            } else {
+                8
+            };
             s.extend([("units", 520 / per_thread), ("rows", 5)]);
             c.grid = [3, 2, 1];
         }
@@ -303,7 +343,8 @@ fn default_scalar(name: &str, ty: ScalarType) -> Constant {
     }
 }
 
-const SPECIALS: [f32; 12] = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -1e-45, 65504.0, 65520.0, 3.0e38, -1e-8, 6.0e-8, 1.0e-5];
+const SPECIALS: [f32; 12] =
+    [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -1e-45, 65504.0, 65520.0, 3.0e38, -1e-8, 6.0e-8, 1.0e-5];
 
 /// A buffer of `elem` values.
 fn buffer(elem: ScalarType, name: &str, c: &Case, rng: &mut Rng) -> Vec<u8> {

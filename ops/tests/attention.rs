@@ -49,7 +49,8 @@ fn reference(
                 let allowed = !causal || j + tq <= i + tk;
                 let bias = if allowed { extra(h, i, j) } else { None };
                 logits.push(bias.map(|b| {
-                    let dot: f64 = (0..d).map(|x| q[(i * hq + h) * d + x] as f64 * k[(j * hkv + kh) * d + x] as f64).sum();
+                    let dot: f64 =
+                        (0..d).map(|x| q[(i * hq + h) * d + x] as f64 * k[(j * hkv + kh) * d + x] as f64).sum();
                     dot * scale + b
                 }));
             }
@@ -245,7 +246,17 @@ fn prefill_over_a_kv_cache() {
 
 /// Decode against the reference for each sequence's first `seq_lens[b]` cache rows.
 #[allow(clippy::too_many_arguments)]
-fn check_decode(dev: &Device, rng: &mut Rng, dtype: DType, seq_lens: &[u32], s_max: usize, hq: usize, hkv: usize, d: usize, splits: Option<usize>) {
+fn check_decode(
+    dev: &Device,
+    rng: &mut Rng,
+    dtype: DType,
+    seq_lens: &[u32],
+    s_max: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    splits: Option<usize>,
+) {
     let b = seq_lens.len();
     let q = quantize(dtype, &rng.vec(b * hq * d, -2.0, 2.0));
     let k = quantize(dtype, &rng.vec(b * hkv * s_max * d, -1.0, 1.0));
@@ -412,7 +423,9 @@ fn attention_mask_and_bias() {
     let pattern: Vec<u8> = (0..t * s).map(|x| u8::from(x / s != 3 && !(x * 7).is_multiple_of(5))).collect();
     let pattern_ok = |_b: usize, _h: usize, i: usize, j: usize| i != 3 && !((i * s + j) * 7).is_multiple_of(5);
     // Per-head bias [1, H, T, S] (ALiBi-like slopes plus noise).
-    let bias: Vec<f32> = (0..hq * t * s).map(|x| -((x / (t * s) + 1) as f32) * 0.1 * ((x % s) as f32) + ((x * 13 % 7) as f32) * 0.3).collect();
+    let bias: Vec<f32> = (0..hq * t * s)
+        .map(|x| -((x / (t * s) + 1) as f32) * 0.1 * ((x % s) as f32) + ((x * 13 % 7) as f32) * 0.3)
+        .collect();
     let bias_at = |_b: usize, h: usize, i: usize, j: usize| bias[(h * t + i) * s + j] as f64;
     for strategy in [AttentionStrategy::FlashUnit, AttentionStrategy::Fallback] {
         for dtype in [DType::F32, DType::BF16] {
@@ -445,9 +458,18 @@ fn setup_errors_name_the_problem() {
         api::attention(q, k, v, m, b, o, s).unwrap_err()
     };
     let flash = AttentionStrategy::FlashUnit;
-    assert!(matches!(run(&q, &f(&[1, 3, 8, 64], DType::F32), &f(&[1, 3, 8, 64], DType::F32), None, None, &o, flash), AttentionSetupError::Shape(_)));
-    assert!(matches!(run(&q, &kv, &f(&[1, 2, 9, 64], DType::F32), None, None, &o, flash), AttentionSetupError::Shape(_)));
-    assert!(matches!(run(&q, &f(&[1, 2, 8, 64], DType::BF16), &kv, None, None, &o, flash), AttentionSetupError::DType(_)));
+    assert!(matches!(
+        run(&q, &f(&[1, 3, 8, 64], DType::F32), &f(&[1, 3, 8, 64], DType::F32), None, None, &o, flash),
+        AttentionSetupError::Shape(_)
+    ));
+    assert!(matches!(
+        run(&q, &kv, &f(&[1, 2, 9, 64], DType::F32), None, None, &o, flash),
+        AttentionSetupError::Shape(_)
+    ));
+    assert!(matches!(
+        run(&q, &f(&[1, 2, 8, 64], DType::BF16), &kv, None, None, &o, flash),
+        AttentionSetupError::DType(_)
+    ));
     assert!(matches!(run(&f(&[4, 8, 64], DType::F32), &kv, &kv, None, None, &o, flash), AttentionSetupError::Shape(_)));
     let ints = f(&[1, 4, 8, 64], DType::I32);
     assert!(matches!(run(&ints, &ints, &ints, None, None, &o, flash), AttentionSetupError::DType(_)));
@@ -492,7 +514,8 @@ fn varlen_and_decode_errors() {
     let msg = |e: OpError| e.to_string();
     assert!(msg(varlen(&q, &f(&[12, 3, 64], DType::BF16), &cu_q, &cu_k, None, None)).contains("multiple"));
     assert!(matches!(varlen(&q, &f(&[12, 2, 64], DType::F16), &cu_q, &cu_k, None, None), OpError::DType { .. }));
-    assert!(msg(varlen(&f(&[10, 4, 96], DType::BF16), &f(&[12, 2, 96], DType::BF16), &cu_q, &cu_k, None, None)).contains("head dim 96"));
+    assert!(msg(varlen(&f(&[10, 4, 96], DType::BF16), &f(&[12, 2, 96], DType::BF16), &cu_q, &cu_k, None, None))
+        .contains("head dim 96"));
     assert!(msg(varlen(&q, &kv, &cu_q, &cu_k, None, Some(f32::NAN))).contains("finite"));
     assert!(matches!(varlen(&q, &kv, &f(&[3], DType::I32), &cu_k, None, None), OpError::DType { .. }));
     assert!(matches!(varlen(&q, &kv, &upload_u32(&dev, &[0, 10]), &cu_k, None, None), OpError::Shape { .. }));
@@ -505,19 +528,40 @@ fn varlen_and_decode_errors() {
     let stream = dev.default_stream();
     let e = api::attention_prefill_varlen_into(&stream, &q, &kv, &v, &cu_q, &cu_k, 0, None, false, &out).unwrap_err();
     assert!(msg(e).contains("at least 1"));
-    let e = api::attention_prefill_varlen_into(&stream, &q, &kv, &kv, &cu_q, &cu_k, 6, None, false, &f(&[10, 4, 64], DType::F32));
+    let e = api::attention_prefill_varlen_into(
+        &stream,
+        &q,
+        &kv,
+        &kv,
+        &cu_q,
+        &cu_k,
+        6,
+        None,
+        false,
+        &f(&[10, 4, 64], DType::F32),
+    );
     assert!(matches!(e, Err(OpError::DType { .. })));
 
     // Prefill over a cache: the batch comes from cu_seqlens_q; lengths past the cache.
     let cache_k = f(&[2, 2, 16, 64], DType::BF16);
     let cache_v = f(&[2, 2, 16, 64], DType::BF16);
-    let e = api::attention_prefill_cache(&q, &upload_u32(&dev, &[0, 10]), None, &cache_k, &cache_v, &upload_u32(&dev, &[3, 16]), None, true);
+    let e = api::attention_prefill_cache(
+        &q,
+        &upload_u32(&dev, &[0, 10]),
+        None,
+        &cache_k,
+        &cache_v,
+        &upload_u32(&dev, &[3, 16]),
+        None,
+        true,
+    );
     assert!(matches!(e, Err(OpError::Shape { .. })));
     let e = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[3]), None, true);
     assert!(matches!(e, Err(OpError::Shape { .. })));
     let e = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[3, 17]), None, true);
     assert!(msg(e.unwrap_err()).contains("seq_lens[1] = 17"));
-    let ok = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[4, 16]), None, true).unwrap();
+    let ok = api::attention_prefill_cache(&q, &cu_q, None, &cache_k, &cache_v, &upload_u32(&dev, &[4, 16]), None, true)
+        .unwrap();
     assert_eq!(ok.shape(), &[10, 4, 64]);
 
     // Decode.
@@ -537,7 +581,8 @@ fn varlen_and_decode_errors() {
     assert!(msg(e).contains("workspace"));
     let e = api::attention_decode(&q, &cache, &cache, &upload_u32(&dev, &[3]), None).unwrap_err();
     assert!(matches!(e, OpError::Shape { .. }));
-    let e = api::attention_decode(&q, &f(&[2, 3, 16, 128], DType::F16), &f(&[2, 3, 16, 128], DType::F16), &lens, None).unwrap_err();
+    let e = api::attention_decode(&q, &f(&[2, 3, 16, 128], DType::F16), &f(&[2, 3, 16, 128], DType::F16), &lens, None)
+        .unwrap_err();
     assert!(msg(e).contains("multiple"));
     let e = api::attention_decode(&q, &cache, &f(&[2, 2, 15, 128], DType::F16), &lens, None).unwrap_err();
     assert!(matches!(e, OpError::Shape { .. }));

@@ -111,7 +111,8 @@ fn nvrtc_subset(configs: &[Config], arch: Arch) -> Vec<&Config> {
 
 /// NVRTC's PTX of `configs` for `arch`, compiled as one module.
 fn nvrtc_module(configs: &[&Config], arch: Arch) -> Option<(String, Module)> {
-    let nvrtc = ruda_codegen_nvrtc::nvrtc_or_skip("the differential test's NVRTC engine").unwrap_or_else(|e| panic!("{e}"))?;
+    let nvrtc =
+        ruda_codegen_nvrtc::nvrtc_or_skip("the differential test's NVRTC engine").unwrap_or_else(|e| panic!("{e}"))?;
     let kernels: Vec<&Kernel> = configs.iter().map(|c| &c.kernel).collect();
     let ptx = ruda_codegen_nvrtc::compile_module_with(&nvrtc, &kernels, &Target::new(arch))
         .unwrap_or_else(|e| panic!("NVRTC for {arch}: {e}"));
@@ -144,7 +145,8 @@ fn every_registered_kernel_agrees_across_engines() {
     let configs: Vec<Config> = pending
         .into_iter()
         .map(|(r, kernel, problem)| {
-            let want = run_interp(&kernel, &problem).unwrap_or_else(|e| panic!("`{}`: the interpreter failed: {e}", r.id));
+            let want =
+                run_interp(&kernel, &problem).unwrap_or_else(|e| panic!("`{}`: the interpreter failed: {e}", r.id));
             Config { id: r.id.clone(), family: r.family, kernel, problem, targets: r.targets.clone(), want }
         })
         .collect();
@@ -184,10 +186,19 @@ fn every_registered_kernel_agrees_across_engines() {
             if let Some(v) = verdict {
                 let _ = std::fs::write(&path, ptx);
                 let direct = dump_direct(c, arch);
-                failures.push(format!("`{}` through NVRTC for {arch}: {v}\n  PTX: {} and {}", c.id, path.display(), direct));
+                failures.push(format!(
+                    "`{}` through NVRTC for {arch}: {v}\n  PTX: {} and {}",
+                    c.id,
+                    path.display(),
+                    direct
+                ));
             }
         }
-        println!("NVRTC for {arch}: {} of {} configurations agree", subset.len() - (failures.len() - before), subset.len());
+        println!(
+            "NVRTC for {arch}: {} of {} configurations agree",
+            subset.len() - (failures.len() - before),
+            subset.len()
+        );
     }
     assert!(failures.is_empty(), "{} configurations disagree:\n{}", failures.len(), failures.join("\n"));
 }

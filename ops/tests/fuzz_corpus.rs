@@ -51,7 +51,13 @@ fn replay(target: &str, check: fn(&[u8])) {
             failures.push(format!("--- {}\n{what}", path.display()));
         }
     }
-    assert!(failures.is_empty(), "{} of {} `{target}` inputs fail:\n{}", failures.len(), files.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} `{target}` inputs fail:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

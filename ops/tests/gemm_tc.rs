@@ -28,7 +28,15 @@ fn problem(rng: &mut Rng, dtype: DType, m: usize, n: usize, k: usize) -> (Vec<f3
 
 /// `x · wᵀ + bias + residual` in f64 with the magnitudes for the tolerance (the addends count
 /// in the magnitude: each is one more f32 rounding).
-fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, res: Option<&[f32]>, m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+fn reference(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    res: Option<&[f32]>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let (mut want, mut mag) = linear_reference(x, w, m, n, k);
     for i in 0..m * n {
         for add in [bias.map(|b| b[i % n]), res.map(|r| r[i])].into_iter().flatten() {
@@ -69,7 +77,8 @@ fn check_config(rng: &mut Rng, cfg: &GemmTcConfig, m: usize, n: usize, k: usize,
     if cfg.batched {
         args.extend([Arg::scalar(mu * ku), Arg::scalar(if w_batched { nu * ku } else { 0 }), Arg::scalar(mu * nu)]);
     }
-    let launch = LaunchConfig { grid: cfg.grid(mu, nu, batch as u32), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
+    let launch =
+        LaunchConfig { grid: cfg.grid(mu, nu, batch as u32), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
     stream.launch(&kern, launch, &args).unwrap();
     let got = out.to_f32_vec().unwrap();
     for e in 0..batch {
@@ -189,7 +198,14 @@ fn linear_uses_tensor_cores_when_aligned_and_falls_back_otherwise() {
         let xv: Tensor = big.narrow(0, 1, m * k).unwrap().reshape(&[m, k]).unwrap();
         let got = api::linear(&xv, &tensor(&dev, dtype, &w, &[n, k])).unwrap();
         let (want, mag) = linear_reference(&x, &w, m, n, k);
-        check_linear(&format!("linear {dtype} misaligned {m}x{n}x{k}"), dtype, &got.to_f32_vec().unwrap(), &want, &mag, k);
+        check_linear(
+            &format!("linear {dtype} misaligned {m}x{n}x{k}"),
+            dtype,
+            &got.to_f32_vec().unwrap(),
+            &want,
+            &mag,
+            k,
+        );
     }
 }
 
@@ -199,7 +215,11 @@ fn linear_bias_fuses_the_epilogue_and_f32_output() {
     let stream = dev.default_stream();
     let mut rng = Rng::new(24);
     // M = 3 (GEMV territory) still takes the fused tensor-core path.
-    for (dtype, odt, m, n, k) in [(DType::BF16, DType::BF16, 20, 24, 32), (DType::F16, DType::F32, 3, 10, 16), (DType::BF16, DType::F32, 33, 8, 8)] {
+    for (dtype, odt, m, n, k) in [
+        (DType::BF16, DType::BF16, 20, 24, 32),
+        (DType::F16, DType::F32, 3, 10, 16),
+        (DType::BF16, DType::F32, 33, 8, 8),
+    ] {
         let (x, w) = problem(&mut rng, dtype, m, n, k);
         let bias = quantize(dtype, &rng.vec(n, -1.0, 1.0));
         let res = quantize(odt, &rng.vec(m * n, -1.0, 1.0));
@@ -209,13 +229,29 @@ fn linear_bias_fuses_the_epilogue_and_f32_output() {
             let out = Tensor::empty(&dev, odt, &[m, n]).unwrap();
             api::linear_bias_into(&stream, &xt, &wt, b.then_some(&bt), r.then_some(&rt), &out).unwrap();
             let (want, mag) = reference(&x, &w, b.then_some(&bias[..]), r.then_some(&res[..]), m, n, k);
-            check_linear(&format!("linear_bias {dtype}->{odt} {m}x{n}x{k} bias {b} residual {r}"), odt, &out.to_f32_vec().unwrap(), &want, &mag, k);
+            check_linear(
+                &format!("linear_bias {dtype}->{odt} {m}x{n}x{k} bias {b} residual {r}"),
+                odt,
+                &out.to_f32_vec().unwrap(),
+                &want,
+                &mag,
+                k,
+            );
         }
         // An explicit tile gives the same bits as the heuristic's (same k order).
         let a = Tensor::empty(&dev, odt, &[m, n]).unwrap();
         let bb = Tensor::empty(&dev, odt, &[m, n]).unwrap();
         api::linear_bias_into(&stream, &xt, &wt, Some(&bt), Some(&rt), &a).unwrap();
-        api::linear_tile_into(&stream, &xt, &wt, Some(&bt), Some(&rt), &bb, GemmTile { tile: TcTile::T128x128, stages: 2 }).unwrap();
+        api::linear_tile_into(
+            &stream,
+            &xt,
+            &wt,
+            Some(&bt),
+            Some(&rt),
+            &bb,
+            GemmTile { tile: TcTile::T128x128, stages: 2 },
+        )
+        .unwrap();
         assert_bits("tile independence", &bb.to_f32_vec().unwrap(), &a.to_f32_vec().unwrap());
     }
 }
@@ -242,7 +278,11 @@ fn linear_bias_allocating_falls_back_to_separate_ops() {
         for (i, g) in got.to_f32_vec().unwrap().iter().enumerate() {
             let tol = (k as f64 * f32::EPSILON as f64 + 3.0 * epsilon(dtype)) * mag[i] + 1e-6;
             let err = (*g as f64 - want[i]).abs();
-            assert!(err <= tol, "linear_bias {dtype} {m}x{n}x{k}[{i}]: got {g}, want {} (error {err:.3e} > {tol:.3e})", want[i]);
+            assert!(
+                err <= tol,
+                "linear_bias {dtype} {m}x{n}x{k}[{i}]: got {g}, want {} (error {err:.3e} > {tol:.3e})",
+                want[i]
+            );
         }
     }
 }
@@ -259,13 +299,21 @@ fn linear_batched_shares_or_batches_the_weight() {
             let x = quantize(dtype, &rng.vec(b * m * k, -1.0, 1.0));
             let w = quantize(dtype, &rng.vec(wb * n * k, -1.0, 1.0));
             let wshape: Vec<usize> = if w_batched { vec![b, n, k] } else { vec![n, k] };
-            let got = api::linear_batched(&tensor(&dev, dtype, &x, &[b, m, k]), &tensor(&dev, dtype, &w, &wshape)).unwrap();
+            let got =
+                api::linear_batched(&tensor(&dev, dtype, &x, &[b, m, k]), &tensor(&dev, dtype, &w, &wshape)).unwrap();
             assert_eq!(got.shape(), &[b, m, n]);
             let got = got.to_f32_vec().unwrap();
             for e in 0..b {
                 let we = if w_batched { e } else { 0 };
                 let (want, mag) = linear_reference(&x[e * m * k..][..m * k], &w[we * n * k..][..n * k], m, n, k);
-                check_linear(&format!("linear_batched {dtype} entry {e}"), dtype, &got[e * m * n..][..m * n], &want, &mag, k);
+                check_linear(
+                    &format!("linear_batched {dtype} entry {e}"),
+                    dtype,
+                    &got[e * m * n..][..m * n],
+                    &want,
+                    &mag,
+                    k,
+                );
             }
         }
     }
@@ -289,11 +337,31 @@ fn linear_bias_rejects_bad_shapes_and_dtypes() {
     assert!(e.contains("`residual` is f32, expected bf16"), "{e}");
     let e = err(api::linear_bias_into(&stream, &x, &z(DType::BF16, &[8, 24]), None, None, &out));
     assert!(e.contains("x is [20, 16] but w is [8, 24]"), "{e}");
-    let e = err(api::linear_bias_into(&stream, &z(DType::F32, &[20, 16]), &z(DType::F32, &[8, 16]), Some(&z(DType::F32, &[8])), None, &z(DType::F32, &[20, 8])));
+    let e = err(api::linear_bias_into(
+        &stream,
+        &z(DType::F32, &[20, 16]),
+        &z(DType::F32, &[8, 16]),
+        Some(&z(DType::F32, &[8])),
+        None,
+        &z(DType::F32, &[20, 8]),
+    ));
     assert!(e.contains("use `linear_bias`"), "{e}");
-    let e = err(api::linear_tile_into(&stream, &z(DType::BF16, &[20, 12]), &z(DType::BF16, &[8, 12]), None, None, &out, GemmTile { tile: TcTile::T64x64, stages: 2 }));
+    let e = err(api::linear_tile_into(
+        &stream,
+        &z(DType::BF16, &[20, 12]),
+        &z(DType::BF16, &[8, 12]),
+        None,
+        None,
+        &out,
+        GemmTile { tile: TcTile::T64x64, stages: 2 },
+    ));
     assert!(e.contains("K % 8 == 0"), "{e}");
-    let e = err(api::linear_batched_into(&stream, &z(DType::BF16, &[2, 20, 16]), &z(DType::BF16, &[3, 8, 16]), &z(DType::BF16, &[2, 20, 8])));
+    let e = err(api::linear_batched_into(
+        &stream,
+        &z(DType::BF16, &[2, 20, 16]),
+        &z(DType::BF16, &[3, 8, 16]),
+        &z(DType::BF16, &[2, 20, 8]),
+    ));
     assert!(e.contains("expected [8, 16] or [2, 8, 16]"), "{e}");
     // An output starting at an odd element: no paired stores, so no tensor cores.
     let big = z(DType::BF16, &[20 * 8 + 1]);
@@ -335,14 +403,20 @@ fn sass_uses_hmma_and_async_copies() {
     };
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemm_tc_sass");
     std::fs::create_dir_all(&dir).unwrap();
-    let cfgs = [GemmTcConfig::new(MmaType::F16, TcTile::T64x64, 2), GemmTcConfig::new(MmaType::BF16, TcTile::T128x128W4, 3)];
+    let cfgs =
+        [GemmTcConfig::new(MmaType::F16, TcTile::T64x64, 2), GemmTcConfig::new(MmaType::BF16, TcTile::T128x128W4, 3)];
     for cfg in cfgs {
         let mut kern = gemm_tc(&cfg).unwrap();
         optimize(&mut kern).unwrap();
         let ptx = emit_ptx(&kern, &Target::new(Arch::Sm80)).unwrap();
         let (ptx_path, cubin) = (dir.join(format!("{}.ptx", cfg.id())), dir.join(format!("{}.cubin", cfg.id())));
         std::fs::write(&ptx_path, ptx).unwrap();
-        let st = std::process::Command::new(&ptxas_bin).args(["-arch=sm_80", "-o"]).arg(&cubin).arg(&ptx_path).status().unwrap();
+        let st = std::process::Command::new(&ptxas_bin)
+            .args(["-arch=sm_80", "-o"])
+            .arg(&cubin)
+            .arg(&ptx_path)
+            .status()
+            .unwrap();
         assert!(st.success(), "ptxas failed on {}", cfg.id());
         let out = std::process::Command::new(&nvdisasm).arg(&cubin).output().unwrap();
         assert!(out.status.success(), "nvdisasm failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -350,7 +424,8 @@ fn sass_uses_hmma_and_async_copies() {
         let (wm, wn) = cfg.tile.warp_tile();
         // Per k-tile: two k steps of (WM / 16) x (WN / 8) mma tiles; ldmatrix as LDSM;
         // cp.async as LDGSTS with its group waits (DEPBAR / LDGDEPBAR).
-        let (hmma, ldsm, ldgsts) = (sass.matches("HMMA").count(), sass.matches("LDSM").count(), sass.matches("LDGSTS").count());
+        let (hmma, ldsm, ldgsts) =
+            (sass.matches("HMMA").count(), sass.matches("LDSM").count(), sass.matches("LDGSTS").count());
         let want = 2 * (wm / 16) * (wn / 8);
         assert!(hmma as u32 >= want, "{}: {hmma} HMMA (want {want}) in SASS:\n{sass}", cfg.id());
         assert!(ldsm >= 6, "{}: {ldsm} LDSM in SASS", cfg.id());

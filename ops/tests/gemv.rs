@@ -132,7 +132,8 @@ fn gemv_bias_is_added_before_the_rounding() {
             for (i, v) in want.iter_mut().enumerate() {
                 *v += bias[i % n] as f64;
             }
-            let (xt, wt, bt) = (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]), tensor(&dev, dtype, &bias, &[n]));
+            let (xt, wt, bt) =
+                (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]), tensor(&dev, dtype, &bias, &[n]));
             let ws = Tensor::zeros(&dev, DType::F32, &[4 * m * n]).unwrap();
             for splits in [1, 4] {
                 let out = Tensor::zeros(&dev, dtype, &[m, n]).unwrap();

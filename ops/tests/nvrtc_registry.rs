@@ -51,7 +51,8 @@ fn one_configuration_per_family_compiles_with_nvrtc_and_assembles() {
         let Some(tool) = &tool else { continue };
         let report = ptxas::assemble_with(tool, &ptx, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         for k in &here {
-            let entry = report.entry(&k.name).unwrap_or_else(|| panic!("`{}` on {arch}: not in ptxas's report", k.name));
+            let entry =
+                report.entry(&k.name).unwrap_or_else(|| panic!("`{}` on {arch}: not in ptxas's report", k.name));
             // NVVM schedules differently from the PTX backend (it hoists shared-memory address
             // computations out of loops): spills are reported, not failed, on this rung.
             if entry.spill_store_bytes + entry.spill_load_bytes > 0 {

@@ -45,7 +45,13 @@ fn silu_matches_reference() {
             let got = api::silu(&tensor(&dev, dtype, &x, &[n])).unwrap().to_f32_vec().unwrap();
             let want: Vec<f64> = x.iter().map(|&v| v as f64 / (1.0 + (-(v as f64)).exp())).collect();
             // ex2.approx is within 2 ulp of f32; the result is then rounded to the dtype.
-            assert_close(&format!("silu {dtype} n={n}"), &got, &want, 1e-30, 4.0 * f32::EPSILON as f64 + epsilon(dtype));
+            assert_close(
+                &format!("silu {dtype} n={n}"),
+                &got,
+                &want,
+                1e-30,
+                4.0 * f32::EPSILON as f64 + epsilon(dtype),
+            );
         }
     }
 }
@@ -106,7 +112,17 @@ fn row_reductions_match_reference() {
 #[test]
 fn reduce_max_propagates_nan_and_handles_infinities() {
     let dev = device();
-    let x = vec![1.0, f32::NAN, 3.0, /* */ f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, /* */ -1.0, f32::INFINITY, 2.0];
+    let x = vec![
+        1.0,
+        f32::NAN,
+        3.0,
+        /* */ f32::NEG_INFINITY,
+        f32::NEG_INFINITY,
+        f32::NEG_INFINITY,
+        /* */ -1.0,
+        f32::INFINITY,
+        2.0,
+    ];
     let got = api::reduce_max(&tensor(&dev, DType::F32, &x, &[3, 3])).unwrap().to_f32_vec().unwrap();
     assert!(got[0].is_nan(), "a NaN row reduces to NaN, got {}", got[0]);
     assert_eq!(got[1], f32::NEG_INFINITY);
@@ -130,7 +146,13 @@ fn softmax_matches_reference() {
                 want.extend(e.iter().map(|v| v / s));
             }
             // ex2.approx (2 ulp) per element plus f32 summation, then rounding to the dtype.
-            assert_close(&format!("softmax {dtype} cols={cols}"), &got, &want, 1e-7, 16.0 * f32::EPSILON as f64 + epsilon(dtype));
+            assert_close(
+                &format!("softmax {dtype} cols={cols}"),
+                &got,
+                &want,
+                1e-7,
+                16.0 * f32::EPSILON as f64 + epsilon(dtype),
+            );
         }
     }
 }
@@ -139,10 +161,18 @@ fn softmax_matches_reference() {
 fn softmax_rows_with_nan_or_infinities_give_nan() {
     let dev = device();
     let x = vec![
-        1.0, f32::NAN, 0.0, // NaN in the row
-        f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, // only -inf
-        0.0, f32::INFINITY, 1.0, // +inf
-        0.0, f32::NEG_INFINITY, 0.0, // -inf among finite values is fine
+        1.0,
+        f32::NAN,
+        0.0, // NaN in the row
+        f32::NEG_INFINITY,
+        f32::NEG_INFINITY,
+        f32::NEG_INFINITY, // only -inf
+        0.0,
+        f32::INFINITY,
+        1.0, // +inf
+        0.0,
+        f32::NEG_INFINITY,
+        0.0, // -inf among finite values is fine
     ];
     let got = api::softmax_last_axis(&tensor(&dev, DType::F32, &x, &[4, 3])).unwrap().to_f32_vec().unwrap();
     assert!(got[..9].iter().all(|v| v.is_nan()), "rows 0-2 must be NaN: {got:?}");
@@ -180,7 +210,13 @@ fn rms_norm_matches_reference() {
             assert_eq!(got.dtype(), dtype);
             let want = norm_reference(&x, &gamma, None, eps, true);
             // f32 statistics (a few ulp), then one rounding to the dtype.
-            assert_close(&format!("rms_norm {dtype} h={h}"), &got.to_f32_vec().unwrap(), &want, 1e-6, 8.0 * f32::EPSILON as f64 + epsilon(dtype));
+            assert_close(
+                &format!("rms_norm {dtype} h={h}"),
+                &got.to_f32_vec().unwrap(),
+                &want,
+                1e-6,
+                8.0 * f32::EPSILON as f64 + epsilon(dtype),
+            );
         }
     }
 }

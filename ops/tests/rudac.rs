@@ -32,7 +32,9 @@ fn parses_commands_and_flags() {
         Ok(Command::Check { archs: vec![Arch::Sm80, Arch::Sm90a], compiler: None, passes: "default".into() })
     );
     assert_eq!(
-        Command::parse(&args("run gemv.f16.m4 --engine ptx-emu --compiler nvrtc --target sm_80 --seed 9 --input x=x.bin --input k=7")),
+        Command::parse(&args(
+            "run gemv.f16.m4 --engine ptx-emu --compiler nvrtc --target sm_80 --seed 9 --input x=x.bin --input k=7"
+        )),
         Ok(Command::Run(RunArgs {
             source: Source::Id("gemv.f16.m4".into()),
             engine: Engine::PtxEmu,
@@ -42,7 +44,18 @@ fn parses_commands_and_flags() {
             inputs: vec![("x".into(), "x.bin".into()), ("k".into(), "7".into())],
         }))
     );
-    for bad in ["", "frob", "list extra", "emit", "emit a b", "emit add.f32 --target sm_70", "check --emit ir", "emit x --emit sass", "check --target", "emit add.f32 --passes bogus"] {
+    for bad in [
+        "",
+        "frob",
+        "list extra",
+        "emit",
+        "emit a b",
+        "emit add.f32 --target sm_70",
+        "check --emit ir",
+        "emit x --emit sass",
+        "check --target",
+        "emit add.f32 --passes bogus",
+    ] {
         let e = Command::parse(&args(bad)).expect_err(bad);
         assert!(!e.is_empty());
     }
@@ -148,8 +161,14 @@ fn run_checksum(cmd: &str) -> Result<u64, String> {
 
 /// Ids of different families: elementwise with special values, a norm, GEMV, RoPE with its
 /// positions, attention decode with sequence lengths, sampling.
-const RUN_IDS: [&str; 6] =
-    ["add.f16", "rms_norm.bf16.h1024", "gemv.f32.m4.splitk", "rope.f16.d64", "attention_decode.bf16.d64", "sampling.f32"];
+const RUN_IDS: [&str; 6] = [
+    "add.f16",
+    "rms_norm.bf16.h1024",
+    "gemv.f32.m4.splitk",
+    "rope.f16.d64",
+    "attention_decode.bf16.d64",
+    "sampling.f32",
+];
 
 #[test]
 fn run_prints_the_same_checksum_on_interp_and_ptx_emu() {
@@ -157,15 +176,21 @@ fn run_prints_the_same_checksum_on_interp_and_ptx_emu() {
         for seed in [0, 3] {
             let want = run_checksum(&format!("run {id} --engine interp --seed {seed}")).unwrap();
             for target in ["sm_80", "sm_90"] {
-                let got = run_checksum(&format!("run {id} --engine ptx-emu --compiler ptx --target {target} --seed {seed}")).unwrap();
+                let got =
+                    run_checksum(&format!("run {id} --engine ptx-emu --compiler ptx --target {target} --seed {seed}"))
+                        .unwrap();
                 assert_eq!(got, want, "{id} seed {seed}: ptx-emu (direct PTX, {target}) against interp");
             }
         }
-        let seeds: Vec<u64> = [0, 1].map(|s| run_checksum(&format!("run {id} --engine interp --seed {s}")).unwrap()).to_vec();
+        let seeds: Vec<u64> =
+            [0, 1].map(|s| run_checksum(&format!("run {id} --engine interp --seed {s}")).unwrap()).to_vec();
         assert_ne!(seeds[0], seeds[1], "{id}: seeds 0 and 1 give the same checksum");
     }
     // The default seed is 0.
-    assert_eq!(run_checksum("run add.f16 --engine interp").unwrap(), run_checksum("run add.f16 --engine interp --seed 0").unwrap());
+    assert_eq!(
+        run_checksum("run add.f16 --engine interp").unwrap(),
+        run_checksum("run add.f16 --engine interp --seed 0").unwrap()
+    );
 }
 
 #[test]

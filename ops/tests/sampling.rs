@@ -416,7 +416,8 @@ fn repetition_penalty_applies_once_per_distinct_id() {
         // bf16 rounding of the quotient: 1.0078125 / 1.1 is not a bf16.
         let t = tensor(&dev, dtype, &[1.0078125, -1.0078125], &[1, 2]);
         api::apply_repetition_penalty(&t, &[0, 1, 0], 1.1).unwrap();
-        let want = [round_to(dtype, round_to(dtype, 1.0078125) / 1.1), round_to(dtype, round_to(dtype, -1.0078125) * 1.1)];
+        let want =
+            [round_to(dtype, round_to(dtype, 1.0078125) / 1.1), round_to(dtype, round_to(dtype, -1.0078125) * 1.1)];
         assert_bits(&format!("penalty rounding {dtype}"), &t.to_f32_vec().unwrap(), &want);
         // No ids, or penalty 1: unchanged.
         api::apply_repetition_penalty(&t, &[], 1.5).unwrap();
@@ -434,7 +435,10 @@ fn repetition_penalty_errors() {
     for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
         let err = api::repetition_penalty_into(&stream, &logits, &ids, bad).unwrap_err();
         assert!(matches!(err, OpError::InvalidArgument { .. }) && err.to_string().contains("penalty"), "{err}");
-        assert!(matches!(api::apply_repetition_penalty(&logits.narrow(0, 0, 1).unwrap(), &[0], bad), Err(OpError::InvalidArgument { .. })));
+        assert!(matches!(
+            api::apply_repetition_penalty(&logits.narrow(0, 0, 1).unwrap(), &[0], bad),
+            Err(OpError::InvalidArgument { .. })
+        ));
     }
     let ids_i32 = Tensor::from_slice(&dev, &[0i32; 4], &[2, 2]).unwrap();
     assert!(matches!(api::repetition_penalty_into(&stream, &logits, &ids_i32, 1.2), Err(OpError::DType { .. })));

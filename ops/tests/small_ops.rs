@@ -254,12 +254,17 @@ fn add_bias_special_values_and_many_rows() {
         let x = quantize(dtype, &x);
         let bias = quantize(dtype, &bias);
         let got = api::add_bias(&tensor(&dev, dtype, &x, &[1, 8]), &tensor(&dev, dtype, &bias, &[8])).unwrap();
-        assert_bits(&format!("add_bias specials {dtype}"), &got.to_f32_vec().unwrap(), &bias_reference(dtype, &x, &bias));
+        assert_bits(
+            &format!("add_bias specials {dtype}"),
+            &got.to_f32_vec().unwrap(),
+            &bias_reference(dtype, &x, &bias),
+        );
     }
     // More rows than the grid's row blocks: block rows loop.
     let rows = 65_537;
     let x: Vec<f32> = (0..rows * 2).map(|i| i as f32).collect();
-    let got = api::add_bias(&tensor(&dev, DType::F32, &x, &[rows, 2]), &tensor(&dev, DType::F32, &[0.5, -0.5], &[2])).unwrap();
+    let got = api::add_bias(&tensor(&dev, DType::F32, &x, &[rows, 2]), &tensor(&dev, DType::F32, &[0.5, -0.5], &[2]))
+        .unwrap();
     assert_bits("add_bias many rows", &got.to_f32_vec().unwrap(), &bias_reference(DType::F32, &x, &[0.5, -0.5]));
 }
 

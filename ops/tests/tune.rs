@@ -53,7 +53,12 @@ fn gemv_keys_carry_the_alignment_class() {
     let (x, w) = operands(&dev, 2, 4, 64);
     assert_eq!(gemv_key(&x, &w).unwrap().to_string(), "gemv f32 2x4x64 align16");
     // One float in: 4-byte aligned first element.
-    let x_off = Tensor::from_slice(&dev, &vec![1.0f32; 2 * 64 + 1], &[2 * 64 + 1]).unwrap().narrow(0, 1, 128).unwrap().reshape(&[2, 64]).unwrap();
+    let x_off = Tensor::from_slice(&dev, &vec![1.0f32; 2 * 64 + 1], &[2 * 64 + 1])
+        .unwrap()
+        .narrow(0, 1, 128)
+        .unwrap()
+        .reshape(&[2, 64])
+        .unwrap();
     assert_eq!(gemv_key(&x_off, &w).unwrap().alignment, 4);
     // An odd K of halves: 2-byte row strides.
     let xh = Tensor::zeros(&dev, DType::BF16, &[1, 17]).unwrap();
@@ -163,7 +168,6 @@ fn rudac_tune_on_the_cpu_checks_the_file_and_shows_caches() {
     assert!(stdout.contains("NVIDIA H200 (compute capability 9.0, driver CUDA 12.9"), "{stdout}");
     assert!(stdout.contains("gemv f32 1x8x1024 align16: best splits=1"), "{stdout}");
 }
-
 
 #[test]
 fn the_progress_bar_fills() {

@@ -7,8 +7,8 @@ use common::{fingerprint, temp_dir};
 use ruda_ops::api;
 use ruda_ops::kernels::attention::Geometry;
 use ruda_ops::tune::{
-    decode_candidates, decode_key, decode_splits_of, parse_shapes, tune_decode_with, tune_shape, tuned_decode_splits, DecodeShape,
-    TuneShape, DECODE_SPLIT_CANDIDATES,
+    decode_candidates, decode_key, decode_splits_of, parse_shapes, tune_decode_with, tune_shape, tuned_decode_splits,
+    DecodeShape, TuneShape, DECODE_SPLIT_CANDIDATES,
 };
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
@@ -98,7 +98,12 @@ fn decode_keys_carry_dtype_and_alignment() {
     let (q, k, v) = operands(&dev, DType::F32, [3, 4, 2, 64, 100]);
     assert_eq!(decode_key(&q, &k, &v).unwrap().to_string(), "attention_decode f32 4x4x2x64x128 align16");
     // A query starting one float into its buffer: 4-byte alignment.
-    let q_off = Tensor::zeros(&dev, DType::F32, &[3 * 4 * 64 + 1]).unwrap().narrow(0, 1, 3 * 4 * 64).unwrap().reshape(&[3, 4, 64]).unwrap();
+    let q_off = Tensor::zeros(&dev, DType::F32, &[3 * 4 * 64 + 1])
+        .unwrap()
+        .narrow(0, 1, 3 * 4 * 64)
+        .unwrap()
+        .reshape(&[3, 4, 64])
+        .unwrap();
     assert_eq!(decode_key(&q_off, &k, &v).unwrap().alignment, 4);
     assert!(decode_key(&Tensor::zeros(&dev, DType::F32, &[4, 64]).unwrap(), &k, &v).is_none());
 }
@@ -137,35 +142,63 @@ fn on_the_cpu_decode_is_untuned_and_unchanged() {
     let e = api::attention_decode(&q, &k, &bad_v, &lens, None).unwrap_err().to_string();
     assert!(e.contains("v_cache"), "{e}");
     // And `tune_shape` has nothing to tune on the CPU.
-    let shape = TuneShape::AttentionDecode(DecodeShape { dtype: DType::F16, batch: 1, q_heads: 2, kv_heads: 1, head_dim: 64, s_max: 64 });
+    let shape = TuneShape::AttentionDecode(DecodeShape {
+        dtype: DType::F16,
+        batch: 1,
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 64,
+        s_max: 64,
+    });
     assert!(tune_shape(&stream, &shape).unwrap().is_none());
 }
 
 #[test]
 fn shapes_files_take_attention_decode_lines() {
-    let text = "gemv bf16 m=1 n=896 k=896\nattention_decode bf16 batch=1 q_heads=14 kv_heads=2 head_dim=64 s_max=32768\n\
+    let text =
+        "gemv bf16 m=1 n=896 k=896\nattention_decode bf16 batch=1 q_heads=14 kv_heads=2 head_dim=64 s_max=32768\n\
                 attention_decode f16 s_max=4096 head_dim=128 kv_heads=8 q_heads=16 batch=16 # any order\n";
     let shapes = parse_shapes("s.txt", text).unwrap();
     assert_eq!(shapes[0], TuneShape::Gemv { dtype: DType::BF16, m: 1, n: 896, k: 896 });
     assert_eq!(
         shapes[1],
-        TuneShape::AttentionDecode(DecodeShape { dtype: DType::BF16, batch: 1, q_heads: 14, kv_heads: 2, head_dim: 64, s_max: 32768 })
+        TuneShape::AttentionDecode(DecodeShape {
+            dtype: DType::BF16,
+            batch: 1,
+            q_heads: 14,
+            kv_heads: 2,
+            head_dim: 64,
+            s_max: 32768
+        })
     );
     assert_eq!(shapes[2].to_string(), "attention_decode f16 16x16x8x128x4096");
     for (bad, want) in [
-        ("attention_decode bf16 batch=1 q_heads=14 kv_heads=4 head_dim=64 s_max=8", "s.txt:1: q_heads=14 is not a multiple of kv_heads=4"),
+        (
+            "attention_decode bf16 batch=1 q_heads=14 kv_heads=4 head_dim=64 s_max=8",
+            "s.txt:1: q_heads=14 is not a multiple of kv_heads=4",
+        ),
         ("\nattention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8", "s.txt:2: attention_decode"),
         ("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64", "s.txt:1: missing `s_max=`"),
-        ("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64 s_max=8 m=1", "s.txt:1: unknown dimension `m`"),
-        ("attention_decode bf16 batch=0 q_heads=2 kv_heads=1 head_dim=64 s_max=8", "s.txt:1: `batch=0`: must be between 1"),
+        (
+            "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64 s_max=8 m=1",
+            "s.txt:1: unknown dimension `m`",
+        ),
+        (
+            "attention_decode bf16 batch=0 q_heads=2 kv_heads=1 head_dim=64 s_max=8",
+            "s.txt:1: `batch=0`: must be between 1",
+        ),
         ("gemv bf16 m=1 n=8 k=8 s_max=4", "s.txt:1: unknown dimension `s_max`"),
-        ("attention_prefill bf16", "s.txt:1: unknown op `attention_prefill`; tunable ops: gemv, gemm, attention_decode"),
+        (
+            "attention_prefill bf16",
+            "s.txt:1: unknown op `attention_prefill`; tunable ops: gemv, gemm, attention_decode",
+        ),
     ] {
         let e = parse_shapes("s.txt", bad).expect_err(bad);
         assert!(e.starts_with(want), "{bad}: {e}");
         assert!(e.contains("attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S"), "{e}");
     }
-    let e = parse_shapes("s.txt", "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8").unwrap_err();
+    let e =
+        parse_shapes("s.txt", "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8").unwrap_err();
     assert!(e.contains("head dim 96"), "{e}");
 }
 
@@ -173,7 +206,11 @@ fn shapes_files_take_attention_decode_lines() {
 fn rudac_tune_on_the_cpu_checks_attention_decode_lines() {
     let dir = temp_dir("tune-attention-rudac");
     let file = dir.join("shapes.txt");
-    std::fs::write(&file, "attention_decode bf16 batch=1 q_heads=16 kv_heads=8 head_dim=128 s_max=4096\ngemv bf16 m=1 n=8 k=8\n").unwrap();
+    std::fs::write(
+        &file,
+        "attention_decode bf16 batch=1 q_heads=16 kv_heads=8 head_dim=128 s_max=4096\ngemv bf16 m=1 n=8 k=8\n",
+    )
+    .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))
         .args(["tune", "--shapes", file.to_str().unwrap()])
         .env("RUDA_DEVICE", "cpu")

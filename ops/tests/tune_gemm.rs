@@ -5,7 +5,9 @@ mod common;
 use common::{fingerprint, temp_dir};
 use ruda_ops::api::{self, heuristic_gemm_tile, GemmTile};
 use ruda_ops::kernels::gemm_tc::TcTile;
-use ruda_ops::tune::{gemm_candidates, gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};
+use ruda_ops::tune::{
+    gemm_candidates, gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile,
+};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
@@ -58,7 +60,10 @@ fn gemm_tiles_tune_with_injected_timings_and_cache_the_choice() {
     assert_eq!(tile_of(&c).unwrap(), heuristic);
     // Only tensor-core dtypes have candidates.
     let (xf, wf) = operands(&dev, DType::F32, 40, 24, 64);
-    assert!(tune_gemm_with(&tuner, &dev, &xf, &wf, |_| Ok(1.0)).unwrap_err().to_string().contains("tensor cores take f16 or bf16"));
+    assert!(tune_gemm_with(&tuner, &dev, &xf, &wf, |_| Ok(1.0))
+        .unwrap_err()
+        .to_string()
+        .contains("tensor cores take f16 or bf16"));
 }
 
 #[test]
@@ -67,7 +72,11 @@ fn on_the_cpu_the_gemm_is_untuned_and_matches_the_heuristic_launch() {
     let stream = dev.default_stream();
     let (x, w) = operands(&dev, DType::F16, 150, 140, 32);
     assert_eq!(tuned_gemm_tile(&stream, &x, &w).unwrap(), heuristic_gemm_tile(&dev, 150, 140));
-    let bias = api::cast(&Tensor::from_slice(&dev, &(0..140).map(|i| i as f32 * 0.01).collect::<Vec<_>>(), &[140]).unwrap(), DType::F16).unwrap();
+    let bias = api::cast(
+        &Tensor::from_slice(&dev, &(0..140).map(|i| i as f32 * 0.01).collect::<Vec<_>>(), &[140]).unwrap(),
+        DType::F16,
+    )
+    .unwrap();
     let a = Tensor::empty(&dev, DType::F16, &[150, 140]).unwrap();
     let b = Tensor::empty(&dev, DType::F16, &[150, 140]).unwrap();
     gemm_tuned_into(&stream, &x, &w, Some(&bias), None, &a).unwrap();

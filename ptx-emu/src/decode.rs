@@ -86,7 +86,22 @@ impl PType {
 
     /// Type names this decoder does not model but recognises as types.
     fn is_other_type(s: &str) -> bool {
-        matches!(s, "b128" | "tf32" | "e4m3" | "e5m2" | "e4m3x2" | "e5m2x2" | "e2m1x2" | "e2m3x2" | "e3m2x2" | "ue8m0x2" | "s4" | "u4" | "b1")
+        matches!(
+            s,
+            "b128"
+                | "tf32"
+                | "e4m3"
+                | "e5m2"
+                | "e4m3x2"
+                | "e5m2x2"
+                | "e2m1x2"
+                | "e2m3x2"
+                | "e3m2x2"
+                | "ue8m0x2"
+                | "s4"
+                | "u4"
+                | "b1"
+        )
     }
 
     pub(crate) fn bits(self) -> u32 {
@@ -261,7 +276,10 @@ pub(crate) fn decode(m: &Module) -> DResult<(Vec<Program>, Vec<ModuleVar>)> {
             };
             let bytes = (elem as u64).saturating_mul(count);
             if bytes > MAX_MODULE_VAR_BYTES {
-                return unsupported(v.line, format!("`{}` has {bytes} bytes; at most {MAX_MODULE_VAR_BYTES} are modelled", v.name));
+                return unsupported(
+                    v.line,
+                    format!("`{}` has {bytes} bytes; at most {MAX_MODULE_VAR_BYTES} are modelled", v.name),
+                );
             }
             let mut init = init_bytes(v, elem)?;
             init.resize((elem as u64 * count) as usize, 0);
@@ -409,7 +427,10 @@ impl<'m> Decoder<'m> {
             return malformed(self.f.line, "shared memory exceeds 4 GiB");
         }
         if local > MAX_LOCAL_BYTES {
-            return unsupported(self.f.line, format!("{local} bytes of local memory per thread (at most {MAX_LOCAL_BYTES})"));
+            return unsupported(
+                self.f.line,
+                format!("{local} bytes of local memory per thread (at most {MAX_LOCAL_BYTES})"),
+            );
         }
         self.static_shared = offset as u32;
         self.dyn_offset = (offset as u32).next_multiple_of(DYN_ALIGN);
@@ -427,7 +448,12 @@ impl<'m> Decoder<'m> {
                 return unsupported(decl.line, format!("parameters beyond {MAX_PARAM_BYTES} bytes"));
             }
             self.syms.insert(decl.name.clone(), Sym::Param(p));
-            self.params.push(ParamSlot { name: decl.name.clone(), ty: decl.ty.clone(), offset: p as u32, size: size as u32 });
+            self.params.push(ParamSlot {
+                name: decl.name.clone(),
+                ty: decl.ty.clone(),
+                offset: p as u32,
+                size: size as u32,
+            });
             p += size;
         }
         let p = p as u32;
@@ -590,7 +616,8 @@ impl<'m> Decoder<'m> {
         if let Some(r) = self.special(name)? {
             return Ok(r);
         }
-        let known_special = ["%tid", "%ntid", "%ctaid", "%nctaid", "%clock", "%clock64", "%globaltimer", "%smid", "%nsmid", "%gridid"];
+        let known_special =
+            ["%tid", "%ntid", "%ctaid", "%nctaid", "%clock", "%clock64", "%globaltimer", "%smid", "%nsmid", "%gridid"];
         if known_special.iter().any(|s| name.starts_with(s)) || name.starts_with("%envreg") || name.starts_with("%pm") {
             return self.unsup(format!("special register `{name}`"));
         }
@@ -782,7 +809,9 @@ impl<'m> Decoder<'m> {
             "shl" | "shr" => self.shift(opcode == "shl", m, i),
             "bfe" => {
                 let t = self.one_type(m, i)?;
-                let Some(ti) = t.int().filter(|t| t.bits >= 32) else { return self.err("bfe takes .u32/.s32/.u64/.s64") };
+                let Some(ti) = t.int().filter(|t| t.bits >= 32) else {
+                    return self.err("bfe takes .u32/.s32/.u64/.s64");
+                };
                 let o = self.operands(i, 4)?;
                 let (a, b, c) = (self.src(&o[1], t)?, self.src(&o[2], U32)?, self.src(&o[3], U32)?);
                 let d = self.dst(&o[0])?;
@@ -952,9 +981,7 @@ impl<'m> Decoder<'m> {
                 Ok(())
             }
             "prefetch" | "prefetchu" => {
-                m.drop_all(|p| {
-                    matches!(p, "global" | "local" | "L1" | "L2" | "L2::evict_last" | "L2::evict_normal")
-                });
+                m.drop_all(|p| matches!(p, "global" | "local" | "L1" | "L2" | "L2::evict_last" | "L2::evict_normal"));
                 self.emit(Op::Nop);
                 Ok(())
             }
@@ -1198,7 +1225,9 @@ impl<'m> Decoder<'m> {
             self.emit(Op::FUn { op: if neg { FUn::Neg } else { FUn::Abs }, f, ftz, d, a });
             return Ok(());
         }
-        let Some(ti) = t.int().filter(|t| t.bits >= 16 && t.signed) else { return self.err(format!("`{}` takes .s16/.s32/.s64", i.mnemonic)) };
+        let Some(ti) = t.int().filter(|t| t.bits >= 16 && t.signed) else {
+            return self.err(format!("`{}` takes .s16/.s32/.s64", i.mnemonic));
+        };
         self.emit(Op::IUn { op: if neg { IUn::Neg } else { IUn::Abs }, t: ti, d, a });
         Ok(())
     }
@@ -1269,8 +1298,8 @@ impl<'m> Decoder<'m> {
 
     fn setp(&mut self, set: bool, m: &mut Mods<'_>, i: &PInst) -> DResult<()> {
         let names = [
-            "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu", "geu", "num",
-            "nan",
+            "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu", "geu",
+            "num", "nan",
         ];
         let cmps = [
             Cmp::Eq,
@@ -1314,7 +1343,8 @@ impl<'m> Decoder<'m> {
             _ => return self.unsup(format!("`{}`: comparison of .{st:?}", i.mnemonic)),
         };
         let float = !matches!(t, CmpTy::Int(_));
-        let float_only = matches!(cmp, Cmp::Equ | Cmp::Neu | Cmp::Ltu | Cmp::Leu | Cmp::Gtu | Cmp::Geu | Cmp::Num | Cmp::Nan);
+        let float_only =
+            matches!(cmp, Cmp::Equ | Cmp::Neu | Cmp::Ltu | Cmp::Leu | Cmp::Gtu | Cmp::Geu | Cmp::Num | Cmp::Nan);
         let int_only = matches!(cmp, Cmp::Lo | Cmp::Ls | Cmp::Hi | Cmp::Hs);
         if (float && int_only) || (!float && float_only) {
             return self.err(format!("`{}`: .{name} does not apply to .{st:?}", i.mnemonic));
@@ -1413,8 +1443,12 @@ impl<'m> Decoder<'m> {
                     (Some(r), _, true) if t == f => Some(r),
                     (Some(_), _, true) => return self.err("integral rounding needs equal float types"),
                     (Some(r), true, false) => Some(r),
-                    (None, true, _) => return self.err(format!("`{}`: narrowing needs a rounding modifier", i.mnemonic)),
-                    (Some(_), false, false) => return self.err(format!("`{}`: widening takes no rounding", i.mnemonic)),
+                    (None, true, _) => {
+                        return self.err(format!("`{}`: narrowing needs a rounding modifier", i.mnemonic))
+                    }
+                    (Some(_), false, false) => {
+                        return self.err(format!("`{}`: widening takes no rounding", i.mnemonic))
+                    }
                     (None, false, _) => None,
                 };
                 Conv::FloatFloat { from: f, to: t, rnd, ftz, sat, relu }
@@ -1433,8 +1467,25 @@ impl<'m> Decoder<'m> {
         m.drop_all(|p| {
             matches!(
                 p,
-                "weak" | "volatile" | "relaxed" | "acquire" | "release" | "acq_rel" | "mmio" | "cta" | "cluster" | "gpu"
-                    | "sys" | "ca" | "cg" | "cs" | "lu" | "cv" | "wb" | "wt" | "nc"
+                "weak"
+                    | "volatile"
+                    | "relaxed"
+                    | "acquire"
+                    | "release"
+                    | "acq_rel"
+                    | "mmio"
+                    | "cta"
+                    | "cluster"
+                    | "gpu"
+                    | "sys"
+                    | "ca"
+                    | "cg"
+                    | "cs"
+                    | "lu"
+                    | "cv"
+                    | "wb"
+                    | "wt"
+                    | "nc"
             ) || p.starts_with("L1::")
                 || (p.starts_with("L2::") && p != "L2::cache_hint")
         });

@@ -246,7 +246,10 @@ impl<'a> Worker<'a> {
                 State::Warp if self.compatible(u, &op, mask) => None,
                 State::Warp => {
                     let line = self.l.prog.code.get(self.pc[u] as usize).map_or(0, |i| i.line);
-                    Some(format!("; lane {} of its member mask {mask:#010x} waits at another warp operation (line {line})", u - lo))
+                    Some(format!(
+                        "; lane {} of its member mask {mask:#010x} waits at another warp operation (line {line})",
+                        u - lo
+                    ))
                 }
                 _ => Some(format!("; {}", describe(u))),
             })
@@ -286,7 +289,11 @@ impl<'a> Worker<'a> {
                 continue;
             }
             let Some((op, mask_reg)) = self.warp_inst(t) else {
-                return Err(self.fault(t, FaultKind::Trap, "internal: a waiting thread is not at a warp operation".into()));
+                return Err(self.fault(
+                    t,
+                    FaultKind::Trap,
+                    "internal: a waiting thread is not at a warp operation".into(),
+                ));
             };
             let mask = self.reg(t, mask_reg) as u32;
             if mask & bit == 0 {
@@ -345,7 +352,8 @@ impl<'a> Worker<'a> {
 
     fn complete(&mut self, lo: usize, mask: u32) -> Result<(), Fault> {
         let members: Vec<usize> = (0..32).filter(|k| mask & (1 << k) != 0).collect();
-        let ops: Vec<WarpOp> = members.iter().map(|&k| self.warp_inst(lo + k).map_or(WarpOp::Sync, |(op, _)| op)).collect();
+        let ops: Vec<WarpOp> =
+            members.iter().map(|&k| self.warp_inst(lo + k).map_or(WarpOp::Sync, |(op, _)| op)).collect();
         match ops[0] {
             WarpOp::Shfl { .. } => {
                 let mut vals = [0u64; 32];
@@ -434,7 +442,11 @@ impl<'a> Worker<'a> {
             }
             WarpOp::Mma { bf16, .. } => {
                 if members.len() != 32 {
-                    return Err(self.fault(lo, FaultKind::Trap, "mma.sync.aligned needs all 32 lanes of the warp".into()));
+                    return Err(self.fault(
+                        lo,
+                        FaultKind::Trap,
+                        "mma.sync.aligned needs all 32 lanes of the warp".into(),
+                    ));
                 }
                 let (mut fa, mut fb, mut fc) = ([[0u32; 4]; 32], [[0u32; 2]; 32], [[0u32; 4]; 32]);
                 for (&k, op) in members.iter().zip(&ops) {
@@ -456,7 +468,11 @@ impl<'a> Worker<'a> {
             }
             WarpOp::LdMatrix { count, trans, .. } => {
                 if members.len() != 32 {
-                    return Err(self.fault(lo, FaultKind::Trap, "ldmatrix.sync.aligned needs all 32 lanes of the warp".into()));
+                    return Err(self.fault(
+                        lo,
+                        FaultKind::Trap,
+                        "ldmatrix.sync.aligned needs all 32 lanes of the warp".into(),
+                    ));
                 }
                 let mut rows = [[[0u16; 8]; 8]; 4];
                 for (mi, mat) in rows.iter_mut().enumerate().take(count as usize) {
@@ -510,7 +526,8 @@ impl<'a> Worker<'a> {
         let lb = l.prog.local_bytes as usize;
         let Worker { regs, pc, state, loops, shared, local, copies, arrivals, stride, .. } = self;
         let r = &mut regs[t * *stride..(t + 1) * *stride];
-        let mut mem = Mem { global: l.global, shared, local: &mut local[t * lb..(t + 1) * lb], params: l.params, copies };
+        let mut mem =
+            Mem { global: l.global, shared, local: &mut local[t * lb..(t + 1) * lb], params: l.params, copies };
         let mut p = pc[t] as usize;
         macro_rules! fault {
             ($kind:expr, $msg:expr) => {{
@@ -640,7 +657,9 @@ impl<'a> Worker<'a> {
                     g!(d) = match f {
                         FTy::F32 => {
                             let fl = |x: u64| if ftz { flush(x, Fmt::F32) } else { x };
-                            let v = f32::from_lane(fl(g!(a))).mul_add(f32::from_lane(fl(g!(b))), f32::from_lane(fl(g!(c)))).canon();
+                            let v = f32::from_lane(fl(g!(a)))
+                                .mul_add(f32::from_lane(fl(g!(b))), f32::from_lane(fl(g!(c))))
+                                .canon();
                             finish32(v, ftz, sat)
                         }
                         FTy::F64 => {
@@ -696,7 +715,10 @@ impl<'a> Worker<'a> {
                     let base = g!(addr).wrapping_add(off as u64);
                     let total = size as u64 * n as u64;
                     if base % total != 0 {
-                        fault!(FaultKind::Memory, format!("misaligned {} load of {total} bytes at {base:#x}", space.name()));
+                        fault!(
+                            FaultKind::Memory,
+                            format!("misaligned {} load of {total} bytes at {base:#x}", space.name())
+                        );
                     }
                     let mut vals = [0u64; 4];
                     for (k, v) in vals.iter_mut().enumerate().take(n as usize) {
@@ -714,7 +736,10 @@ impl<'a> Worker<'a> {
                     let base = g!(addr).wrapping_add(off as u64);
                     let total = size as u64 * n as u64;
                     if base % total != 0 {
-                        fault!(FaultKind::Memory, format!("misaligned {} store of {total} bytes at {base:#x}", space.name()));
+                        fault!(
+                            FaultKind::Memory,
+                            format!("misaligned {} store of {total} bytes at {base:#x}", space.name())
+                        );
                     }
                     for k in 0..n as usize {
                         if let Err(m) = mem.store(space, base + k as u64 * size as u64, size as u32, g!(ss[k])) {
@@ -729,7 +754,10 @@ impl<'a> Worker<'a> {
                         AtomTy::Float(f) => f.bits() / 8,
                     };
                     if base % size as u64 != 0 {
-                        fault!(FaultKind::Memory, format!("misaligned {} atomic of {size} bytes at {base:#x}", space.name()));
+                        fault!(
+                            FaultKind::Memory,
+                            format!("misaligned {} atomic of {size} bytes at {base:#x}", space.name())
+                        );
                     }
                     let (bv, cv) = (g!(b), g!(c));
                     let res = mem.rmw(space, base, size, &mut |old| atom_apply(op, ty, old, bv, cv));
@@ -796,7 +824,10 @@ impl<'a> Worker<'a> {
                         fault!(FaultKind::Trap, format!("barrier id {id} (16 exist)"));
                     }
                     if count != u32::MAX && (count == 0 || count % 32 != 0) {
-                        fault!(FaultKind::Trap, format!("barrier thread count {count} is not a positive multiple of 32"));
+                        fault!(
+                            FaultKind::Trap,
+                            format!("barrier thread count {count} is not a positive multiple of 32")
+                        );
                     }
                     let count = if count == u32::MAX { block_threads(l) as u32 } else { count };
                     if wait {

@@ -184,14 +184,17 @@ mod tests {
                 Tok::Semi,
             ]
         );
-        assert_eq!(toks("0f3F800000 0d3FF0000000000000 0x1fU 7.0 $L__BB0_2:"), vec![
-            Tok::F32Bits("0f3F800000"),
-            Tok::F64Bits("0d3FF0000000000000"),
-            Tok::Int("0x1fU"),
-            Tok::Float("7.0"),
-            Tok::Word("$L__BB0_2"),
-            Tok::Colon,
-        ]);
+        assert_eq!(
+            toks("0f3F800000 0d3FF0000000000000 0x1fU 7.0 $L__BB0_2:"),
+            vec![
+                Tok::F32Bits("0f3F800000"),
+                Tok::F64Bits("0d3FF0000000000000"),
+                Tok::Int("0x1fU"),
+                Tok::Float("7.0"),
+                Tok::Word("$L__BB0_2"),
+                Tok::Colon,
+            ]
+        );
     }
 
     #[test]

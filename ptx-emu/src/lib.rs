@@ -186,7 +186,13 @@ impl Module {
 
     /// Run `entry` on host buffers; the buffers hold the results afterwards (on an error,
     /// whatever the blocks wrote before it).
-    pub fn launch(&self, entry: &str, cfg: &LaunchConfig, args: &mut [Arg<'_>], opts: &Options) -> Result<(), EmuError> {
+    pub fn launch(
+        &self,
+        entry: &str,
+        cfg: &LaunchConfig,
+        args: &mut [Arg<'_>],
+        opts: &Options,
+    ) -> Result<(), EmuError> {
         let prog = self.program(entry)?;
         let launch_err = |message: String| EmuError::Launch { entry: entry.to_string(), message };
         validate_shape(prog, cfg).map_err(launch_err)?;
@@ -288,7 +294,10 @@ fn validate_shape(prog: &Program, cfg: &LaunchConfig) -> Result<(), String> {
     }
     let threads = cfg.block.iter().map(|&d| d as u64).product::<u64>();
     if threads > 1024 || cfg.block[2] > 64 {
-        return Err(format!("block {:?} has {threads} threads; at most 1024 (and z at most 64) are allowed", cfg.block));
+        return Err(format!(
+            "block {:?} has {threads} threads; at most 1024 (and z at most 64) are allowed",
+            cfg.block
+        ));
     }
     if cfg.grid[0] > i32::MAX as u32 || cfg.grid[1] > 65535 || cfg.grid[2] > 65535 {
         return Err(format!("grid {:?} exceeds the limits (2^31-1, 65535, 65535)", cfg.grid));
@@ -322,10 +331,17 @@ fn bind_args(prog: &Program, args: &[Arg<'_>]) -> Result<Vec<u8>, String> {
         let value: Vec<u8> = match a {
             Arg::Buffer(buf) => {
                 if p.size != 8 {
-                    return Err(format!("parameter `{}` is .{} ({} bytes); a buffer needs a 64-bit parameter", p.name, p.ty, p.size));
+                    return Err(format!(
+                        "parameter `{}` is .{} ({} bytes); a buffer needs a 64-bit parameter",
+                        p.name, p.ty, p.size
+                    ));
                 }
                 if buf.len() as u64 >= 1 << BUFFER_SHIFT {
-                    return Err(format!("buffer for `{}` has {} bytes; at most 2^{BUFFER_SHIFT} are supported", p.name, buf.len()));
+                    return Err(format!(
+                        "buffer for `{}` has {} bytes; at most 2^{BUFFER_SHIFT} are supported",
+                        p.name,
+                        buf.len()
+                    ));
                 }
                 buffers += 1;
                 global_buffer_address(buffers - 1).to_le_bytes().to_vec()

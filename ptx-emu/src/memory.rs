@@ -140,7 +140,11 @@ pub(crate) struct AsyncCopies {
 
 impl AsyncCopies {
     pub(crate) fn new(shared_bytes: usize, threads: usize) -> AsyncCopies {
-        AsyncCopies { owner: vec![0; shared_bytes], pending: 0, threads: (0..threads).map(|_| AsyncGroups::default()).collect() }
+        AsyncCopies {
+            owner: vec![0; shared_bytes],
+            pending: 0,
+            threads: (0..threads).map(|_| AsyncGroups::default()).collect(),
+        }
     }
 
     /// Forget every copy (a new block; copies pending at exit are dropped).
@@ -269,7 +273,13 @@ impl Mem<'_> {
     }
 
     /// An atomic read-modify-write; returns the old value.
-    pub(crate) fn rmw(&mut self, space: Space, addr: u64, size: u32, f: &mut dyn FnMut(u64) -> u64) -> Result<u64, String> {
+    pub(crate) fn rmw(
+        &mut self,
+        space: Space,
+        addr: u64,
+        size: u32,
+        f: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<u64, String> {
         match Self::target(space, addr) {
             (Win::Global, a) => self.global.rmw(a, size, f),
             (Win::Shared, a) => {

@@ -4,7 +4,8 @@
 //! `.approx` functions with the forms the IR has no op for (`rcp`, `sqrt`, the f64 ones).
 
 pub(crate) use ruda_ir::interp::num::{
-    decode, float_to_f64, float_to_float, float_to_int, fmax, fmin, int_to_float, int_to_int, Decoded, FloatLane, Fmt, IntFmt,
+    decode, float_to_f64, float_to_float, float_to_int, fmax, fmin, int_to_float, int_to_int, Decoded, FloatLane, Fmt,
+    IntFmt,
 };
 pub(crate) use ruda_ir::Rounding;
 

@@ -88,7 +88,12 @@ pub(crate) struct Inst {
 
 #[derive(Clone, Debug)]
 pub(crate) enum Stmt {
-    Reg { ty: String, vector: bool, regs: Vec<RegDecl>, line: u32 },
+    Reg {
+        ty: String,
+        vector: bool,
+        regs: Vec<RegDecl>,
+        line: u32,
+    },
     Var(VarDecl),
     Label(String, u32),
     Inst(Inst),

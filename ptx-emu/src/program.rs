@@ -160,11 +160,32 @@ pub(crate) enum BoolOp {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Conv {
-    IntInt { from: IntFmt, to: IntFmt, sat: bool },
-    FloatInt { from: Fmt, to: IntFmt, rnd: Rounding, ftz: bool },
-    IntFloat { from: IntFmt, to: Fmt, rnd: Rounding, sat: bool },
+    IntInt {
+        from: IntFmt,
+        to: IntFmt,
+        sat: bool,
+    },
+    FloatInt {
+        from: Fmt,
+        to: IntFmt,
+        rnd: Rounding,
+        ftz: bool,
+    },
+    IntFloat {
+        from: IntFmt,
+        to: Fmt,
+        rnd: Rounding,
+        sat: bool,
+    },
     /// `rnd` as `ruda_ir::interp::num::float_to_float` takes it (`None`: exact).
-    FloatFloat { from: Fmt, to: Fmt, rnd: Option<Rounding>, ftz: bool, sat: bool, relu: bool },
+    FloatFloat {
+        from: Fmt,
+        to: Fmt,
+        rnd: Option<Rounding>,
+        ftz: bool,
+        sat: bool,
+        relu: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,13 +250,42 @@ pub(crate) enum PrmtMode {
 /// mask has reached one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WarpOp {
-    Shfl { mode: ShflMode, d: R, p: R, a: R, b: R, c: R },
-    Vote { mode: VoteMode, d: R, a: R, neg: bool },
-    Redux { op: ReduxOp, signed: bool, d: R, a: R },
+    Shfl {
+        mode: ShflMode,
+        d: R,
+        p: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    Vote {
+        mode: VoteMode,
+        d: R,
+        a: R,
+        neg: bool,
+    },
+    Redux {
+        op: ReduxOp,
+        signed: bool,
+        d: R,
+        a: R,
+    },
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}x2.f32` over the full warp.
-    Mma { bf16: bool, d: [R; 4], a: [R; 4], b: [R; 2], c: [R; 4] },
+    Mma {
+        bf16: bool,
+        d: [R; 4],
+        a: [R; 4],
+        b: [R; 2],
+        c: [R; 4],
+    },
     /// `ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16` over the full warp.
-    LdMatrix { count: u8, trans: bool, d: [R; 4], addr: R, off: i64 },
+    LdMatrix {
+        count: u8,
+        trans: bool,
+        d: [R; 4],
+        addr: R,
+        off: i64,
+    },
     Sync,
 }
 
@@ -247,7 +297,9 @@ impl WarpOp {
             (WarpOp::Vote { mode: a, .. }, WarpOp::Vote { mode: b, .. }) => a == b,
             (WarpOp::Redux { op: a, signed: s, .. }, WarpOp::Redux { op: b, signed: t, .. }) => a == b && s == t,
             (WarpOp::Mma { bf16: a, .. }, WarpOp::Mma { bf16: b, .. }) => a == b,
-            (WarpOp::LdMatrix { count: a, trans: s, .. }, WarpOp::LdMatrix { count: b, trans: t, .. }) => a == b && s == t,
+            (WarpOp::LdMatrix { count: a, trans: s, .. }, WarpOp::LdMatrix { count: b, trans: t, .. }) => {
+                a == b && s == t
+            }
             (WarpOp::Sync, WarpOp::Sync) => true,
             _ => false,
         }
@@ -257,57 +309,256 @@ impl WarpOp {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Op {
     /// Copy with the write rule of `t` (sign- or zero-extension from its width).
-    Mov { d: R, a: R, t: IntFmt },
+    Mov {
+        d: R,
+        a: R,
+        t: IntFmt,
+    },
     /// `mov.b64 d, {a, b}`: `n` parts of `bits` each, lowest first.
-    Pack { d: R, parts: [R; 4], n: u8, bits: u8 },
+    Pack {
+        d: R,
+        parts: [R; 4],
+        n: u8,
+        bits: u8,
+    },
     /// `mov.b64 {a, b}, d`.
-    Unpack { ds: [R; 4], n: u8, bits: u8, a: R },
-    IBin { op: IBin, t: IntFmt, d: R, a: R, b: R },
+    Unpack {
+        ds: [R; 4],
+        n: u8,
+        bits: u8,
+        a: R,
+    },
+    IBin {
+        op: IBin,
+        t: IntFmt,
+        d: R,
+        a: R,
+        b: R,
+    },
     /// `mul.wide`: `t` is the source type; the result is twice as wide.
-    MulWide { t: IntFmt, d: R, a: R, b: R },
-    IMad { op: Mad, t: IntFmt, d: R, a: R, b: R, c: R },
-    IUn { op: IUn, t: IntFmt, d: R, a: R },
+    MulWide {
+        t: IntFmt,
+        d: R,
+        a: R,
+        b: R,
+    },
+    IMad {
+        op: Mad,
+        t: IntFmt,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    IUn {
+        op: IUn,
+        t: IntFmt,
+        d: R,
+        a: R,
+    },
     /// `add.cc`, `addc`, `sub.cc`, `subc` (32/64-bit); the carry lives in slot `cc`.
-    AddC { sub: bool, cin: bool, cout: bool, t: IntFmt, d: R, a: R, b: R, cc: R },
-    Bfe { t: IntFmt, d: R, a: R, b: R, c: R },
-    Bfi { bits: u32, d: R, a: R, b: R, c: R, e: R },
-    Prmt { mode: PrmtMode, d: R, a: R, b: R, c: R },
-    Lop3 { d: R, a: R, b: R, c: R, lut: u8 },
-    Shf { left: bool, wrap: bool, d: R, a: R, b: R, c: R },
-    Setp { cmp: Cmp, t: CmpTy, d: R, q: R, a: R, b: R, bop: BoolOp, c: R, cneg: bool },
+    AddC {
+        sub: bool,
+        cin: bool,
+        cout: bool,
+        t: IntFmt,
+        d: R,
+        a: R,
+        b: R,
+        cc: R,
+    },
+    Bfe {
+        t: IntFmt,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    Bfi {
+        bits: u32,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+        e: R,
+    },
+    Prmt {
+        mode: PrmtMode,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    Lop3 {
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+        lut: u8,
+    },
+    Shf {
+        left: bool,
+        wrap: bool,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    Setp {
+        cmp: Cmp,
+        t: CmpTy,
+        d: R,
+        q: R,
+        a: R,
+        b: R,
+        bop: BoolOp,
+        c: R,
+        cneg: bool,
+    },
     /// `set`: all ones (integer destination) or 1.0 (f32 destination) when true.
-    Set { cmp: Cmp, t: CmpTy, float_dst: bool, d: R, a: R, b: R, bop: BoolOp, c: R, cneg: bool },
-    Selp { t: IntFmt, d: R, a: R, b: R, c: R },
-    Slct { t: IntFmt, float_sel: bool, d: R, a: R, b: R, c: R },
-    FBin { op: FBin, f: FTy, ftz: bool, sat: bool, d: R, a: R, b: R },
-    Fma { f: FTy, ftz: bool, sat: bool, d: R, a: R, b: R, c: R },
-    FUn { op: FUn, f: FTy, ftz: bool, d: R, a: R },
+    Set {
+        cmp: Cmp,
+        t: CmpTy,
+        float_dst: bool,
+        d: R,
+        a: R,
+        b: R,
+        bop: BoolOp,
+        c: R,
+        cneg: bool,
+    },
+    Selp {
+        t: IntFmt,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    Slct {
+        t: IntFmt,
+        float_sel: bool,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    FBin {
+        op: FBin,
+        f: FTy,
+        ftz: bool,
+        sat: bool,
+        d: R,
+        a: R,
+        b: R,
+    },
+    Fma {
+        f: FTy,
+        ftz: bool,
+        sat: bool,
+        d: R,
+        a: R,
+        b: R,
+        c: R,
+    },
+    FUn {
+        op: FUn,
+        f: FTy,
+        ftz: bool,
+        d: R,
+        a: R,
+    },
     /// `testp.op`: 0 finite, 1 infinite, 2 number, 3 notanumber, 4 normal, 5 subnormal.
-    Testp { op: u8, f: FTy, d: R, a: R },
-    Cvt { conv: Conv, d: R, a: R },
+    Testp {
+        op: u8,
+        f: FTy,
+        d: R,
+        a: R,
+    },
+    Cvt {
+        conv: Conv,
+        d: R,
+        a: R,
+    },
     /// `cvt.rn{.relu}.f16x2.f32 d, a, b`: `a` to the high half, `b` to the low half.
-    CvtPack { to: Fmt, relu: bool, d: R, a: R, b: R },
+    CvtPack {
+        to: Fmt,
+        relu: bool,
+        d: R,
+        a: R,
+        b: R,
+    },
     /// `cvta`: to generic (`to == false`) or from generic into `space`.
-    Cvta { to: bool, space: Space, d: R, a: R },
-    Isspacep { space: Space, d: R, a: R },
-    Ld { space: Space, signed: bool, size: u8, n: u8, ds: [R; 4], addr: R, off: i64 },
-    St { space: Space, size: u8, n: u8, ss: [R; 4], addr: R, off: i64 },
-    Atom { space: Space, op: AtomOp, t: AtomTy, d: R, addr: R, off: i64, b: R, c: R },
+    Cvta {
+        to: bool,
+        space: Space,
+        d: R,
+        a: R,
+    },
+    Isspacep {
+        space: Space,
+        d: R,
+        a: R,
+    },
+    Ld {
+        space: Space,
+        signed: bool,
+        size: u8,
+        n: u8,
+        ds: [R; 4],
+        addr: R,
+        off: i64,
+    },
+    St {
+        space: Space,
+        size: u8,
+        n: u8,
+        ss: [R; 4],
+        addr: R,
+        off: i64,
+    },
+    Atom {
+        space: Space,
+        op: AtomOp,
+        t: AtomTy,
+        d: R,
+        addr: R,
+        off: i64,
+        b: R,
+        c: R,
+    },
     /// `cp.async`: copy `size` bytes (the first `src_size` of them from global, the rest
     /// zeros) into shared memory, pending until a wait completes its group, with the model of
     /// `ruda_ir::Op::CpAsync` (source read at issue, destination reserved, data lands at the
     /// wait).
-    CpAsync { dst: R, doff: i64, src: R, soff: i64, size: u8, src_size: R },
+    CpAsync {
+        dst: R,
+        doff: i64,
+        src: R,
+        soff: i64,
+        size: u8,
+        src_size: R,
+    },
     /// `cp.async.commit_group`.
     CpAsyncCommit,
     /// `cp.async.wait_group n` (`wait_all` is a commit and `wait_group 0`).
-    CpAsyncWait { n: u32 },
-    Bra { target: u32 },
+    CpAsyncWait {
+        n: u32,
+    },
+    Bra {
+        target: u32,
+    },
     Exit,
     /// `bar.sync` / `barrier.sync` (`count` = `R::MAX`: all threads of the block), or
     /// `bar.arrive` (`wait == false`).
-    Bar { id: R, count: R, wait: bool },
-    Warp { op: WarpOp, mask: R },
+    Bar {
+        id: R,
+        count: R,
+        wait: bool,
+    },
+    Warp {
+        op: WarpOp,
+        mask: R,
+    },
     Trap,
     Nop,
 }

@@ -35,12 +35,14 @@ fn the_emulator_matches_the_interpreter_on_ptx_backend_output() {
 
 #[test]
 fn the_emulator_matches_the_interpreter_on_nvrtc_output() {
-    let Some(nvrtc) = ruda_codegen_nvrtc::nvrtc_or_skip("cp.async through NVRTC").unwrap_or_else(|e| panic!("{e}")) else {
+    let Some(nvrtc) = ruda_codegen_nvrtc::nvrtc_or_skip("cp.async through NVRTC").unwrap_or_else(|e| panic!("{e}"))
+    else {
         return;
     };
     let k = cp_async_kernel(TILES).unwrap();
     let refs: Vec<&Kernel> = vec![&k];
-    let ptx = ruda_codegen_nvrtc::compile_module_with(&nvrtc, &refs, &Target::new(Arch::Sm80)).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = ruda_codegen_nvrtc::compile_module_with(&nvrtc, &refs, &Target::new(Arch::Sm80))
+        .unwrap_or_else(|e| panic!("{e}"));
     let launch = LaunchConfig::linear(1, 32);
     let ins = inputs(2);
     let want = interp_outputs(&k, &launch, &ins);

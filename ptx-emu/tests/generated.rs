@@ -17,7 +17,8 @@ fn seeds() -> (std::ops::Range<u64>, usize) {
     match std::env::var("RUDA_GEN_SEEDS") {
         Ok(s) => {
             let (a, b) = s.split_once("..").unwrap_or_else(|| panic!("RUDA_GEN_SEEDS must be A..B, got {s:?}"));
-            let parse = |x: &str| x.trim().parse::<u64>().unwrap_or_else(|_| panic!("RUDA_GEN_SEEDS: bad number {x:?}"));
+            let parse =
+                |x: &str| x.trim().parse::<u64>().unwrap_or_else(|_| panic!("RUDA_GEN_SEEDS: bad number {x:?}"));
             (parse(a)..parse(b), 0)
         }
         Err(_) => (0..u64::MAX, 256),
@@ -83,9 +84,13 @@ fn check_direct(c: &Checked) -> Result<(), String> {
 
 /// NVRTC's PTX of the kernels checked on `arch`, as one module.
 fn nvrtc_ptx(checked: &[Checked], arch: Arch) -> Option<String> {
-    let nvrtc = ruda_codegen_nvrtc::nvrtc_or_skip("generated kernels through NVRTC").unwrap_or_else(|e| panic!("{e}"))?;
+    let nvrtc =
+        ruda_codegen_nvrtc::nvrtc_or_skip("generated kernels through NVRTC").unwrap_or_else(|e| panic!("{e}"))?;
     let kernels: Vec<_> = checked.iter().filter(|c| c.arch == arch).map(|c| &c.g.kernel).collect();
-    Some(ruda_codegen_nvrtc::compile_module_with(&nvrtc, &kernels, &Target::new(arch)).unwrap_or_else(|e| panic!("NVRTC for {arch}: {e}")))
+    Some(
+        ruda_codegen_nvrtc::compile_module_with(&nvrtc, &kernels, &Target::new(arch))
+            .unwrap_or_else(|e| panic!("NVRTC for {arch}: {e}")),
+    )
 }
 
 #[test]
@@ -145,9 +150,6 @@ fn generated_kernels_agree_across_engines() {
             through_nvrtc += 1;
         }
     }
-    println!(
-        "{} generated kernels agree ({through_nvrtc} also through NVRTC)",
-        checked.len()
-    );
+    println!("{} generated kernels agree ({through_nvrtc} also through NVRTC)", checked.len());
     assert!(checked.len() >= want_kernels, "{} kernels checked", checked.len());
 }

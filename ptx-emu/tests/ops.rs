@@ -51,7 +51,6 @@ impl Out {
         b.store(p, v);
         self.next += 1;
     }
-
 }
 
 fn finish(b: KernelBuilder) -> Kernel {
@@ -143,7 +142,8 @@ fn cvt_inputs(slots: u32) -> Vec<Input> {
 /// Conversions that keep a NaN's payload (everywhere: the interpreter, and the backends' `mov`
 /// and shift): a float converted to its own type without rounding, and bf16 to f32.
 fn keeps_nan_payload(from: ScalarType, cvt: Cvt) -> bool {
-    (from.is_float() && from == cvt.to && cvt.rounding.is_none()) || (from == ScalarType::BF16 && cvt.to == ScalarType::F32)
+    (from.is_float() && from == cvt.to && cvt.rounding.is_none())
+        || (from == ScalarType::BF16 && cvt.to == ScalarType::F32)
 }
 
 #[test]

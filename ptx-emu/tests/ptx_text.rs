@@ -59,9 +59,31 @@ fn bit_manipulation() {
     regs.retain(|_| true);
     let got = run_ok(&format!("{body}{}", stores(&regs)), 1, regs.len());
     let want = [
-        0x6622_5511, 0x1111_11ff, 0x3333_3333, 0x5544_3322, 0x3333_2211, 0x56, 0xffff_ffff, 0x1234_ab78,
-        0x4433_2211 ^ 0x8877_6655 ^ 0x0f0f_0f0f, 0xf000_f000 | 0xcc00_cc00 | 0xc0c0_c0c0, 0x18, 1, 16, 15, 3,
-        0x8000_0000, 31, 8, 1, 6, 0xffff_fe00, 0, 8, 0xffff_ffff, 4,
+        0x6622_5511,
+        0x1111_11ff,
+        0x3333_3333,
+        0x5544_3322,
+        0x3333_2211,
+        0x56,
+        0xffff_ffff,
+        0x1234_ab78,
+        0x4433_2211 ^ 0x8877_6655 ^ 0x0f0f_0f0f,
+        0xf000_f000 | 0xcc00_cc00 | 0xc0c0_c0c0,
+        0x18,
+        1,
+        16,
+        15,
+        3,
+        0x8000_0000,
+        31,
+        8,
+        1,
+        6,
+        0xffff_fe00,
+        0,
+        8,
+        0xffff_ffff,
+        4,
     ];
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(*g, w, "%r{}: got {g:#x}, want {w:#x}", regs[i]);
@@ -85,8 +107,26 @@ fn comparisons_selects_and_float_forms() {
     let regs: Vec<u32> = (1..=20).collect();
     let got = run_ok(&format!("{body}{}", stores(&regs)), 1, regs.len());
     let want = [
-        0xffff_ffff, 0x3f80_0000, 20, 0xc000_0000, 1, 1, 0x7fff_ffff, 0x4000_0000, 0x3c00_4000, 0x8000_0000, 1, 0,
-        0x3c00_4000, 0x8000_0000, 0x3c00, 0x7fff_ffff, 0xffff_ffff, 1, 0x4000_0000, (2.0f32 / 3.0).to_bits(),
+        0xffff_ffff,
+        0x3f80_0000,
+        20,
+        0xc000_0000,
+        1,
+        1,
+        0x7fff_ffff,
+        0x4000_0000,
+        0x3c00_4000,
+        0x8000_0000,
+        1,
+        0,
+        0x3c00_4000,
+        0x8000_0000,
+        0x3c00,
+        0x7fff_ffff,
+        0xffff_ffff,
+        1,
+        0x4000_0000,
+        (2.0f32 / 3.0).to_bits(),
     ];
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(*g, w, "%r{}: got {g:#x}, want {w:#x}", regs[i]);
@@ -185,7 +225,11 @@ fn runtime_errors_name_the_line_block_and_thread() {
         "setp.ge.u32 %p1, %tid, 16;\n@%p1 ret;\nbar.sync 0;\n",
         32,
         ErrorKind::Deadlock,
-        &["deadlock: barrier 0 waits for 32 threads, 16 of the block's 32 arrived", "thread [16, 0, 0] has exited (line 20)", "at PTX line 21 (`bar.sync 0;`)"],
+        &[
+            "deadlock: barrier 0 waits for 32 threads, 16 of the block's 32 arrived",
+            "thread [16, 0, 0] has exited (line 20)",
+            "at PTX line 21 (`bar.sync 0;`)",
+        ],
     );
     // A full member mask in a block of 16 threads.
     expect_runtime(
@@ -205,7 +249,12 @@ fn runtime_errors_name_the_line_block_and_thread() {
         "st.global.u32 [%out+4096], %tid;\n",
         4,
         ErrorKind::Memory,
-        &["out-of-bounds global access: 4 bytes at offset 4096 of buffer 0 (256 bytes)", "line 19", "`st.global.u32 [%out+4096], %tid;`", "block [0, 0, 0] thread [0, 0, 0]"],
+        &[
+            "out-of-bounds global access: 4 bytes at offset 4096 of buffer 0 (256 bytes)",
+            "line 19",
+            "`st.global.u32 [%out+4096], %tid;`",
+            "block [0, 0, 0] thread [0, 0, 0]",
+        ],
     );
     expect_runtime("ld.global.u32 %r1, [%out+2];\n", 1, ErrorKind::Memory, &["misaligned global load of 4 bytes"]);
     expect_runtime("ld.global.u32 %r1, [%tid];\n", 1, ErrorKind::Memory, &["in no buffer"]);
@@ -248,7 +297,9 @@ fn unsupported_and_malformed_text_name_the_line() {
         other => panic!("{other:?}"),
     }
     match Module::parse(&module("add.u32 %r1, %nope, 1;")) {
-        Err(EmuError::Parse { line: 19, message }) => assert!(message.contains("undeclared register `%nope`"), "{message}"),
+        Err(EmuError::Parse { line: 19, message }) => {
+            assert!(message.contains("undeclared register `%nope`"), "{message}")
+        }
         other => panic!("{other:?}"),
     }
     match Module::parse(&module("bra NOWHERE;")) {
@@ -272,8 +323,18 @@ fn launches_that_do_not_fit_are_rejected_before_running() {
     let one = LaunchConfig::linear(1, 32);
     let cases: Vec<(&str, LaunchConfig, Vec<Arg<'_>>, &str)> = vec![
         ("k", one, vec![], "0 arguments given, the entry has 2 parameters"),
-        ("k", one, vec![Arg::Scalar(Constant::u32(1)), Arg::Scalar(Constant::f32(1.0))], "a buffer needs|is .u64 (8 bytes), the argument is u32"),
-        ("k", one, vec![Arg::Buffer(&mut buf), Arg::Scalar(Constant::u32(1))], "parameter `k_param_1` is .f32, the argument is u32"),
+        (
+            "k",
+            one,
+            vec![Arg::Scalar(Constant::u32(1)), Arg::Scalar(Constant::f32(1.0))],
+            "a buffer needs|is .u64 (8 bytes), the argument is u32",
+        ),
+        (
+            "k",
+            one,
+            vec![Arg::Buffer(&mut buf), Arg::Scalar(Constant::u32(1))],
+            "parameter `k_param_1` is .f32, the argument is u32",
+        ),
         ("k", LaunchConfig::linear(1, 128), vec![], "more than the entry's .maxntid [64, 1, 1]"),
         ("r", LaunchConfig::linear(1, 64), vec![], "differs from the entry's .reqntid [32, 1, 1]"),
         ("k", LaunchConfig::linear(0, 32), vec![], "must have no zero dimension"),
@@ -294,7 +355,8 @@ fn launches_that_do_not_fit_are_rejected_before_running() {
     let mut args = [Arg::Buffer(&mut out), Arg::Bytes(&bytes)];
     m.launch("k", &one, &mut args, &opts()).unwrap_or_else(|e| panic!("{e}"));
     let mut out = vec![0u8; 4];
-    let mut kargs = [ruda_ir::interp::KernelArg::Buffer(&mut out), ruda_ir::interp::KernelArg::Scalar(Constant::f32(1.0))];
+    let mut kargs =
+        [ruda_ir::interp::KernelArg::Buffer(&mut out), ruda_ir::interp::KernelArg::Scalar(Constant::f32(1.0))];
     run_ptx_with(&ptx, "k", &one, &mut kargs, &opts()).unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -314,7 +376,8 @@ fn nvrtc_output_of_idiomatic_cuda_runs() {
     let mut xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut out = vec![0u8; 1001 * 4];
     let module = Module::parse(ptx).unwrap_or_else(|e| panic!("{e}"));
-    let mut args = [Arg::Buffer(&mut xb), Arg::Buffer(&mut out), Arg::Scalar(Constant::i32(n)), Arg::Scalar(Constant::i64(m))];
+    let mut args =
+        [Arg::Buffer(&mut xb), Arg::Buffer(&mut out), Arg::Scalar(Constant::i32(n)), Arg::Scalar(Constant::i64(m))];
     module.launch("mix", &LaunchConfig::linear(blocks, threads), &mut args, &opts()).unwrap_or_else(|e| panic!("{e}"));
     let got: Vec<u32> = out.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
 

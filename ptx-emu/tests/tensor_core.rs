@@ -104,14 +104,16 @@ fn the_emulator_matches_the_interpreter_on_ptx_backend_output() {
 
 #[test]
 fn the_emulator_matches_the_interpreter_on_nvrtc_output() {
-    let Some(nvrtc) = ruda_codegen_nvrtc::nvrtc_or_skip("tensor-core kernels through NVRTC").unwrap_or_else(|e| panic!("{e}"))
+    let Some(nvrtc) =
+        ruda_codegen_nvrtc::nvrtc_or_skip("tensor-core kernels through NVRTC").unwrap_or_else(|e| panic!("{e}"))
     else {
         return;
     };
     let launch = LaunchConfig::linear(BLOCKS, THREADS);
     let ks = kernels();
     let refs: Vec<&Kernel> = ks.iter().collect();
-    let ptx = ruda_codegen_nvrtc::compile_module_with(&nvrtc, &refs, &Target::new(Arch::Sm80)).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = ruda_codegen_nvrtc::compile_module_with(&nvrtc, &refs, &Target::new(Arch::Sm80))
+        .unwrap_or_else(|e| panic!("{e}"));
     for (i, k) in ks.iter().enumerate() {
         let ins = inputs(i as u64 + 100);
         let want = interp_outputs(k, &launch, &ins);
@@ -127,7 +129,11 @@ fn the_emulator_rejects_a_misaligned_row() {
     // Lanes 8..16 give skewed addresses; reading them as x2 must fail as in the interpreter.
     let k = tile_kernel(MmaType::F16, false);
     let ptx = ruda_codegen_ptx::emit_ptx(&k, &Target::new(Arch::Sm80)).unwrap();
-    let bad = ptx.replacen("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {", "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%r0, ", 1);
+    let bad = ptx.replacen(
+        "ldmatrix.sync.aligned.m8n8.x1.shared.b16 {",
+        "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%r0, ",
+        1,
+    );
     assert_ne!(bad, ptx);
     let launch = LaunchConfig::linear(BLOCKS, THREADS);
     let e = emu_outputs(&bad, &k.name, &launch, &inputs(7)).unwrap_err();

@@ -48,7 +48,9 @@ impl AutotuneMode {
             Some(_) => Err(RuntimeError::InvalidEnv {
                 var: RUDA_AUTOTUNE,
                 value: value.unwrap_or_default().to_string(),
-                accepted: "on (the default on CUDA), off (use each op's heuristic default); always off on the CPU device".into(),
+                accepted:
+                    "on (the default on CUDA), off (use each op's heuristic default); always off on the CPU device"
+                        .into(),
             }),
         }
     }
@@ -77,13 +79,15 @@ pub fn cache_dir(ruda_cache_dir: Option<&str>, xdg_cache_home: Option<&str>, hom
 
 /// [`cache_dir`] from the process environment; an error naming the variables when none is set.
 pub fn cache_dir_from_env() -> Result<PathBuf> {
-    cache_dir(var(RUDA_CACHE_DIR).as_deref(), var("XDG_CACHE_HOME").as_deref(), var("HOME").as_deref()).ok_or_else(|| {
-        RuntimeError::InvalidEnv {
+    cache_dir(var(RUDA_CACHE_DIR).as_deref(), var("XDG_CACHE_HOME").as_deref(), var("HOME").as_deref()).ok_or_else(
+        || RuntimeError::InvalidEnv {
             var: RUDA_CACHE_DIR,
             value: String::new(),
-            accepted: "a folder for RUDA's caches (unset: $XDG_CACHE_HOME/ruda, then $HOME/.cache/ruda; neither is set)".into(),
-        }
-    })
+            accepted:
+                "a folder for RUDA's caches (unset: $XDG_CACHE_HOME/ruda, then $HOME/.cache/ruda; neither is set)"
+                    .into(),
+        },
+    )
 }
 
 /// Round `d` up to a power of two (0 stays 0), so that nearby shapes share a tuning entry.
@@ -121,7 +125,12 @@ pub struct TuneKey {
 impl TuneKey {
     /// The key of `op` on `dtype` tensors of `shape`, bucketing each dimension.
     pub fn new(op: &str, dtype: &str, shape: &[u64], alignment: u32) -> TuneKey {
-        TuneKey { op: op.into(), dtype: dtype.into(), shape_bucket: shape.iter().map(|&d| bucket(d)).collect(), alignment }
+        TuneKey {
+            op: op.into(),
+            dtype: dtype.into(),
+            shape_bucket: shape.iter().map(|&d| bucket(d)).collect(),
+            alignment,
+        }
     }
 }
 
@@ -219,7 +228,11 @@ impl fmt::Display for DeviceFingerprint {
         write!(
             f,
             "{} (compute capability {}.{}, driver CUDA {}, compiler {})",
-            self.device_name, self.compute_capability.0, self.compute_capability.1, self.driver_version, self.compiler_version
+            self.device_name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.driver_version,
+            self.compiler_version
         )
     }
 }
@@ -372,7 +385,10 @@ impl Autotuner {
         mut measure: impl FnMut(&Candidate) -> std::result::Result<f64, String>,
     ) -> Result<Choice> {
         let Some(first) = set.candidates.first() else {
-            return Err(RuntimeError::InvalidLaunch { kernel: key.op.clone(), message: format!("autotuning {key}: no candidates") });
+            return Err(RuntimeError::InvalidLaunch {
+                kernel: key.op.clone(),
+                message: format!("autotuning {key}: no candidates"),
+            });
         };
         if self.mode == AutotuneMode::Off {
             return Ok(Choice { index: 0, candidate: first.clone(), median_ms: None, cached: false });
@@ -388,15 +404,24 @@ impl Autotuner {
             .candidates
             .iter()
             .map(|c| match measure(c) {
-                Ok(ms) if ms.is_finite() && ms >= 0.0 => CandidateResult { candidate: c.name.clone(), median_ms: Some(ms), error: None },
-                Ok(ms) => CandidateResult { candidate: c.name.clone(), median_ms: None, error: Some(format!("measured {ms} ms")) },
+                Ok(ms) if ms.is_finite() && ms >= 0.0 => {
+                    CandidateResult { candidate: c.name.clone(), median_ms: Some(ms), error: None }
+                }
+                Ok(ms) => CandidateResult {
+                    candidate: c.name.clone(),
+                    median_ms: None,
+                    error: Some(format!("measured {ms} ms")),
+                },
                 Err(e) => CandidateResult { candidate: c.name.clone(), median_ms: None, error: Some(e) },
             })
             .collect();
         let mut entry = TuneEntry { key: key.clone(), candidate_checksum: checksum, results, best: String::new() };
         let Some((best, ms)) = entry.ranking().first().map(|&(b, ms)| (b.to_string(), ms)) else {
-            let failures: Vec<String> =
-                entry.results.iter().map(|r| format!("{}: {}", r.candidate, r.error.as_deref().unwrap_or("?"))).collect();
+            let failures: Vec<String> = entry
+                .results
+                .iter()
+                .map(|r| format!("{}: {}", r.candidate, r.error.as_deref().unwrap_or("?")))
+                .collect();
             return Err(RuntimeError::Launch {
                 kernel: key.op.clone(),
                 message: format!("autotuning {key}: every candidate failed ({})", failures.join("; ")),
@@ -422,9 +447,14 @@ impl Autotuner {
         self.evict(key)?;
         let next = evicted
             .as_ref()
-            .and_then(|e| e.ranking().into_iter().find(|(c, _)| *c != failed).and_then(|(c, ms)| choose(set, c, Some(ms), false)))
+            .and_then(|e| {
+                e.ranking().into_iter().find(|(c, _)| *c != failed).and_then(|(c, ms)| choose(set, c, Some(ms), false))
+            })
             .or_else(|| {
-                set.candidates.iter().position(|c| c.name != failed).and_then(|i| choose(set, &set.candidates[i].name, None, false))
+                set.candidates
+                    .iter()
+                    .position(|c| c.name != failed)
+                    .and_then(|i| choose(set, &set.candidates[i].name, None, false))
             });
         next.ok_or_else(|| RuntimeError::Launch {
             kernel: key.op.clone(),
@@ -448,8 +478,7 @@ impl Autotuner {
         let mut file = self.lock();
         change(&mut file);
         let io = |path: &Path, source: std::io::Error| RuntimeError::Io { path: path.to_path_buf(), source };
-        let text = serde_json::to_string_pretty(&*file)
-            .map_err(|e| io(&self.path, std::io::Error::other(e)))?;
+        let text = serde_json::to_string_pretty(&*file).map_err(|e| io(&self.path, std::io::Error::other(e)))?;
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         }

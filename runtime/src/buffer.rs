@@ -47,22 +47,23 @@ impl Buffer {
     }
 
     fn alloc(device: &Device, len: usize, zeroed: bool) -> Result<Buffer> {
-        let storage = match device.cuda_core() {
-            None => Storage::Host(Mutex::new(vec![0; len])),
-            Some(core) => {
-                let n = len.max(1);
-                let slice = if zeroed {
-                    core.stream.alloc_zeros::<u8>(n)
-                } else {
-                    // SAFETY: u8 has no invalid bit patterns, and device memory is only read
-                    // back by copies, never referenced as Rust values.
-                    unsafe { core.stream.alloc::<u8>(n) }
-                };
-                Storage::Cuda(slice.map_err(|e| {
-                    RuntimeError::driver(format!("allocating {len} bytes on {device}"), describe(e))
-                })?)
-            }
-        };
+        let storage =
+            match device.cuda_core() {
+                None => Storage::Host(Mutex::new(vec![0; len])),
+                Some(core) => {
+                    let n = len.max(1);
+                    let slice = if zeroed {
+                        core.stream.alloc_zeros::<u8>(n)
+                    } else {
+                        // SAFETY: u8 has no invalid bit patterns, and device memory is only read
+                        // back by copies, never referenced as Rust values.
+                        unsafe { core.stream.alloc::<u8>(n) }
+                    };
+                    Storage::Cuda(slice.map_err(|e| {
+                        RuntimeError::driver(format!("allocating {len} bytes on {device}"), describe(e))
+                    })?)
+                }
+            };
         Ok(Buffer { inner: Arc::new(BufferInner { device: device.clone(), len, storage }) })
     }
 
@@ -71,7 +72,8 @@ impl Buffer {
         let storage = match device.cuda_core() {
             None => Storage::Host(Mutex::new(bytes.to_vec())),
             Some(core) => {
-                let copy = if bytes.is_empty() { core.stream.alloc_zeros::<u8>(1) } else { core.stream.clone_htod(bytes) };
+                let copy =
+                    if bytes.is_empty() { core.stream.alloc_zeros::<u8>(1) } else { core.stream.clone_htod(bytes) };
                 Storage::Cuda(copy.map_err(|e| {
                     RuntimeError::driver(format!("copying {} bytes to {device}", bytes.len()), describe(e))
                 })?)
@@ -109,9 +111,10 @@ impl Buffer {
         match &self.inner.storage {
             Storage::Host(m) => Ok(lock(m)[range].to_vec()),
             Storage::Cuda(slice) => {
-                let core = self.inner.device.cuda_core().ok_or_else(|| {
-                    RuntimeError::driver("reading a buffer", "a CUDA buffer on a non-CUDA device")
-                })?;
+                let core =
+                    self.inner.device.cuda_core().ok_or_else(|| {
+                        RuntimeError::driver("reading a buffer", "a CUDA buffer on a non-CUDA device")
+                    })?;
                 let mut out = vec![0u8; range.len()];
                 if !out.is_empty() {
                     let view = slice.slice(range.clone());
@@ -134,14 +137,19 @@ impl Buffer {
     /// on the device's stream, after every earlier launch.
     pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         let end = offset.checked_add(bytes.len()).filter(|&e| e <= self.inner.len).ok_or_else(|| {
-            RuntimeError::Shape(format!("writing {} bytes at {offset} into a {}-byte buffer", bytes.len(), self.inner.len))
+            RuntimeError::Shape(format!(
+                "writing {} bytes at {offset} into a {}-byte buffer",
+                bytes.len(),
+                self.inner.len
+            ))
         })?;
         match &self.inner.storage {
             Storage::Host(m) => lock(m)[offset..end].copy_from_slice(bytes),
             Storage::Cuda(slice) => {
-                let core = self.inner.device.cuda_core().ok_or_else(|| {
-                    RuntimeError::driver("writing a buffer", "a CUDA buffer on a non-CUDA device")
-                })?;
+                let core =
+                    self.inner.device.cuda_core().ok_or_else(|| {
+                        RuntimeError::driver("writing a buffer", "a CUDA buffer on a non-CUDA device")
+                    })?;
                 if bytes.is_empty() {
                     return Ok(());
                 }
@@ -149,10 +157,12 @@ impl Buffer {
                 let (ptr, _guard) = slice.device_ptr(&core.stream);
                 // SAFETY: `offset..end` lies inside the allocation (checked above). A copy from
                 // pageable memory returns once `bytes` are staged, so they may be dropped after.
-                unsafe { cudarc::driver::result::memcpy_htod_async(ptr + offset as u64, bytes, core.stream.cu_stream()) }
-                    .map_err(|e| {
-                        RuntimeError::driver(format!("copying {} bytes to {}", bytes.len(), self.inner.device), describe(e))
-                    })?;
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(ptr + offset as u64, bytes, core.stream.cu_stream())
+                }
+                .map_err(|e| {
+                    RuntimeError::driver(format!("copying {} bytes to {}", bytes.len(), self.inner.device), describe(e))
+                })?;
             }
         }
         Ok(())

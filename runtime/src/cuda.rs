@@ -86,8 +86,8 @@ fn open(ordinal: usize, driver_version: CudaVersion) -> Result<CudaCore> {
     let (major, minor) = (major.max(0) as u32, minor.max(0) as u32);
     // Fail here, not at the first launch, on a GPU no kernel can run on.
     select_arch(&name, major, minor, false)?;
-    let max_ptx_version =
-        max_ptx_for_driver(driver_version).ok_or_else(|| RuntimeError::UnsupportedDriver { version: driver_version.to_string() })?;
+    let max_ptx_version = max_ptx_for_driver(driver_version)
+        .ok_or_else(|| RuntimeError::UnsupportedDriver { version: driver_version.to_string() })?;
     let attr = |a: sys::CUdevice_attribute, what: &str| -> Result<u32> {
         ctx.attribute(a).map(|v| v.max(0) as u32).map_err(driver_err(what))
     };
@@ -147,10 +147,8 @@ pub(crate) fn load_module(ctx: &Arc<CudaContext>, ptx: &str, function: &str) -> 
 
     const LOG_BYTES: usize = 64 * 1024;
     let mut log = vec![0u8; LOG_BYTES];
-    let mut options = [
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-    ];
+    let mut options =
+        [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
     // The driver takes option values as pointer-sized words: the buffer, then its size.
     let mut values = [log.as_mut_ptr() as *mut c_void, LOG_BYTES as *mut c_void];
     let mut module: sys::CUmodule = std::ptr::null_mut();
@@ -167,7 +165,10 @@ pub(crate) fn load_module(ctx: &Arc<CudaContext>, ptx: &str, function: &str) -> 
     };
     if let Err(e) = rc.result() {
         let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-        return Err(LoadFailure { message: describe(e), log: String::from_utf8_lossy(&log[..end]).trim_end().to_string() });
+        return Err(LoadFailure {
+            message: describe(e),
+            log: String::from_utf8_lossy(&log[..end]).trim_end().to_string(),
+        });
     }
     // SAFETY: `module` was just loaded.
     match unsafe { result::module::get_function(module, name) } {

@@ -35,7 +35,9 @@ struct CudaDevice {
 pub enum DeviceKind {
     /// The CPU: kernels run in the IR interpreter.
     Cpu,
-    Cuda { ordinal: usize },
+    Cuda {
+        ordinal: usize,
+    },
 }
 
 impl Device {

@@ -40,7 +40,8 @@ impl DeviceSpec {
     pub fn parse(value: Option<&str>) -> Result<DeviceSpec> {
         let Some(raw) = value else { return Ok(DeviceSpec::Auto) };
         let v = raw.trim();
-        let invalid = || RuntimeError::InvalidEnv { var: RUDA_DEVICE, value: raw.to_string(), accepted: DEVICE_ACCEPTED.into() };
+        let invalid =
+            || RuntimeError::InvalidEnv { var: RUDA_DEVICE, value: raw.to_string(), accepted: DEVICE_ACCEPTED.into() };
         match v {
             "" | "auto" => Ok(DeviceSpec::Auto),
             "cpu" => Ok(DeviceSpec::Cpu),
@@ -150,13 +151,15 @@ pub fn parse_ptx_version(value: Option<&str>) -> Result<Option<PtxVersion>> {
     if raw.trim().is_empty() {
         return Ok(None);
     }
-    let invalid = || RuntimeError::InvalidEnv {
+    let invalid = || {
+        RuntimeError::InvalidEnv {
         var: RUDA_PTX_VERSION,
         value: raw.to_string(),
         accepted: format!(
             "a PTX ISA version MAJOR.MINOR such as 8.0 that exists and that the PTX backend knows (up to {}); unset: the lowest the target and kernel need",
             PtxVersion::MAX_KNOWN
         ),
+    }
     };
     match PtxVersion::parse(raw) {
         Ok(v) if v.is_known() => Ok(Some(v)),

@@ -60,8 +60,9 @@ mod target;
 mod tensor;
 
 pub use autotune::{
-    alignment_class, bucket, cache_dir, cache_dir_from_env, measure_on_stream, median, AutotuneMode, Autotuner, CacheFile,
-    Candidate, CandidateResult, CandidateSet, Choice, DeviceFingerprint, TuneEntry, TuneKey, RUDA_AUTOTUNE, RUDA_CACHE_DIR,
+    alignment_class, bucket, cache_dir, cache_dir_from_env, measure_on_stream, median, AutotuneMode, Autotuner,
+    CacheFile, Candidate, CandidateResult, CandidateSet, Choice, DeviceFingerprint, TuneEntry, TuneKey, RUDA_AUTOTUNE,
+    RUDA_CACHE_DIR,
 };
 pub use buffer::Buffer;
 pub use cache::{CacheStats, ModuleCache, ModuleKey};

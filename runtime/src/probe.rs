@@ -26,10 +26,7 @@ const LIBRARY_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 /// Probe the driver once per process and remember the answer (success or the reason).
 pub fn probe_driver() -> Result<DriverProbe> {
     static PROBE: OnceLock<std::result::Result<DriverProbe, String>> = OnceLock::new();
-    PROBE
-        .get_or_init(probe_uncached)
-        .clone()
-        .map_err(|reason| RuntimeError::NoCudaDriver { reason })
+    PROBE.get_or_init(probe_uncached).clone().map_err(|reason| RuntimeError::NoCudaDriver { reason })
 }
 
 fn probe_uncached() -> std::result::Result<DriverProbe, String> {

@@ -176,8 +176,9 @@ impl Stream {
             words.push(match arg {
                 Arg::Scalar(c) => c.bits,
                 Arg::Tensor(t) => {
-                    let base = t.buffer().device_address().ok_or_else(|| {
-                        RuntimeError::DeviceMismatch { op: format!("kernel `{}`", k.name), message: "a tensor without device memory".into() }
+                    let base = t.buffer().device_address().ok_or_else(|| RuntimeError::DeviceMismatch {
+                        op: format!("kernel `{}`", k.name),
+                        message: "a tensor without device memory".into(),
                     })?;
                     base + (t.offset() * t.dtype().size()) as u64
                 }

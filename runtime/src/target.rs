@@ -83,7 +83,8 @@ pub fn select_arch(name: &str, major: u32, minor: u32, needs_sm90a: bool) -> Res
 /// `RUDA_PTX_VERSION`: it must be at least what the architecture needs and at most what the
 /// driver accepts; unset lets the backend pick the lowest the target and kernel need.
 pub fn select_target(arch: Arch, forced: Option<PtxVersion>, driver: CudaVersion) -> Result<Target> {
-    let max = max_ptx_for_driver(driver).ok_or_else(|| RuntimeError::UnsupportedDriver { version: driver.to_string() })?;
+    let max =
+        max_ptx_for_driver(driver).ok_or_else(|| RuntimeError::UnsupportedDriver { version: driver.to_string() })?;
     if let Some(v) = forced {
         if v > max {
             return Err(RuntimeError::PtxVersionTooHigh {
@@ -95,7 +96,11 @@ pub fn select_target(arch: Arch, forced: Option<PtxVersion>, driver: CudaVersion
         }
         let min = arch.min_ptx_version();
         if v < min {
-            return Err(RuntimeError::PtxVersionTooLow { requested: v.to_string(), arch: arch.to_string(), min: min.to_string() });
+            return Err(RuntimeError::PtxVersionTooLow {
+                requested: v.to_string(),
+                arch: arch.to_string(),
+                min: min.to_string(),
+            });
         }
     }
     Ok(Target { arch, ptx_version: forced })

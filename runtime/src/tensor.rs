@@ -224,7 +224,11 @@ impl Tensor {
 
     fn check_dtype(&self, op: &str, dtype: DType) -> Result<()> {
         if self.dtype != dtype {
-            return Err(RuntimeError::DType { op: op.into(), expected: dtype.to_string(), got: self.dtype.to_string() });
+            return Err(RuntimeError::DType {
+                op: op.into(),
+                expected: dtype.to_string(),
+                got: self.dtype.to_string(),
+            });
         }
         Ok(())
     }

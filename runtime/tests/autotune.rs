@@ -5,8 +5,8 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 
 use ruda_runtime::{
-    alignment_class, bucket, cache_dir, measure_on_stream, median, AutotuneMode, Autotuner, CacheFile, CandidateSet, Device,
-    DeviceFingerprint, RuntimeError, TuneKey,
+    alignment_class, bucket, cache_dir, measure_on_stream, median, AutotuneMode, Autotuner, CacheFile, CandidateSet,
+    Device, DeviceFingerprint, RuntimeError, TuneKey,
 };
 
 /// A fresh, empty folder for one test.
@@ -36,7 +36,10 @@ fn set() -> CandidateSet {
 }
 
 /// A measurement with fixed times per candidate name that counts its calls.
-fn timings<'a>(calls: &'a RefCell<Vec<String>>, times: &'a [(&'a str, Result<f64, &'a str>)]) -> impl FnMut(&ruda_runtime::Candidate) -> Result<f64, String> + 'a {
+fn timings<'a>(
+    calls: &'a RefCell<Vec<String>>,
+    times: &'a [(&'a str, Result<f64, &'a str>)],
+) -> impl FnMut(&ruda_runtime::Candidate) -> Result<f64, String> + 'a {
     move |c| {
         calls.borrow_mut().push(c.name.clone());
         let (_, t) = times.iter().find(|(n, _)| *n == c.name).expect("a timing for every candidate");
@@ -162,7 +165,8 @@ fn failing_candidates_are_recorded_and_skipped() {
 fn every_candidate_failing_is_a_clear_error_and_is_not_cached() {
     let dir = temp_dir("allfail");
     let calls = RefCell::new(Vec::new());
-    let times = [("splits=1", Err("no 1")), ("splits=2", Err("no 2")), ("splits=4", Err("no 4")), ("splits=8", Err("no 8"))];
+    let times =
+        [("splits=1", Err("no 1")), ("splits=2", Err("no 2")), ("splits=4", Err("no 4")), ("splits=8", Err("no 8"))];
     let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
     let err = tuner.tune(&key(), &set(), timings(&calls, &times)).unwrap_err();
     let msg = err.to_string();
@@ -191,7 +195,11 @@ fn a_failing_cached_choice_is_evicted_and_the_next_best_used() {
     tuner.evict(&key()).unwrap();
     assert_eq!(tuner.evict_and_fall_back(&key(), &set(), "splits=1").unwrap().candidate.name, "splits=2");
     let single = CandidateSet::new(["splits=1"], 0);
-    assert!(tuner.evict_and_fall_back(&key(), &single, "splits=1").unwrap_err().to_string().contains("no other candidate"));
+    assert!(tuner
+        .evict_and_fall_back(&key(), &single, "splits=1")
+        .unwrap_err()
+        .to_string()
+        .contains("no other candidate"));
 }
 
 #[test]

@@ -17,7 +17,18 @@ fn device_spec_accepts_the_documented_forms() {
 
 #[test]
 fn device_spec_rejects_everything_else_naming_value_and_forms() {
-    for bad in ["gpu", "CUDA", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda0", "cpu:0", "cuda:1:2", "cuda:99999999999999999999999"] {
+    for bad in [
+        "gpu",
+        "CUDA",
+        "cuda:",
+        "cuda:-1",
+        "cuda:+1",
+        "cuda:x",
+        "cuda0",
+        "cpu:0",
+        "cuda:1:2",
+        "cuda:99999999999999999999999",
+    ] {
         let err = DeviceSpec::parse(Some(bad)).unwrap_err();
         assert!(matches!(err, RuntimeError::InvalidEnv { var: "RUDA_DEVICE", .. }), "{bad}: {err:?}");
         let msg = err.to_string();

@@ -100,6 +100,9 @@ fn bad_launch_shapes_are_errors() {
     ];
     for cfg in shapes {
         let err = s.launch(&k, cfg, &args).unwrap_err();
-        assert!(matches!(err, RuntimeError::InvalidLaunch { ref kernel, .. } if kernel == "scale2"), "{cfg:?}: {err:?}");
+        assert!(
+            matches!(err, RuntimeError::InvalidLaunch { ref kernel, .. } if kernel == "scale2"),
+            "{cfg:?}: {err:?}"
+        );
     }
 }

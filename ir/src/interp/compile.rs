@@ -177,37 +177,175 @@ pub(crate) enum Conv {
 /// operand of the same instruction.
 #[derive(Debug)]
 pub(crate) enum Kind {
-    Special { d: Slot, reg: SpecialReg },
-    IntUn { op: IntUn, ty: IntTy, d: Slot, a: Slot },
-    FloatUn { op: FloatUn, ty: FTy, d: Slot, a: Slot },
-    Approx { op: Approx, d: Slot, a: Slot },
-    PredNot { d: Slot, a: Slot },
-    IntBin { op: IntBin, ty: IntTy, d: Slot, a: Slot, b: Slot },
-    IntDiv { rem: bool, ty: IntTy, d: Slot, a: Slot, b: Slot },
-    FloatBin { op: FloatBin, ty: FTy, d: Slot, a: Slot, b: Slot },
-    PredBin { op: PredBin, d: Slot, a: Slot, b: Slot },
-    IntFma { ty: IntTy, d: Slot, a: Slot, b: Slot, c: Slot },
-    FloatFma { ty: FTy, d: Slot, a: Slot, b: Slot, c: Slot },
-    IntCmp { op: IntCmp, ty: IntTy, d: Slot, a: Slot, b: Slot },
-    FloatCmp { op: CmpOp, ty: FTy, d: Slot, a: Slot, b: Slot },
-    PredCmp { eq: bool, d: Slot, a: Slot, b: Slot },
-    Select { d: Slot, c: Slot, a: Slot, b: Slot },
-    Cvt { conv: Conv, d: Slot, a: Slot },
+    Special {
+        d: Slot,
+        reg: SpecialReg,
+    },
+    IntUn {
+        op: IntUn,
+        ty: IntTy,
+        d: Slot,
+        a: Slot,
+    },
+    FloatUn {
+        op: FloatUn,
+        ty: FTy,
+        d: Slot,
+        a: Slot,
+    },
+    Approx {
+        op: Approx,
+        d: Slot,
+        a: Slot,
+    },
+    PredNot {
+        d: Slot,
+        a: Slot,
+    },
+    IntBin {
+        op: IntBin,
+        ty: IntTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    IntDiv {
+        rem: bool,
+        ty: IntTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    FloatBin {
+        op: FloatBin,
+        ty: FTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    PredBin {
+        op: PredBin,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    IntFma {
+        ty: IntTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    FloatFma {
+        ty: FTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    IntCmp {
+        op: IntCmp,
+        ty: IntTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    FloatCmp {
+        op: CmpOp,
+        ty: FTy,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    PredCmp {
+        eq: bool,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    Select {
+        d: Slot,
+        c: Slot,
+        a: Slot,
+        b: Slot,
+    },
+    Cvt {
+        conv: Conv,
+        d: Slot,
+        a: Slot,
+    },
     /// Bitcast, pointer cast, extract and each element of a vector construction.
-    Copy { d: Slot, a: Slot },
-    PtrAdd { ext: IndexExt, scale: u64, wrap32: bool, d: Slot, p: Slot, i: Slot },
-    Load { space: Space, elem_bytes: u32, lanes: u32, d: Slot, p: Slot },
-    Store { space: Space, elem_bytes: u32, lanes: u32, p: Slot, v: Slot },
-    Atomic { space: Space, f: AtomFn, bytes: u32, d: Slot, p: Slot, v: Slot, cmp: Option<Slot> },
+    Copy {
+        d: Slot,
+        a: Slot,
+    },
+    PtrAdd {
+        ext: IndexExt,
+        scale: u64,
+        wrap32: bool,
+        d: Slot,
+        p: Slot,
+        i: Slot,
+    },
+    Load {
+        space: Space,
+        elem_bytes: u32,
+        lanes: u32,
+        d: Slot,
+        p: Slot,
+    },
+    Store {
+        space: Space,
+        elem_bytes: u32,
+        lanes: u32,
+        p: Slot,
+        v: Slot,
+    },
+    Atomic {
+        space: Space,
+        f: AtomFn,
+        bytes: u32,
+        d: Slot,
+        p: Slot,
+        v: Slot,
+        cmp: Option<Slot>,
+    },
     Barrier,
-    Shfl { mode: ShflMode, d: Slot, v: Slot, lane: Slot },
-    Vote { mode: VoteMode, d: Slot, p: Slot },
-    Mma { ty: MmaType, d: Slot, a: Slot, b: Slot, c: Slot },
-    LdMatrix { count: u32, trans: bool, d: Slot, p: Slot },
+    Shfl {
+        mode: ShflMode,
+        d: Slot,
+        v: Slot,
+        lane: Slot,
+    },
+    Vote {
+        mode: VoteMode,
+        d: Slot,
+        p: Slot,
+    },
+    Mma {
+        ty: MmaType,
+        d: Slot,
+        a: Slot,
+        b: Slot,
+        c: Slot,
+    },
+    LdMatrix {
+        count: u32,
+        trans: bool,
+        d: Slot,
+        p: Slot,
+    },
     /// `src_size`: the slot of the source size, if any.
-    CpAsync { size: u32, dst: Slot, src: Slot, src_size: Option<Slot> },
+    CpAsync {
+        size: u32,
+        dst: Slot,
+        src: Slot,
+        src_size: Option<Slot>,
+    },
     CpAsyncCommit,
-    CpAsyncWait { n: u32 },
+    CpAsyncWait {
+        n: u32,
+    },
     If(Box<IfElse>),
     For(Box<ForLoop>),
 }
@@ -397,8 +535,10 @@ impl Analysis<'_> {
         }
         let mut scope = vec![];
         for &id in &region.insts {
-            let inst =
-                k.insts.get(id.index()).ok_or_else(|| malformed(k, owner, format!("{r} lists {id}, which does not exist")))?;
+            let inst = k
+                .insts
+                .get(id.index())
+                .ok_or_else(|| malformed(k, owner, format!("{r} lists {id}, which does not exist")))?;
             self.pos += 1;
             let at = self.pos;
             for v in inst.op.operands() {
@@ -418,8 +558,10 @@ impl Analysis<'_> {
                     }
                 }
                 Op::For { end, step, body, .. } => {
-                    let body_region =
-                        k.regions.get(body.index()).ok_or_else(|| malformed(k, Some(id), format!("{body} does not exist")))?;
+                    let body_region = k
+                        .regions
+                        .get(body.index())
+                        .ok_or_else(|| malformed(k, Some(id), format!("{body} does not exist")))?;
                     for &p in &body_region.params {
                         self.def(p, Some(id))?;
                         self.visible[p.index()] = true;
@@ -557,7 +699,8 @@ impl Lower<'_> {
         let k = self.k;
         let inst = &k.insts[id.index()];
         let err = |msg: String| malformed(k, Some(id), msg);
-        let scalar = |v: Value| self.ty(v).scalar().ok_or_else(|| err(format!("{v} must be a scalar, found {}", self.ty(v))));
+        let scalar =
+            |v: Value| self.ty(v).scalar().ok_or_else(|| err(format!("{v} must be a scalar, found {}", self.ty(v))));
         let same = |a: Value, b: Value| {
             if self.ty(a) == self.ty(b) {
                 Ok(())
@@ -788,7 +931,9 @@ impl Lower<'_> {
                 let f = atom_fn(*op, elem).ok_or_else(|| undefined(format!("`atomic.{op}` on {elem}")))?;
                 let cmp = match (op, compare) {
                     (AtomicOp::Cas, Some(c)) if self.ty(*c) == Type::Scalar(elem) => Some(self.s(*c)),
-                    (AtomicOp::Cas, _) => return Err(err("`atomic.cas` needs a compare value of the element type".into())),
+                    (AtomicOp::Cas, _) => {
+                        return Err(err("`atomic.cas` needs a compare value of the element type".into()))
+                    }
                     (_, Some(_)) => return Err(err("only `atomic.cas` takes a compare value".into())),
                     (_, None) => None,
                 };
@@ -816,7 +961,11 @@ impl Lower<'_> {
                 push(Kind::Vote { mode: *mode, d: d(), p: self.s(*pred) });
             }
             Op::Mma { ty, a, b, c } => {
-                let want = [(*a, Type::Vector(ScalarType::U32, 4)), (*b, Type::Vector(ScalarType::U32, 2)), (*c, Type::Vector(ScalarType::F32, 4))];
+                let want = [
+                    (*a, Type::Vector(ScalarType::U32, 4)),
+                    (*b, Type::Vector(ScalarType::U32, 2)),
+                    (*c, Type::Vector(ScalarType::F32, 4)),
+                ];
                 if want.iter().any(|(v, t)| self.ty(*v) != *t) {
                     return Err(err("`mma.m16n8k16` takes v4u32, v2u32 and v4f32 fragments".into()));
                 }
@@ -826,7 +975,9 @@ impl Lower<'_> {
             Op::LdMatrix { ptr, count, trans } => {
                 match self.ty(*ptr) {
                     Type::Ptr(AddrSpace::Shared, e) if e.bits() == 16 => {}
-                    other => return Err(err(format!("`ldmatrix` needs a shared pointer to a 16-bit type, found {other}"))),
+                    other => {
+                        return Err(err(format!("`ldmatrix` needs a shared pointer to a 16-bit type, found {other}")))
+                    }
                 }
                 let ty = match count {
                     1 => Type::U32,

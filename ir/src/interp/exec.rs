@@ -35,7 +35,13 @@ pub(crate) struct Launch<'a> {
 }
 
 impl<'a> Launch<'a> {
-    pub(crate) fn new(prog: &'a Program, global: &'a Global, block: [u32; 3], grid: [u32; 3], shared_bytes: usize) -> Self {
+    pub(crate) fn new(
+        prog: &'a Program,
+        global: &'a Global,
+        block: [u32; 3],
+        grid: [u32; 3],
+        shared_bytes: usize,
+    ) -> Self {
         let n = block.iter().map(|&d| d as usize).product::<usize>();
         let tid = [0, 1, 2].map(|axis| (0..n).map(|t| thread_of(block, t as u32)[axis] as u64).collect());
         Launch {
@@ -342,7 +348,9 @@ fn cvt(conv: Conv, m: Mask<'_>, d: &mut [u64], a: &[u64]) {
         Conv::FloatInt { from: Fmt::F32, to: ScalarType::I32, mode: Rz } => {
             map1(m, d, a, |x| f32::from_lane(x) as i32 as u32 as u64)
         }
-        Conv::FloatInt { from: Fmt::F32, to: ScalarType::U32, mode: Rz } => map1(m, d, a, |x| f32::from_lane(x) as u32 as u64),
+        Conv::FloatInt { from: Fmt::F32, to: ScalarType::U32, mode: Rz } => {
+            map1(m, d, a, |x| f32::from_lane(x) as u32 as u64)
+        }
         Conv::FloatInt { from, to, mode } => map1(m, d, a, |x| num::float_to_int(x, from, to, mode)),
         Conv::IntFloat { from: ScalarType::I32, to: Fmt::F32, mode: Rn } => map1(m, d, a, |x| (x as i32 as f32).bits()),
         Conv::IntFloat { from: ScalarType::U32, to: Fmt::F32, mode: Rn } => map1(m, d, a, |x| (x as u32 as f32).bits()),
@@ -368,7 +376,9 @@ fn cvt(conv: Conv, m: Mask<'_>, d: &mut [u64], a: &[u64]) {
                 half::bf16::from_f32(v).to_bits() as u64
             }
         }),
-        Conv::FloatFloat { from: Fmt::F64, to: Fmt::F32, mode: Some(Rn) } => map1(m, d, a, |x| (f64::from_lane(x) as f32).canon()),
+        Conv::FloatFloat { from: Fmt::F64, to: Fmt::F32, mode: Some(Rn) } => {
+            map1(m, d, a, |x| (f64::from_lane(x) as f32).canon())
+        }
         Conv::FloatFloat { from: Fmt::F32, to: Fmt::F64, .. } => map1(m, d, a, |x| (f32::from_lane(x) as f64).canon()),
         Conv::FloatFloat { from, to, mode } => map1(m, d, a, |x| num::float_to_float(x, from, to, mode)),
     }
@@ -447,7 +457,15 @@ impl<'a> Worker<'a> {
         for &(s, bits) in &launch.prog.perm {
             regs.get_mut(s).fill(bits);
         }
-        Worker { launch, regs, shared: SharedMem::new(launch.shared_bytes), ctaid: [0; 3], pool: vec![], temp: vec![], copies: vec![] }
+        Worker {
+            launch,
+            regs,
+            shared: SharedMem::new(launch.shared_bytes),
+            ctaid: [0; 3],
+            pool: vec![],
+            temp: vec![],
+            copies: vec![],
+        }
     }
 
     pub(crate) fn run_block(&mut self, ctaid: [u32; 3]) -> Result<(), Fault> {
@@ -566,9 +584,15 @@ impl<'a> Worker<'a> {
                 let (d, [p, i]) = regs.dst(d, [p, i]);
                 ptr_add(ext, scale, wrap32, m, d, p, i)
             }
-            Kind::Load { space, elem_bytes, lanes, d, p } => self.load(space, elem_bytes, lanes, d, p, m).map_err(fault)?,
-            Kind::Store { space, elem_bytes, lanes, p, v } => self.store(space, elem_bytes, lanes, p, v, m).map_err(fault)?,
-            Kind::Atomic { space, f, bytes, d, p, v, cmp } => self.atomic(space, f, bytes, d, p, v, cmp, m).map_err(fault)?,
+            Kind::Load { space, elem_bytes, lanes, d, p } => {
+                self.load(space, elem_bytes, lanes, d, p, m).map_err(fault)?
+            }
+            Kind::Store { space, elem_bytes, lanes, p, v } => {
+                self.store(space, elem_bytes, lanes, p, v, m).map_err(fault)?
+            }
+            Kind::Atomic { space, f, bytes, d, p, v, cmp } => {
+                self.atomic(space, f, bytes, d, p, v, cmp, m).map_err(fault)?
+            }
             Kind::Barrier => self.barrier(m).map_err(fault)?,
             Kind::Shfl { mode, d, v, lane } => self.shfl(mode, d, v, lane, m).map_err(fault)?,
             Kind::Vote { mode, d, p } => self.vote(mode, d, p, m).map_err(fault)?,
@@ -764,7 +788,8 @@ impl<'a> Worker<'a> {
             let w0 = t - t % 32;
             if t != w0 || m.idx.get(i + 31) != Some(&(w0 as u32 + 31)) {
                 let active = m.idx[i..].iter().take_while(|&&u| (u as usize) < w0 + 32).count();
-                let hint = if n & 31 != 0 { "; warp operations need a block size that is a multiple of 32" } else { "" };
+                let hint =
+                    if n & 31 != 0 { "; warp operations need a block size that is a multiple of 32" } else { "" };
                 return Err((
                     t as u32,
                     format!(
@@ -868,7 +893,15 @@ impl<'a> Worker<'a> {
 
     /// Issue each active thread's `cp.async` (see [`crate::Op::CpAsync`]): check and read the
     /// source now, check and reserve the destination, and add the copy to the open group.
-    fn cp_async(&mut self, inst: InstId, size: u32, dst: Slot, src: Slot, src_size: Option<Slot>, m: Mask<'_>) -> LaneResult {
+    fn cp_async(
+        &mut self,
+        inst: InstId,
+        size: u32,
+        dst: Slot,
+        src: Slot,
+        src_size: Option<Slot>,
+        m: Mask<'_>,
+    ) -> LaneResult {
         if self.copies.is_empty() {
             self.copies.resize_with(self.launch.n, AsyncGroups::default);
         }
@@ -884,10 +917,14 @@ impl<'a> Worker<'a> {
             if n == 0 {
                 // Nothing is read, so only the alignment the instruction demands is checked.
                 if from % size as u64 != 0 {
-                    return Err((t, format!("misaligned: `cp.async` source address {from:#x} must be {size}-byte aligned")));
+                    return Err((
+                        t,
+                        format!("misaligned: `cp.async` source address {from:#x} must be {size}-byte aligned"),
+                    ));
                 }
             } else {
-                let ptr = self.launch.global.locate_span(from, n as u32, size, "cp.async source").map_err(|e| (t, e))?;
+                let ptr =
+                    self.launch.global.locate_span(from, n as u32, size, "cp.async source").map_err(|e| (t, e))?;
                 for (j, b) in data.iter_mut().enumerate().take(n as usize) {
                     // SAFETY: `locate_span` checked all `n` bytes.
                     *b = unsafe { memory::read(ptr.add(j), 1) } as u8;

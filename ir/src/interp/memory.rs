@@ -223,7 +223,9 @@ impl SharedMem {
             ));
         }
         if offset & (size - 1) != 0 {
-            return Err(format!("misaligned: shared {access} of {size} bytes at offset {offset} must be {size}-byte aligned"));
+            return Err(format!(
+                "misaligned: shared {access} of {size} bytes at offset {offset} must be {size}-byte aligned"
+            ));
         }
         Ok(offset as usize)
     }

@@ -309,7 +309,10 @@ fn validate_shape(kernel: &Kernel, cfg: &LaunchConfig) -> Result<(), String> {
     }
     let threads = cfg.block.iter().map(|&d| d as u64).product::<u64>();
     if threads > 1024 || cfg.block[2] > 64 {
-        return Err(format!("block {:?} has {threads} threads; at most 1024 (and z at most 64) are allowed", cfg.block));
+        return Err(format!(
+            "block {:?} has {threads} threads; at most 1024 (and z at most 64) are allowed",
+            cfg.block
+        ));
     }
     if cfg.grid[0] > i32::MAX as u32 || cfg.grid[1] > 65535 || cfg.grid[2] > 65535 {
         return Err(format!("grid {:?} exceeds the limits (2^31-1, 65535, 65535)", cfg.grid));
@@ -338,13 +341,19 @@ fn bind_args(kernel: &Kernel, args: &[KernelArg<'_>]) -> Result<Vec<u64>, String
         match (ty, arg) {
             (Some(Type::Ptr(AddrSpace::Global, _)), KernelArg::Buffer(buf)) => {
                 if buf.len() as u64 >= 1 << BUFFER_SHIFT {
-                    return Err(format!("buffer for `{name}` has {} bytes; at most 2^{BUFFER_SHIFT} are supported", buf.len()));
+                    return Err(format!(
+                        "buffer for `{name}` has {} bytes; at most 2^{BUFFER_SHIFT} are supported",
+                        buf.len()
+                    ));
                 }
                 bits.push(global_buffer_address(buffers));
                 buffers += 1;
             }
             (Some(Type::Ptr(AddrSpace::Global, _)), KernelArg::Scalar(c)) => {
-                return Err(format!("parameter `{name}` is a global pointer; pass a buffer, not the scalar {} {c}", c.ty));
+                return Err(format!(
+                    "parameter `{name}` is a global pointer; pass a buffer, not the scalar {} {c}",
+                    c.ty
+                ));
             }
             (Some(Type::Scalar(t)), KernelArg::Scalar(c)) if t != crate::types::ScalarType::Pred => {
                 if c.ty != t {

@@ -488,7 +488,9 @@ impl<'a> Parser<'a> {
                 _ => Err(unknown(p)),
             }
         };
-        if !suffixes.is_empty() && !matches!(head, "cmp" | "cvt" | "atomic" | "shfl" | "vote" | "mma" | "ldmatrix" | "cp") {
+        if !suffixes.is_empty()
+            && !matches!(head, "cmp" | "cvt" | "atomic" | "shfl" | "vote" | "mma" | "ldmatrix" | "cp")
+        {
             return Err(unknown(self));
         }
         Ok(match head {

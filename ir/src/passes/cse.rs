@@ -25,7 +25,8 @@ impl Pass for Cse {
         "common-subexpression elimination over the region tree (loads only within one memory epoch)"
     }
     fn run(&self, k: &mut Kernel) -> bool {
-        let mut c = Numbering { k, table: HashMap::new(), log: vec![], epoch: 0, subst: Subst::default(), changed: false };
+        let mut c =
+            Numbering { k, table: HashMap::new(), log: vec![], epoch: 0, subst: Subst::default(), changed: false };
         let body = c.k.body;
         c.region(body);
         c.changed

@@ -140,7 +140,9 @@ impl Liveness {
             }
             Op::For { init, body, .. } => {
                 let region = k.region(*body);
-                work.extend([init[slot], region.yields[slot], region.params[slot + 1], inst.results[slot]].map(Work::Value));
+                work.extend(
+                    [init[slot], region.yields[slot], region.params[slot + 1], inst.results[slot]].map(Work::Value),
+                );
             }
             _ => {}
         }

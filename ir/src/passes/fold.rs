@@ -94,7 +94,13 @@ impl Folder<'_> {
                 self.subst.insert(results[0], chosen);
                 self.changed = true;
             }
-            op @ (Op::Unary(..) | Op::Binary(..) | Op::Fma(..) | Op::Cmp(..) | Op::Select(..) | Op::Cvt(..) | Op::Bitcast(..)) => {
+            op @ (Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Fma(..)
+            | Op::Cmp(..)
+            | Op::Select(..)
+            | Op::Cvt(..)
+            | Op::Bitcast(..)) => {
                 if let Op::Unary(u, _) = op {
                     if u.is_approx() {
                         out.push(id);

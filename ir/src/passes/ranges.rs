@@ -95,7 +95,13 @@ impl Ranges {
                         _ => f,
                     },
                     BinaryOp::And if a.0 >= 0 || c.0 >= 0 => {
-                        let hi = if a.0 >= 0 && c.0 >= 0 { a.1.min(c.1) } else if a.0 >= 0 { a.1 } else { c.1 };
+                        let hi = if a.0 >= 0 && c.0 >= 0 {
+                            a.1.min(c.1)
+                        } else if a.0 >= 0 {
+                            a.1
+                        } else {
+                            c.1
+                        };
                         (0, hi)
                     }
                     BinaryOp::Or | BinaryOp::Xor if a.0 >= 0 && c.0 >= 0 => {

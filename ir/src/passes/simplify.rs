@@ -100,7 +100,10 @@ fn log2(c: Constant) -> Option<u32> {
 }
 
 fn commutative(op: BinaryOp) -> bool {
-    matches!(op, BinaryOp::Add | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    matches!(
+        op,
+        BinaryOp::Add | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor
+    )
 }
 
 fn mirrored(op: CmpOp) -> CmpOp {
@@ -237,7 +240,15 @@ impl Simplifier<'_> {
         }
     }
 
-    fn binary(&mut self, op: BinaryOp, a: Value, b: Value, t: ScalarType, out: &mut Vec<InstId>, loc: &Option<Loc>) -> Action {
+    fn binary(
+        &mut self,
+        op: BinaryOp,
+        a: Value,
+        b: Value,
+        t: ScalarType,
+        out: &mut Vec<InstId>,
+        loc: &Option<Loc>,
+    ) -> Action {
         use BinaryOp::*;
         if commutative(op) && self.c(a).is_some() && self.c(b).is_none() {
             return Rewrite(Op::Binary(op, b, a));
@@ -365,7 +376,9 @@ impl Simplifier<'_> {
 
     fn unary(&mut self, op: UnaryOp, a: Value) -> Action {
         match (op, self.def(a)) {
-            (UnaryOp::Neg, Some(Op::Unary(UnaryOp::Neg, x))) | (UnaryOp::Not, Some(Op::Unary(UnaryOp::Not, x))) => Replace(x),
+            (UnaryOp::Neg, Some(Op::Unary(UnaryOp::Neg, x))) | (UnaryOp::Not, Some(Op::Unary(UnaryOp::Not, x))) => {
+                Replace(x)
+            }
             (UnaryOp::Abs, Some(Op::Unary(UnaryOp::Abs, _))) => Replace(a),
             (UnaryOp::Abs, Some(Op::Unary(UnaryOp::Neg, x))) => Rewrite(Op::Unary(UnaryOp::Abs, x)),
             _ => Keep,

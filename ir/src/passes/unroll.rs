@@ -11,7 +11,9 @@
 
 use std::collections::HashMap;
 
-use super::util::{clone_insts, const_trip_count, int_const, int_range, int_value, push_const, push_value, region_size, Defs, Subst};
+use super::util::{
+    clone_insts, const_trip_count, int_const, int_range, int_value, push_const, push_value, region_size, Defs, Subst,
+};
 use super::Pass;
 use crate::kernel::*;
 use crate::types::Type;
@@ -131,7 +133,8 @@ impl Unroller<'_> {
             } else {
                 let offset = int_const(t, j as i128 * int_value(l.step));
                 let offset = push_const(self.k, &mut self.defs, &mut body_insts, offset, &l.loc);
-                let (def, v) = push_value(self.k, &mut body_insts, Op::Binary(BinaryOp::Add, iv, offset), Type::Scalar(t), &l.loc);
+                let (def, v) =
+                    push_value(self.k, &mut body_insts, Op::Binary(BinaryOp::Add, iv, offset), Type::Scalar(t), &l.loc);
                 self.defs.set(v, def);
                 v
             };

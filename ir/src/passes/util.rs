@@ -106,7 +106,11 @@ pub(crate) fn reachable_regions(k: &Kernel) -> Vec<RegionId> {
 
 /// Instructions in a region, nested ones included (the size measure of the unroller).
 pub(crate) fn region_size(k: &Kernel, r: RegionId) -> usize {
-    k.region(r).insts.iter().map(|&id| 1 + k.inst(id).op.regions().iter().map(|&s| region_size(k, s)).sum::<usize>()).sum()
+    k.region(r)
+        .insts
+        .iter()
+        .map(|&id| 1 + k.inst(id).op.regions().iter().map(|&s| region_size(k, s)).sum::<usize>())
+        .sum()
 }
 
 /// Whether `op` computes a value from its operands only, can neither fail nor observe other
@@ -158,7 +162,13 @@ pub(crate) fn region_writes_memory(k: &Kernel, r: RegionId) -> bool {
 }
 
 /// Append a new instruction defining one value of type `ty` to `out`.
-pub(crate) fn push_value(k: &mut Kernel, out: &mut Vec<InstId>, op: Op, ty: Type, loc: &Option<Loc>) -> (InstId, Value) {
+pub(crate) fn push_value(
+    k: &mut Kernel,
+    out: &mut Vec<InstId>,
+    op: Op,
+    ty: Type,
+    loc: &Option<Loc>,
+) -> (InstId, Value) {
     let v = k.new_value(ty);
     let id = k.push_inst(Inst { op, results: vec![v], loc: loc.clone() });
     out.push(id);
@@ -166,7 +176,13 @@ pub(crate) fn push_value(k: &mut Kernel, out: &mut Vec<InstId>, op: Op, ty: Type
 }
 
 /// Append a `const` to `out`.
-pub(crate) fn push_const(k: &mut Kernel, defs: &mut Defs, out: &mut Vec<InstId>, c: Constant, loc: &Option<Loc>) -> Value {
+pub(crate) fn push_const(
+    k: &mut Kernel,
+    defs: &mut Defs,
+    out: &mut Vec<InstId>,
+    c: Constant,
+    loc: &Option<Loc>,
+) -> Value {
     let (id, v) = push_value(k, out, Op::Const(c), Type::Scalar(c.ty), loc);
     defs.set(v, id);
     v

@@ -125,7 +125,8 @@ impl Vectorizer<'_> {
             let Type::Ptr(_, elem) = self.k.ty(ptr) else { continue };
             let lanes = group.len() as u8;
             let loc = self.k.inst(lead).loc.clone();
-            let (_, vector) = super::util::push_value(self.k, new, Op::Load { ptr, lanes }, Type::Vector(elem, lanes), &loc);
+            let (_, vector) =
+                super::util::push_value(self.k, new, Op::Load { ptr, lanes }, Type::Vector(elem, lanes), &loc);
             for (id, lane) in group {
                 self.k.insts[id.index()].op = Op::Extract(vector, lane);
             }
@@ -167,10 +168,10 @@ impl Vectorizer<'_> {
                 if bytes > MAX_VECTOR_BYTES || align < bytes as u64 {
                     continue;
                 }
-                let starts: Vec<i128> =
-                    loads.keys().copied().filter(|o| o.rem_euclid(lanes as i128) == 0).collect();
+                let starts: Vec<i128> = loads.keys().copied().filter(|o| o.rem_euclid(lanes as i128) == 0).collect();
                 for start in starts {
-                    let members: Option<Vec<&Candidate>> = (0..lanes as i128).map(|j| loads.get(&(start + j)).copied()).collect();
+                    let members: Option<Vec<&Candidate>> =
+                        (0..lanes as i128).map(|j| loads.get(&(start + j)).copied()).collect();
                     let Some(members) = members else { continue };
                     // The lead is the load at `start`; its lanes follow in order.
                     out.push(members.iter().enumerate().map(|(j, c)| (c.id, j as u8)).collect());

@@ -61,7 +61,8 @@ pub fn map_kernel(
     f: impl FnOnce(&mut KernelBuilder, &[Value]) -> Value,
 ) -> Kernel {
     let mut b = KernelBuilder::new("map");
-    let in_ptrs: Vec<Value> = ins.iter().enumerate().map(|(k, t)| b.param(format!("in{k}"), gptr(mem_ty(*t)))).collect();
+    let in_ptrs: Vec<Value> =
+        ins.iter().enumerate().map(|(k, t)| b.param(format!("in{k}"), gptr(mem_ty(*t)))).collect();
     let out_ptr = b.param("out", gptr(mem_ty(out)));
     let n = b.param("n", Type::U32);
     let i = b.global_thread_id_x();
@@ -146,11 +147,8 @@ pub const INT_TYPES: [ScalarType; 6] = [I16, I32, I64, U16, U32, U64];
 /// Edge values of an integer type (bit patterns).
 pub fn int_edges(t: ScalarType) -> Vec<u64> {
     let w = t.bits();
-    let (min, max) = if t.is_signed_int() {
-        (-(1i128 << (w - 1)), (1i128 << (w - 1)) - 1)
-    } else {
-        (0, (1i128 << w) - 1)
-    };
+    let (min, max) =
+        if t.is_signed_int() { (-(1i128 << (w - 1)), (1i128 << (w - 1)) - 1) } else { (0, (1i128 << w) - 1) };
     let mut v: Vec<i128> = vec![0, 1, 2, 3, 7, 100, min, min + 1, max, max - 1, -1, -2, -7, -100, 1 << (w / 2)];
     v.push(0x5555_5555_5555_5555u64 as i128);
     v.push(0xdead_beef_cafe_f00du64 as i128);
@@ -242,7 +240,12 @@ pub fn check(what: &str, inputs: &[Vec<u64>], got: &[u64], expected: impl Fn(&[u
             failures.push(format!("  inputs {args:#x?}: got {g:#x}, expected {e:#x}"));
         }
     }
-    assert!(failures.is_empty(), "{what}: {} mismatches\n{}", failures.len(), failures[..failures.len().min(8)].join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{what}: {} mismatches\n{}",
+        failures.len(),
+        failures[..failures.len().min(8)].join("\n")
+    );
 }
 
 /// The canonical NaNs.

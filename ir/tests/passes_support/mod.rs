@@ -143,10 +143,27 @@ pub fn edges(t: ScalarType) -> Vec<u64> {
             let bits = t.bits();
             let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
             let min = if t.is_signed_int() { 1u64 << (bits - 1) } else { 0 };
-            [0, 1, 2, 3, 7, 8, 15, 16, 100, u64::MAX, u64::MAX - 1, u64::MAX - 6, min, min.wrapping_sub(1), min + 1, 12345]
-                .iter()
-                .map(|v| v & mask)
-                .collect()
+            [
+                0,
+                1,
+                2,
+                3,
+                7,
+                8,
+                15,
+                16,
+                100,
+                u64::MAX,
+                u64::MAX - 1,
+                u64::MAX - 6,
+                min,
+                min.wrapping_sub(1),
+                min + 1,
+                12345,
+            ]
+            .iter()
+            .map(|v| v & mask)
+            .collect()
         }
         _ => vec![0, 1],
     }

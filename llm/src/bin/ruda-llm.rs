@@ -22,9 +22,12 @@ fn run(args: &[String]) -> Result<bool, LlmError> {
     while let Some(flag) = options.next() {
         let value = options.next().ok_or_else(|| bad(format!("`{flag}` needs a value")))?;
         match flag.as_str() {
-            "--context" => context = Some(value.parse::<usize>().map_err(|_| bad(format!("--context {value}: not a number")))?),
+            "--context" => {
+                context = Some(value.parse::<usize>().map_err(|_| bad(format!("--context {value}: not a number")))?)
+            }
             "--prefill-tokens" => {
-                prefill_tokens = value.parse::<usize>().map_err(|_| bad(format!("--prefill-tokens {value}: not a number")))?
+                prefill_tokens =
+                    value.parse::<usize>().map_err(|_| bad(format!("--prefill-tokens {value}: not a number")))?
             }
             "--dtype" => {
                 dtype = Some(
@@ -41,7 +44,15 @@ fn run(args: &[String]) -> Result<bool, LlmError> {
     let dir = PathBuf::from(dir);
     let max = ruda_llm::load_config(&dir)?.max_position_embeddings;
     let context = context.unwrap_or(ruda_llm::DEFAULT_CONTEXT.min(max));
-    ruda_llm::tune::tune_model(&dir, &device, dtype, context, prefill_tokens, &mut std::io::stdout(), &mut std::io::stderr())
+    ruda_llm::tune::tune_model(
+        &dir,
+        &device,
+        dtype,
+        context,
+        prefill_tokens,
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )
 }
 
 fn main() -> ExitCode {

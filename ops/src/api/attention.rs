@@ -13,8 +13,8 @@ use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
 
 use super::*;
 use crate::kernels::attention::{
-    self as kern, decode_workspace_len, AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig, Geometry,
-    KvSource, FLASH_HEAD_DIMS, SOFTMAX_THREADS, THREADS,
+    self as kern, decode_workspace_len, AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig,
+    Geometry, KvSource, FLASH_HEAD_DIMS, SOFTMAX_THREADS, THREADS,
 };
 
 /// Options of [`attention`].
@@ -157,7 +157,10 @@ fn gqa_group(op: &'static str, q_heads: usize, kv_heads: usize) -> Result<u32> {
 
 fn grid_limit(op: &'static str, what: &str, n: usize, max: usize) -> Result<u32> {
     if n > max {
-        return Err(OpError::InvalidArgument { op, message: format!("{what} = {n} exceeds the launch grid's limit of {max}") });
+        return Err(OpError::InvalidArgument {
+            op,
+            message: format!("{what} = {n} exceeds the launch grid's limit of {max}"),
+        });
     }
     to_u32(op, what, n)
 }
@@ -239,7 +242,13 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
 
 /// Checks of the query side shared by the prefill entry points: `q`, `out` `[T, Hq, D]`,
 /// `cu_seqlens_q` u32 `[batch + 1]`, `max_seqlen_q >= 1`. Returns `(T, Hq, D, batch)`.
-fn check_queries(op: &'static str, q: &Tensor, cu_q: &Tensor, max_q: usize, out: &Tensor) -> Result<(usize, usize, usize, usize)> {
+fn check_queries(
+    op: &'static str,
+    q: &Tensor,
+    cu_q: &Tensor,
+    max_q: usize,
+    out: &Tensor,
+) -> Result<(usize, usize, usize, usize)> {
     float_dtype(op, q)?;
     expect_flash_operands(op, q, &[("q", q), ("out", out)], 3, "[tokens, heads, head_dim]")?;
     expect_shape(op, "out", out, q.shape())?;
@@ -255,7 +264,10 @@ fn check_cu_tensor(op: &'static str, name: &str, t: &Tensor) -> Result<()> {
     expect_dtype(op, name, t, DType::U32)?;
     expect_rank(op, name, t, 1, "[batch + 1]")?;
     if t.numel() < 2 {
-        return Err(OpError::Shape { op, message: format!("`{name}` needs batch + 1 >= 2 entries, has {}", t.numel()) });
+        return Err(OpError::Shape {
+            op,
+            message: format!("`{name}` needs batch + 1 >= 2 entries, has {}", t.numel()),
+        });
     }
     Ok(())
 }
@@ -289,7 +301,11 @@ fn check_varlen<'a>(
             message: format!("cu_seqlens_q has {} entries, cu_seqlens_k {}", batch + 1, cu_k.numel()),
         });
     }
-    same_device(op, stream, &[("q", q), ("k", k), ("v", v), ("out", out), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)])?;
+    same_device(
+        op,
+        stream,
+        &[("q", q), ("k", k), ("v", v), ("out", out), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)],
+    )?;
     let scale = resolve_scale(op, scale, d)?;
     let (hq, hkv) = (q_heads * d, kv_heads * d);
     Ok(PrefillLaunch {
@@ -403,7 +419,13 @@ fn check_prefill_cache<'a>(
     out: &'a Tensor,
 ) -> Result<PrefillLaunch<'a>> {
     let (total_q, q_heads, d, batch) = check_queries(op, q, cu_q, max_q, out)?;
-    expect_flash_operands(op, q, &[("k_cache", k_cache), ("v_cache", v_cache)], 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
+    expect_flash_operands(
+        op,
+        q,
+        &[("k_cache", k_cache), ("v_cache", v_cache)],
+        4,
+        "[batch, kv_heads, max_seq_len, head_dim]",
+    )?;
     let (kv_heads, s_max) = (k_cache.shape()[1], k_cache.shape()[2]);
     expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
     expect_shape(op, "v_cache", v_cache, k_cache.shape())?;
@@ -497,7 +519,10 @@ pub fn attention_prefill_cache(
     let longest_q = check_cu(op, "cu_seqlens_q", &cu_seqlens_q.to_vec::<u32>()?, q.shape()[0])?;
     let s_max = launch.total_k;
     if let Some((b, len)) = seq_lens.to_vec::<u32>()?.into_iter().enumerate().find(|(_, l)| *l > s_max) {
-        return Err(OpError::InvalidArgument { op, message: format!("seq_lens[{b}] = {len} exceeds the cache's {s_max} positions") });
+        return Err(OpError::InvalidArgument {
+            op,
+            message: format!("seq_lens[{b}] = {len} exceeds the cache's {s_max} positions"),
+        });
     }
     let max_q = resolve_max_q(op, max_seqlen_q, longest_q)?;
     attention_prefill_cache_into(&stream, q, cu_seqlens_q, max_q, k_cache, v_cache, seq_lens, scale, causal, &out)?;
@@ -540,7 +565,10 @@ impl DecodeWorkspace {
         let op = "DecodeWorkspace::new";
         expect_rank(op, "q", q, 3, "[batch, heads, head_dim]")?;
         if !(1..=MAX_DECODE_SPLITS).contains(&splits) {
-            return Err(OpError::InvalidArgument { op, message: format!("splits must be 1..={MAX_DECODE_SPLITS}, got {splits}") });
+            return Err(OpError::InvalidArgument {
+                op,
+                message: format!("splits must be 1..={MAX_DECODE_SPLITS}, got {splits}"),
+            });
         }
         let (batch, q_heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2]);
         let len = decode_workspace_len(batch, q_heads, head_dim, splits);
@@ -759,7 +787,10 @@ pub fn attention(
     let mask_t = match mask {
         Some(m) => {
             if m.dtype() != DType::U8 {
-                return Err(AttentionSetupError::DType(format!("`mask` is {}, expected u8 (nonzero = attend)", m.dtype())));
+                return Err(AttentionSetupError::DType(format!(
+                    "`mask` is {}, expected u8 (nonzero = attend)",
+                    m.dtype()
+                )));
             }
             contiguous_nonempty(op, "mask", m)?;
             same_device(op, &stream, &[("mask", m)])?;
@@ -802,7 +833,11 @@ pub fn attention(
     let use_flash = match strategy {
         AttentionStrategy::FlashUnit => {
             if !flash_ok {
-                return Err(AttentionSetupError::UnsupportedHeadDim { head_dim: d, strategy, supported: &FLASH_HEAD_DIMS });
+                return Err(AttentionSetupError::UnsupportedHeadDim {
+                    head_dim: d,
+                    strategy,
+                    supported: &FLASH_HEAD_DIMS,
+                });
             }
             if !aligned {
                 return Err(AttentionSetupError::Unsupported(
@@ -892,7 +927,8 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
     let k3 = k.reshape(&[c.b * c.hkv, c.s, c.d])?;
     let v3 = v.reshape(&[c.b * c.hkv, c.s, c.d])?;
     let o3 = out.reshape(&[c.b * c.hq, c.t, c.d])?;
-    let slice = |x: &Tensor, i: usize, rows: usize| -> SetupResult<Tensor> { Ok(x.narrow(0, i, 1)?.reshape(&[rows, c.d])?) };
+    let slice =
+        |x: &Tensor, i: usize, rows: usize| -> SetupResult<Tensor> { Ok(x.narrow(0, i, 1)?.reshape(&[rows, c.d])?) };
     let cfg = AttentionSoftmaxConfig { causal: c.causal, masked: mask_bias.is_some() };
     let softmax = kernel(cfg.id(), || kern::attention_softmax(&cfg))?;
     let (q_len, kv_len) = (to_u32(op, "queries", c.t)?, to_u32(op, "keys", c.s)?);

@@ -85,7 +85,6 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(out)
 }
 
-
 /// `out[r, c] = x[r, c] + bias[c]` for `x` and `out` `[..., N]` and `bias` `[N]`, all of one
 /// float dtype, computed in `f32` and rounded once (as PyTorch's `x + b`). 16-byte accesses when
 /// `N` fills whole 16-byte units and every tensor is 16-byte aligned, one element per thread

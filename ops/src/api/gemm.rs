@@ -37,11 +37,21 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
     let (m, n, k) = (to_u32(name, "m", m)?, to_u32(name, "n", n)?, to_u32(name, "k", k)?);
     if layout == BLayout::Transposed && tensor_cores_apply(a, b, k as usize, &[out]) {
         let p = TcProblem { m, n, k, batch: 1, w_batch: 0, out: dtype };
-        return launch_tc(stream, a, b, None, None, out, &p, heuristic_gemm_tile(stream.device(), m as usize, n as usize));
+        return launch_tc(
+            stream,
+            a,
+            b,
+            None,
+            None,
+            out,
+            &p,
+            heuristic_gemm_tile(stream.device(), m as usize, n as usize),
+        );
     }
     let cfg = GemmConfig { dtype, b_layout: layout };
     let kern = kernel(cfg.id(), || gemm_simt(&cfg))?;
-    let launch = LaunchConfig { grid: GemmConfig::grid(m, n), block: [GemmConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
+    let launch =
+        LaunchConfig { grid: GemmConfig::grid(m, n), block: [GemmConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
     let args = [Arg::Tensor(a), Arg::Tensor(b), Arg::Tensor(out), Arg::scalar(m), Arg::scalar(n), Arg::scalar(k)];
     stream.launch(&*kern, launch, &args)?;
     Ok(())
@@ -162,8 +172,10 @@ fn launch_tc(
     p: &TcProblem,
     choice: GemmTile,
 ) -> Result<()> {
-    let ty = GemmTcConfig::mma_type(x.dtype().scalar_type())
-        .ok_or_else(|| OpError::DType { op: "linear", message: format!("{} (tensor cores take f16 or bf16)", x.dtype()) })?;
+    let ty = GemmTcConfig::mma_type(x.dtype().scalar_type()).ok_or_else(|| OpError::DType {
+        op: "linear",
+        message: format!("{} (tensor cores take f16 or bf16)", x.dtype()),
+    })?;
     let cfg = GemmTcConfig {
         ty,
         out: p.out,
@@ -174,7 +186,8 @@ fn launch_tc(
         batched: p.batch > 1,
     };
     let kern = kernel(cfg.id(), || gemm_tc(&cfg))?;
-    let launch = LaunchConfig { grid: cfg.grid(p.m, p.n, p.batch), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
+    let launch =
+        LaunchConfig { grid: cfg.grid(p.m, p.n, p.batch), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
     let mut args = vec![Arg::Tensor(x), Arg::Tensor(w)];
     args.extend(bias.map(Arg::Tensor));
     args.extend(residual.map(Arg::Tensor));
@@ -223,14 +236,23 @@ fn check_linear(
     let rank = if batched { 3 } else { 2 };
     if x.rank() != rank || !(w.rank() == 2 || (batched && w.rank() == 3)) {
         let want = if batched { "x [B, M, K] and w [B, N, K] or [N, K]" } else { "x [M, K] and w [N, K]" };
-        return Err(OpError::Shape { op: name, message: format!("expected {want}, got x {:?} and w {:?}", x.shape(), w.shape()) });
+        return Err(OpError::Shape {
+            op: name,
+            message: format!("expected {want}, got x {:?} and w {:?}", x.shape(), w.shape()),
+        });
     }
-    let (batch, m, k) = if batched { (x.shape()[0], x.shape()[1], x.shape()[2]) } else { (1, x.shape()[0], x.shape()[1]) };
-    let (wb, n, wk) = if w.rank() == 3 { (w.shape()[0], w.shape()[1], w.shape()[2]) } else { (1, w.shape()[0], w.shape()[1]) };
+    let (batch, m, k) =
+        if batched { (x.shape()[0], x.shape()[1], x.shape()[2]) } else { (1, x.shape()[0], x.shape()[1]) };
+    let (wb, n, wk) =
+        if w.rank() == 3 { (w.shape()[0], w.shape()[1], w.shape()[2]) } else { (1, w.shape()[0], w.shape()[1]) };
     if wk != k || (w.rank() == 3 && wb != batch) {
         return Err(OpError::Shape {
             op: name,
-            message: format!("x is {:?} but w is {:?} (expected [{n}, {k}] or [{batch}, {n}, {k}])", x.shape(), w.shape()),
+            message: format!(
+                "x is {:?} but w is {:?} (expected [{n}, {k}] or [{batch}, {n}, {k}])",
+                x.shape(),
+                w.shape()
+            ),
         });
     }
     let out_shape: Vec<usize> = if batched { vec![batch, m, n] } else { vec![m, n] };
@@ -354,7 +376,16 @@ pub fn linear_batched_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor
     let l = check_linear("linear_batched", stream, x, w, None, None, out, true)?;
     let p = &l.problem;
     if l.tensor_cores {
-        return launch_tc(stream, x, w, None, None, out, p, heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize));
+        return launch_tc(
+            stream,
+            x,
+            w,
+            None,
+            None,
+            out,
+            p,
+            heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize),
+        );
     }
     if p.out != x.dtype().scalar_type() {
         return Err(OpError::InvalidArgument {

@@ -113,7 +113,8 @@ fn launch(
     if splits == 1 {
         let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: false, bias: bias.is_some() };
         let kern = kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?;
-        let args: Vec<Arg> = base.into_iter().chain([Arg::Tensor(out)]).chain(bias.map(Arg::Tensor)).chain(dims).collect();
+        let args: Vec<Arg> =
+            base.into_iter().chain([Arg::Tensor(out)]).chain(bias.map(Arg::Tensor)).chain(dims).collect();
         stream.launch(&*kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
         return Ok(());
     }

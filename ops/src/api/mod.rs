@@ -39,7 +39,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use ruda_ir::{Kernel, ScalarType, VerifyError};
 use ruda_runtime::{DType, HashedKernel, RuntimeError, Stream, Tensor};
 
-
 /// Why an op refused its inputs or failed to run.
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
@@ -85,7 +84,10 @@ pub type Result<T> = std::result::Result<T, OpError>;
 
 /// Built and optimised kernels, by configuration id: building, optimising and hashing a kernel
 /// is done once per process.
-pub(crate) fn kernel(id: String, build: impl FnOnce() -> std::result::Result<Kernel, VerifyError>) -> Result<Arc<HashedKernel>> {
+pub(crate) fn kernel(
+    id: String,
+    build: impl FnOnce() -> std::result::Result<Kernel, VerifyError>,
+) -> Result<Arc<HashedKernel>> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<HashedKernel>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {

@@ -30,7 +30,10 @@ pub(super) fn check_norm(
     same_device(name, stream, &[("input", input), ("out", out)])?;
     same_device(name, stream, params)?;
     if !(eps.is_finite() && eps > 0.0) {
-        return Err(OpError::InvalidArgument { op: name, message: format!("epsilon must be finite and positive, got {eps}") });
+        return Err(OpError::InvalidArgument {
+            op: name,
+            message: format!("epsilon must be finite and positive, got {eps}"),
+        });
     }
     let (rows, hidden) = rows_cols(name, input)?;
     Ok((dtype, rows, hidden))
@@ -82,4 +85,3 @@ pub fn layer_norm(input: &Tensor, gamma: &Tensor, beta: Option<&Tensor>, eps: f3
     layer_norm_into(&input.device().default_stream(), input, gamma, beta, eps, &out)?;
     Ok(out)
 }
-

@@ -81,4 +81,3 @@ pub fn softmax_last_axis(x: &Tensor) -> Result<Tensor> {
     softmax_last_axis_into(&x.device().default_stream(), x, &out)?;
     Ok(out)
 }
-

@@ -62,9 +62,26 @@ struct Model {
     vocab: usize,
 }
 
-const QWEN25_05B: Model = Model { name: "qwen2.5-0.5b", hidden: 896, intermediate: 4864, heads: 14, kv_heads: 2, head_dim: 64, vocab: 151_936 };
-const QWEN3_06B: Model = Model { name: "qwen3-0.6b", hidden: 1024, intermediate: 3072, heads: 16, kv_heads: 8, head_dim: 128, vocab: 151_936 };
-const TINY: Model = Model { name: "tiny", hidden: 128, intermediate: 256, heads: 2, kv_heads: 1, head_dim: 64, vocab: 1000 };
+const QWEN25_05B: Model = Model {
+    name: "qwen2.5-0.5b",
+    hidden: 896,
+    intermediate: 4864,
+    heads: 14,
+    kv_heads: 2,
+    head_dim: 64,
+    vocab: 151_936,
+};
+const QWEN3_06B: Model = Model {
+    name: "qwen3-0.6b",
+    hidden: 1024,
+    intermediate: 3072,
+    heads: 16,
+    kv_heads: 8,
+    head_dim: 128,
+    vocab: 151_936,
+};
+const TINY: Model =
+    Model { name: "tiny", hidden: 128, intermediate: 256, heads: 2, kv_heads: 1, head_dim: 64, vocab: 1000 };
 
 /// Pseudo-random bf16 values in [-1, 1): a 64 Ki-element block, repeated (the values do not
 /// change the timing, and large tensors are made quickly).
@@ -137,11 +154,15 @@ fn decode_bench(op: &'static str, b: usize, (hq, hkv, d): (usize, usize, usize),
         let kc = random_bf16(dev, &[b, hkv, s, d], 12)?;
         let vc = random_bf16(dev, &[b, hkv, s, d], 13)?;
         let lens = Tensor::from_slice(dev, &vec![s as u32; b], &[b])?;
-        let splits =
-            if tuned { tuned_decode_splits(&dev.default_stream(), &q, &kc, &vc)? } else { api::decode_splits(b, hq, hkv, d, s) };
+        let splits = if tuned {
+            tuned_decode_splits(&dev.default_stream(), &q, &kc, &vc)?
+        } else {
+            api::decode_splits(b, hq, hkv, d, s)
+        };
         let ws = api::DecodeWorkspace::new(&q, splits)?;
         let o = Tensor::empty(dev, DType::BF16, &[b, hq, d])?;
-        let run: Launch = Box::new(move |st: &Stream| Ok(api::attention_decode_into(st, &q, &kc, &vc, &lens, None, &ws, &o)?));
+        let run: Launch =
+            Box::new(move |st: &Stream| Ok(api::attention_decode_into(st, &q, &kc, &vc, &lens, None, &ws, &o)?));
         Ok((run, Some(splits)))
     });
     Bench {
@@ -174,8 +195,9 @@ fn catalog(quick: bool) -> Vec<Bench> {
             let k = copy_kernel()?;
             let chunks = (words / 4) as u32;
             let cfg = LaunchConfig::linear(chunks.div_ceil(256), 256);
-            let run: Launch =
-                Box::new(move |s: &Stream| Ok(s.launch(&k, cfg, &[Arg::Tensor(&src), Arg::Tensor(&dst), Arg::scalar(chunks)])?));
+            let run: Launch = Box::new(move |s: &Stream| {
+                Ok(s.launch(&k, cfg, &[Arg::Tensor(&src), Arg::Tensor(&dst), Arg::scalar(chunks)])?)
+            });
             Ok((run, None))
         }),
     });
@@ -230,8 +252,9 @@ fn catalog(quick: bool) -> Vec<Bench> {
                 let cu_q = Tensor::from_slice(dev, &[0u32, t as u32], &[2])?;
                 let cu_k = Tensor::from_slice(dev, &[0u32, t as u32], &[2])?;
                 let o = Tensor::empty(dev, DType::BF16, &[t, hq, d])?;
-                let run: Launch =
-                    Box::new(move |s: &Stream| Ok(api::attention_prefill_varlen_into(s, &q, &k, &v, &cu_q, &cu_k, t, None, true, &o)?));
+                let run: Launch = Box::new(move |s: &Stream| {
+                    Ok(api::attention_prefill_varlen_into(s, &q, &k, &v, &cu_q, &cu_k, t, None, true, &o)?)
+                });
                 Ok((run, None))
             }),
         });
@@ -274,7 +297,10 @@ fn catalog(quick: bool) -> Vec<Bench> {
             let g = Tensor::from_slice(dev, &vec![1.0f32; hidden], &[hidden])?;
             let y = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
             let r_out = Tensor::empty(dev, DType::BF16, &[rows, hidden])?;
-            Ok((Box::new(move |s: &Stream| Ok(api::rms_norm_residual_into(s, &x, &r, &g, 1e-6, &y, &r_out)?)) as Launch, None))
+            Ok((
+                Box::new(move |s: &Stream| Ok(api::rms_norm_residual_into(s, &x, &r, &g, 1e-6, &y, &r_out)?)) as Launch,
+                None,
+            ))
         }),
     });
     out.push(Bench {
@@ -343,7 +369,11 @@ fn catalog(quick: bool) -> Vec<Bench> {
             let ids = Tensor::empty(dev, DType::U32, &[1])?;
             let ws_len = api::argmax_workspace_len(dev, 1, vocab);
             let ws = Tensor::empty(dev, DType::U64, &[ws_len.max(1)])?;
-            Ok((Box::new(move |s: &Stream| Ok(api::argmax_into(s, &logits, &ids, (ws_len > 0).then_some(&ws))?)) as Launch, None))
+            Ok((
+                Box::new(move |s: &Stream| Ok(api::argmax_into(s, &logits, &ids, (ws_len > 0).then_some(&ws))?))
+                    as Launch,
+                None,
+            ))
         }),
     });
     out
@@ -359,12 +389,16 @@ struct Options {
 }
 
 fn parse_args(args: &[String]) -> Result<Options, String> {
-    let mut o = Options { list: false, quick: false, sample_ms: 15.0, samples: 5, budget_s: 240.0, filters: Vec::new() };
+    let mut o =
+        Options { list: false, quick: false, sample_ms: 15.0, samples: 5, budget_s: 240.0, filters: Vec::new() };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| -> Result<f64, String> {
             let v = it.next().ok_or_else(|| format!("{name} needs a value"))?;
-            v.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| format!("{name} needs a positive number, got `{v}`"))
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| format!("{name} needs a positive number, got `{v}`"))
         };
         match a.as_str() {
             "--list" => o.list = true,
@@ -456,16 +490,29 @@ fn run(opts: &Options, benches: &[Bench]) -> Result<usize, BoxError> {
             .into());
     }
     let stream = device.default_stream();
-    eprintln!("ruda-bench: {}, {} benchmark(s), {} samples of ~{} ms", device.description(), benches.len(), opts.samples, opts.sample_ms);
+    eprintln!(
+        "ruda-bench: {}, {} benchmark(s), {} samples of ~{} ms",
+        device.description(),
+        benches.len(),
+        opts.samples,
+        opts.sample_ms
+    );
     let started = Instant::now();
     let mut failed = 0;
     for (i, b) in benches.iter().enumerate() {
         if started.elapsed().as_secs_f64() > opts.budget_s {
-            eprintln!("  [{}/{}] {}: SKIPPED (the {} s budget is spent)", i + 1, benches.len(), b.line(), opts.budget_s);
+            eprintln!(
+                "  [{}/{}] {}: SKIPPED (the {} s budget is spent)",
+                i + 1,
+                benches.len(),
+                b.line(),
+                opts.budget_s
+            );
             continue;
         }
         let t0 = Instant::now();
-        let result = (b.make)(&device).and_then(|(run, splits)| Ok((time(&stream, &run, opts.sample_ms, opts.samples)?, splits)));
+        let result = (b.make)(&device)
+            .and_then(|(run, splits)| Ok((time(&stream, &run, opts.sample_ms, opts.samples)?, splits)));
         match result {
             Ok(((ms, iters), splits)) => {
                 let shape: Vec<String> = b.shape.iter().map(|d| d.to_string()).collect();
@@ -485,7 +532,13 @@ fn run(opts: &Options, benches: &[Bench]) -> Result<usize, BoxError> {
                 }
                 line.push('}');
                 println!("{line}");
-                eprintln!("  [{}/{}] {}: {ms:.4} ms ({:.1} s)", i + 1, benches.len(), b.line(), t0.elapsed().as_secs_f64());
+                eprintln!(
+                    "  [{}/{}] {}: {ms:.4} ms ({:.1} s)",
+                    i + 1,
+                    benches.len(),
+                    b.line(),
+                    t0.elapsed().as_secs_f64()
+                );
             }
             Err(e) => {
                 failed += 1;

@@ -9,9 +9,7 @@
 //! does not depend on the order of combination. One block per (row, split); with more than one
 //! split, [`argmax_reduce`] combines the per-split words.
 
-use ruda_ir::{
-    AddrSpace, CmpOp, Constant, Kernel, KernelBuilder, ScalarType, ShflMode, Type, Value, VerifyError,
-};
+use ruda_ir::{AddrSpace, CmpOp, Constant, Kernel, KernelBuilder, ScalarType, ShflMode, Type, Value, VerifyError};
 
 use super::common::{block_reduce_with, load_f32};
 use super::rows::row_ptr;

@@ -272,7 +272,14 @@ fn run_dim(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, r: u32) -> Value 
 
 /// The lane's dimensions of a row at `ptr + row_offset` (u64) as f32, or zeros where `ok` is
 /// false (the row is then never read).
-fn load_row(b: &mut KernelBuilder, geo: &Geometry, lane: &Lane, ptr: Value, row_offset: Value, ok: Value) -> Vec<Value> {
+fn load_row(
+    b: &mut KernelBuilder,
+    geo: &Geometry,
+    lane: &Lane,
+    ptr: Value,
+    row_offset: Value,
+    ok: Value,
+) -> Vec<Value> {
     b.if_else(
         ok,
         |b| {

@@ -83,13 +83,7 @@ pub fn warp_reduce(b: &mut KernelBuilder, how: Combine, mut v: Value) -> Value {
 /// every thread gets the result. Uses a shared array of one slot per warp, named `scratch`
 /// (each call site must pass its own array so that reductions do not race).
 #[track_caller]
-pub fn block_reduce(
-    b: &mut KernelBuilder,
-    how: Combine,
-    v: Value,
-    threads: u32,
-    scratch: ruda_ir::SharedId,
-) -> Value {
+pub fn block_reduce(b: &mut KernelBuilder, how: Combine, v: Value, threads: u32, scratch: ruda_ir::SharedId) -> Value {
     block_reduce_with(b, v, threads, scratch, |b| identity(b, how), |b, v| warp_reduce(b, how, v))
 }
 

@@ -70,7 +70,8 @@ pub fn rms_norm_residual(cfg: &FusedNormConfig) -> Result<Kernel, VerifyError> {
     let cols = b.const_u32(cfg.hidden);
     let x_row = row_ptr(&mut b, x, row_id, cols);
     // Without a residual, `r` is `x` itself.
-    let rows = residual.zip(residual_out).map(|(r, s)| (row_ptr(&mut b, r, row_id, cols), row_ptr(&mut b, s, row_id, cols)));
+    let rows =
+        residual.zip(residual_out).map(|(r, s)| (row_ptr(&mut b, r, row_id, cols), row_ptr(&mut b, s, row_id, cols)));
     let sum_row = rows.map_or(x_row, |(_, s)| s);
     let out_row = row_ptr(&mut b, out, row_id, cols);
     let tid = b.thread_id_x();

@@ -74,7 +74,8 @@ pub enum TcTile {
 }
 
 impl TcTile {
-    pub const ALL: [TcTile; 5] = [TcTile::T64x64, TcTile::T64x128, TcTile::T128x64, TcTile::T128x128, TcTile::T128x128W4];
+    pub const ALL: [TcTile; 5] =
+        [TcTile::T64x64, TcTile::T64x128, TcTile::T128x64, TcTile::T128x128, TcTile::T128x128W4];
 
     /// `(BM, BN)`.
     pub fn dims(self) -> (u32, u32) {
@@ -233,7 +234,10 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
             kernel: cfg.id().replace('.', "_"),
             op: "kernel".into(),
             loc: None,
-            message: format!("gemm_tc: {} stages and output {} (2 to 8 stages; f16, bf16 or f32 output)", cfg.stages, cfg.out),
+            message: format!(
+                "gemm_tc: {} stages and output {} (2 to 8 stages; f16, bf16 or f32 output)",
+                cfg.stages, cfg.out
+            ),
             context: String::new(),
         });
     }
@@ -355,9 +359,7 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
         .map(|jc| {
             let col = offset(&mut b, c_base, 8 * (jc / 2) + jc % 2);
             let ok = b.lt(col, n);
-            let bias = bias_ptr.map(|bp| {
-                b.if_else(ok, |b| vec![load_f32(b, bp, col)], |b| vec![b.const_f32(0.0)])[0]
-            });
+            let bias = bias_ptr.map(|bp| b.if_else(ok, |b| vec![load_f32(b, bp, col)], |b| vec![b.const_f32(0.0)])[0]);
             (col, ok, bias)
         })
         .collect();

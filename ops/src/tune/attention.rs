@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use ruda_ir::fnv1a64;
 use ruda_runtime::{
-    bucket,
-    alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Launchable, Stream, Tensor, TuneKey,
+    alignment_class, bucket, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Launchable, Stream, Tensor,
+    TuneKey,
 };
 
 use super::{split_name, tuner_for, TUNE_ITERS};
@@ -53,17 +53,21 @@ pub fn decode_splits_of(choice: &Choice) -> Result<usize> {
         .strip_prefix("splits=")
         .and_then(|n| n.parse().ok())
         .filter(|n| (1..=MAX_DECODE_SPLITS).contains(n))
-        .ok_or_else(|| OpError::InvalidArgument { op: OP, message: format!("autotune chose `{}`, not a split count", choice.candidate.name) })
+        .ok_or_else(|| OpError::InvalidArgument {
+            op: OP,
+            message: format!("autotune chose `{}`, not a split count", choice.candidate.name),
+        })
 }
 
 fn decode_config(op: &'static str, dtype: DType, head_dim: usize) -> Result<AttentionDecodeConfig> {
     if !dtype.is_float() {
         return Err(OpError::DType { op, message: format!("{dtype} (expected f32, f16 or bf16)") });
     }
-    let head_dim = FLASH_HEAD_DIMS.into_iter().find(|&d| d as usize == head_dim).ok_or_else(|| OpError::InvalidArgument {
-        op,
-        message: format!("head dim {head_dim} is not supported (decode takes {FLASH_HEAD_DIMS:?})"),
-    })?;
+    let head_dim =
+        FLASH_HEAD_DIMS.into_iter().find(|&d| d as usize == head_dim).ok_or_else(|| OpError::InvalidArgument {
+            op,
+            message: format!("head dim {head_dim} is not supported (decode takes {FLASH_HEAD_DIMS:?})"),
+        })?;
     Ok(AttentionDecodeConfig { dtype: dtype.scalar_type(), head_dim })
 }
 
@@ -81,7 +85,10 @@ pub fn decode_candidates(dtype: DType, dims: [usize; 5]) -> Result<CandidateSet>
     let tiles = s_max.div_ceil(cfg.geometry().keys as usize).max(1);
     let first = decode_splits(batch, q_heads, kv_heads, head_dim, s_max);
     let rest = DECODE_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first && s <= tiles);
-    Ok(CandidateSet::new(std::iter::once(first).chain(rest).map(split_name), fnv1a64(format!("{partial:016x}{combine:016x}").as_bytes())))
+    Ok(CandidateSet::new(
+        std::iter::once(first).chain(rest).map(split_name),
+        fnv1a64(format!("{partial:016x}{combine:016x}").as_bytes()),
+    ))
 }
 
 /// The split count `tuner` picks for decoding `q` against `k_cache`/`v_cache`, measuring with
@@ -97,7 +104,11 @@ pub fn tune_decode_with(
     let (Some(key), Some(dims)) = (decode_key(q, k_cache, v_cache), decode_dims(q, k_cache)) else {
         return Err(OpError::Shape {
             op: OP,
-            message: format!("q {:?} must be [batch, heads, head_dim] and k_cache {:?} [batch, kv_heads, max_seq_len, head_dim]", q.shape(), k_cache.shape()),
+            message: format!(
+                "q {:?} must be [batch, heads, head_dim] and k_cache {:?} [batch, kv_heads, max_seq_len, head_dim]",
+                q.shape(),
+                k_cache.shape()
+            ),
         });
     };
     let set = decode_candidates(q.dtype(), dims)?;
@@ -125,18 +136,31 @@ fn tunable(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<[usize; 5]>
 
 /// Time a decode with `splits` key splits on `stream`, every sequence at the full capacity
 /// (allocates the output, workspace and lengths).
-fn measure_decode(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, splits: usize) -> std::result::Result<f64, String> {
+fn measure_decode(
+    stream: &Stream,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    splits: usize,
+) -> std::result::Result<f64, String> {
     let [batch, _, _, _, s_max] = decode_dims(q, k_cache).ok_or("wrong ranks")?;
     let err = |e: OpError| e.to_string();
     let full = u32::try_from(s_max).map_err(|_| format!("max_seq_len {s_max} exceeds u32"))?;
     let lens = Tensor::from_slice(stream.device(), &vec![full; batch], &[batch]).map_err(|e| e.to_string())?;
     let ws = DecodeWorkspace::new(q, splits).map_err(err)?;
     let out = Tensor::empty(stream.device(), q.dtype(), q.shape()).map_err(|e| e.to_string())?;
-    measure_on_stream(stream, TUNE_ITERS, || attention_decode_into(stream, q, k_cache, v_cache, &lens, None, &ws, &out).map_err(err))
+    measure_on_stream(stream, TUNE_ITERS, || {
+        attention_decode_into(stream, q, k_cache, v_cache, &lens, None, &ws, &out).map_err(err)
+    })
 }
 
 /// The tuner and its choice, when tuning applies.
-fn tuned_decode(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<Option<(Arc<Autotuner>, Choice)>> {
+fn tuned_decode(
+    stream: &Stream,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<Option<(Arc<Autotuner>, Choice)>> {
     let Some(tuner) = tuner_for(stream.device())? else { return Ok(None) };
     if tunable(q, k_cache, v_cache).is_none() {
         return Ok(None);
@@ -164,7 +188,13 @@ pub fn tuned_decode_splits(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cach
 /// [`attention_decode_into`] into a new tensor with a new workspace of the tuned split count,
 /// on `q`'s default stream (what [`crate::api::attention_decode`] runs). When the cached
 /// choice fails to launch, its entry is evicted and the next-best candidate runs.
-pub fn attention_decode_tuned(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, seq_lens: &Tensor, scale: Option<f32>) -> Result<Tensor> {
+pub fn attention_decode_tuned(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    seq_lens: &Tensor,
+    scale: Option<f32>,
+) -> Result<Tensor> {
     let stream = q.device().default_stream();
     let run = |splits: usize| -> Result<Tensor> {
         let ws = DecodeWorkspace::new(q, splits)?;
@@ -177,7 +207,8 @@ pub fn attention_decode_tuned(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, se
         Some((tuner, choice)) => match run(decode_splits_of(&choice)?) {
             Ok(out) => Ok(out),
             Err(first) if choice.cached => {
-                let (key, dims) = (decode_key(q, k_cache, v_cache).ok_or(first)?, decode_dims(q, k_cache).unwrap_or_default());
+                let (key, dims) =
+                    (decode_key(q, k_cache, v_cache).ok_or(first)?, decode_dims(q, k_cache).unwrap_or_default());
                 let set = decode_candidates(q.dtype(), dims)?;
                 let next = tuner.evict_and_fall_back(&key, &set, &choice.candidate.name)?;
                 run(decode_splits_of(&next)?)

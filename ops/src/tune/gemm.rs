@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use ruda_ir::fnv1a64;
 use ruda_runtime::{
-    bucket,
-    alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, Launchable, Stream, Tensor, TuneKey,
+    alignment_class, bucket, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, Launchable, Stream,
+    Tensor, TuneKey,
 };
 
 use super::tuner_for;
@@ -40,9 +40,9 @@ pub fn gemm_key(x: &Tensor, w: &Tensor) -> Option<TuneKey> {
 /// The candidates for an `m × n` output of `key`'s dtype on `device`: the heuristic's tile for
 /// the bucketed shape first, then the others of [`GemmTile::all`]; the plain kernels' IR hashes are folded in.
 pub fn gemm_candidates(device: &Device, key: &TuneKey, m: usize, n: usize) -> Result<CandidateSet> {
-    let ty = DType::from_name(&key.dtype)
-        .and_then(|d| GemmTcConfig::mma_type(d.scalar_type()))
-        .ok_or_else(|| OpError::DType { op: "gemm", message: format!("{} (tensor cores take f16 or bf16)", key.dtype) })?;
+    let ty = DType::from_name(&key.dtype).and_then(|d| GemmTcConfig::mma_type(d.scalar_type())).ok_or_else(|| {
+        OpError::DType { op: "gemm", message: format!("{} (tensor cores take f16 or bf16)", key.dtype) }
+    })?;
     let mut hashes = String::new();
     for t in GemmTile::all() {
         let cfg = GemmTcConfig::new(ty, t.tile, t.stages);
@@ -72,7 +72,10 @@ pub fn tune_gemm_with(
     mut measure: impl FnMut(GemmTile) -> std::result::Result<f64, String>,
 ) -> Result<Choice> {
     let (Some(key), Some([m, n, _])) = (gemm_key(x, w), gemm_dims(x, w)) else {
-        return Err(OpError::Shape { op: "gemm", message: format!("x {:?} and w {:?} must be 2-D", x.shape(), w.shape()) });
+        return Err(OpError::Shape {
+            op: "gemm",
+            message: format!("x {:?} and w {:?} must be 2-D", x.shape(), w.shape()),
+        });
     };
     let set = gemm_candidates(device, &key, m, n)?;
     Ok(tuner.tune(&key, &set, |c| measure(GemmTile::from_name(&c.name).ok_or("not a tensor-core GEMM tile")?))?)
@@ -82,7 +85,9 @@ pub fn tune_gemm_with(
 fn measure_gemm(stream: &Stream, x: &Tensor, w: &Tensor, tile: GemmTile) -> std::result::Result<f64, String> {
     let [m, n, _] = gemm_dims(x, w).ok_or("not 2-D")?;
     let out = Tensor::empty(stream.device(), x.dtype(), &[m, n]).map_err(|e| e.to_string())?;
-    measure_on_stream(stream, TUNE_ITERS, || linear_tile_into(stream, x, w, None, None, &out, tile).map_err(|e| e.to_string()))
+    measure_on_stream(stream, TUNE_ITERS, || {
+        linear_tile_into(stream, x, w, None, None, &out, tile).map_err(|e| e.to_string())
+    })
 }
 
 /// The tuner and its choice, when tuning applies (a GPU, `RUDA_AUTOTUNE` on, f16/bf16 operands

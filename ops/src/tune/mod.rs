@@ -13,9 +13,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ruda_ir::fnv1a64;
 use ruda_runtime::{
-    bucket,
-    alignment_class, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, DeviceKind, Launchable, Stream,
-    Tensor, TuneKey,
+    alignment_class, bucket, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, DeviceKind, Launchable,
+    Stream, Tensor, TuneKey,
 };
 
 use crate::api::{self, gemv_split_k_into, gemv_splits, OpError, Result, GEMV_MAX_M};
@@ -40,7 +39,10 @@ fn split_name(splits: usize) -> String {
 /// The split count a GEMV candidate stands for.
 pub fn splits_of(choice: &Choice) -> Result<usize> {
     choice.candidate.name.strip_prefix("splits=").and_then(|n| n.parse().ok()).filter(|&n| n >= 1).ok_or_else(|| {
-        OpError::InvalidArgument { op: "gemv", message: format!("autotune chose `{}`, not a split count", choice.candidate.name) }
+        OpError::InvalidArgument {
+            op: "gemv",
+            message: format!("autotune chose `{}`, not a split count", choice.candidate.name),
+        }
     })
 }
 
@@ -76,7 +78,8 @@ pub fn gemv_candidates(device: &Device, key: &TuneKey, m: usize, n: usize, k: us
         hashes.push_str(&format!("{:016x}", api::kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?.ir_hash()));
     }
     let rcfg = GemvReduceConfig { dtype: st, bias: false };
-    hashes.push_str(&format!("{:016x}", api::kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?.ir_hash()));
+    hashes
+        .push_str(&format!("{:016x}", api::kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?.ir_hash()));
     // The heuristic sees the key's bucketed shape, so every shape of one key gets the same set
     // (a set that differed would invalidate the key's cached choice each time).
     let first = gemv_splits(device, bucket(n as u64) as usize, bucket(k as u64) as usize);
@@ -94,7 +97,10 @@ pub fn tune_gemv_with(
     mut measure: impl FnMut(usize) -> std::result::Result<f64, String>,
 ) -> Result<Choice> {
     let (Some(key), Some([m, n, k])) = (gemv_key(x, w), gemv_dims(x, w)) else {
-        return Err(OpError::Shape { op: "gemv", message: format!("x {:?} and w {:?} must be 2-D", x.shape(), w.shape()) });
+        return Err(OpError::Shape {
+            op: "gemv",
+            message: format!("x {:?} and w {:?} must be 2-D", x.shape(), w.shape()),
+        });
     };
     let set = gemv_candidates(device, &key, m, n, k)?;
     Ok(tuner.tune(&key, &set, |c| {
@@ -123,7 +129,9 @@ fn measure_gemv(stream: &Stream, x: &Tensor, w: &Tensor, splits: usize) -> std::
     let [m, n, _] = gemv_dims(x, w).ok_or("not 2-D")?;
     let out = Tensor::empty(stream.device(), x.dtype(), &[m, n]).map_err(|e| e.to_string())?;
     let ws = Tensor::empty(stream.device(), DType::F32, &[splits * m * n]).map_err(|e| e.to_string())?;
-    measure_on_stream(stream, TUNE_ITERS, || gemv_split_k_into(stream, x, w, &out, &ws, splits).map_err(|e| e.to_string()))
+    measure_on_stream(stream, TUNE_ITERS, || {
+        gemv_split_k_into(stream, x, w, &out, &ws, splits).map_err(|e| e.to_string())
+    })
 }
 
 /// The split count for `x · wᵀ` on `stream`'s device: the heuristic's ([`gemv_splits`]) on
@@ -207,7 +215,11 @@ impl std::fmt::Display for TuneShape {
             TuneShape::Gemv { dtype, m, n, k } => write!(f, "gemv {dtype} {m}x{n}x{k}"),
             TuneShape::Gemm { dtype, m, n, k } => write!(f, "gemm {dtype} {m}x{n}x{k}"),
             TuneShape::AttentionDecode(s) => {
-                write!(f, "attention_decode {} {}x{}x{}x{}x{}", s.dtype, s.batch, s.q_heads, s.kv_heads, s.head_dim, s.s_max)
+                write!(
+                    f,
+                    "attention_decode {} {}x{}x{}x{}x{}",
+                    s.dtype, s.batch, s.q_heads, s.kv_heads, s.head_dim, s.s_max
+                )
             }
         }
     }
@@ -219,8 +231,11 @@ pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 �
 f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and `#` comments are ignored";
 
 /// The dimension names of each tunable op's shape-file line.
-const SHAPE_OPS: [(&str, &[&str]); 3] =
-    [("gemv", &["m", "n", "k"]), ("gemm", &["m", "n", "k"]), ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"])];
+const SHAPE_OPS: [(&str, &[&str]); 3] = [
+    ("gemv", &["m", "n", "k"]),
+    ("gemm", &["m", "n", "k"]),
+    ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"]),
+];
 
 /// Parse a shapes file; errors name `file:line`.
 pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape>, String> {
@@ -329,7 +344,11 @@ pub enum TuneCommand {
 
 /// Run `rudac tune`: results and listings to `out`, one progress line per shape to
 /// `progress`. `Ok(false)` when some shape failed to tune.
-pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &mut dyn std::io::Write) -> std::result::Result<bool, String> {
+pub fn run_tune(
+    command: &TuneCommand,
+    out: &mut dyn std::io::Write,
+    progress: &mut dyn std::io::Write,
+) -> std::result::Result<bool, String> {
     let io = |e: std::io::Error| e.to_string();
     match command {
         TuneCommand::Shapes(path) => {
@@ -338,7 +357,8 @@ pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &
             let mode = ruda_runtime::AutotuneMode::from_env(&device).map_err(|e| e.to_string())?;
             if device.is_cpu() || mode == ruda_runtime::AutotuneMode::Off {
                 let why = if device.is_cpu() { "autotuning is off on the CPU device" } else { "RUDA_AUTOTUNE=off" };
-                writeln!(out, "{why}: {} shape(s) in {} are valid; nothing tuned", shapes.len(), path.display()).map_err(io)?;
+                writeln!(out, "{why}: {} shape(s) in {} are valid; nothing tuned", shapes.len(), path.display())
+                    .map_err(io)?;
                 return Ok(true);
             }
             let stream = device.default_stream();
@@ -360,8 +380,15 @@ pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &
                 writeln!(progress, "{} {shape}: {line}", progress_bar(i + 1, shapes.len())).map_err(io)?;
             }
             if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
-                writeln!(out, "tuned {} of {} shape(s) on {}; cache: {}", shapes.len() - failed, shapes.len(), device.description(), t.path().display())
-                    .map_err(io)?;
+                writeln!(
+                    out,
+                    "tuned {} of {} shape(s) on {}; cache: {}",
+                    shapes.len() - failed,
+                    shapes.len(),
+                    device.description(),
+                    t.path().display()
+                )
+                .map_err(io)?;
             }
             Ok(failed == 0)
         }
@@ -370,7 +397,8 @@ pub fn run_tune(command: &TuneCommand, out: &mut dyn std::io::Write, progress: &
             if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
                 let file = t.snapshot();
                 if file.entries.is_empty() {
-                    writeln!(out, "no autotuning results for {} yet ({})", file.fingerprint, t.path().display()).map_err(io)?;
+                    writeln!(out, "no autotuning results for {} yet ({})", file.fingerprint, t.path().display())
+                        .map_err(io)?;
                 } else {
                     write!(out, "{}: {}", t.path().display(), file.render()).map_err(io)?;
                 }

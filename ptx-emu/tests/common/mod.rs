@@ -53,7 +53,12 @@ pub fn emu_outputs(ptx: &str, entry: &str, launch: &LaunchConfig, inputs: &[Inpu
 }
 
 /// [`emu_outputs`] for an entry of a parsed module.
-pub fn emu_module_outputs(m: &Module, entry: &str, launch: &LaunchConfig, inputs: &[Input]) -> Result<Vec<Vec<u8>>, String> {
+pub fn emu_module_outputs(
+    m: &Module,
+    entry: &str,
+    launch: &LaunchConfig,
+    inputs: &[Input],
+) -> Result<Vec<Vec<u8>>, String> {
     let opts = Options { threads: 1, max_loops: 1 << 20 };
     let mut bufs: Vec<Vec<u8>> = inputs
         .iter()
@@ -159,25 +164,82 @@ pub fn values(t: ScalarType, n: usize, rng: &mut Rng) -> Vec<u64> {
     use ScalarType::*;
     let mut v: Vec<u64> = match t {
         F32 => [
-            0.0f32, -0.0, 1.0, -1.0, 0.5, 1.5, 2.5, -2.5, 3.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN,
-            f32::MIN_POSITIVE, 1e-40, -1e-45, 2147483648.0, 4294967296.0, -2147483904.0, 9.223_372e18, 1.8446744e19,
-            65504.0, 65520.0, -65536.0, 3.3895314e38, 1.0e-8, 255.5, 127.5, -128.5, 32767.5, 0.1, 16777217.0,
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            1.5,
+            2.5,
+            -2.5,
+            3.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            1e-40,
+            -1e-45,
+            2147483648.0,
+            4294967296.0,
+            -2147483904.0,
+            9.223_372e18,
+            1.8446744e19,
+            65504.0,
+            65520.0,
+            -65536.0,
+            3.3895314e38,
+            1.0e-8,
+            255.5,
+            127.5,
+            -128.5,
+            32767.5,
+            0.1,
+            16777217.0,
         ]
         .iter()
         .map(|x| x.to_bits() as u64)
         .chain([0x7fc0_0000, 0xffc0_0001, 0x7f80_0001, 0x0000_0001, 0x807f_ffff, 0x3f80_0001, 0x4b00_0001])
         .collect(),
         F64 => [
-            0.0f64, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, f64::INFINITY, f64::NEG_INFINITY, f64::MAX, f64::MIN_POSITIVE, 5e-324,
-            2147483648.0, -2147483649.0, 4294967295.5, 9.223_372_036_854_776e18, -9.3e18, 1.8446744073709552e19, 65519.99,
-            3.4028235677973366e38, 3.4028236e38, 1e-46, 1.401298464324817e-45, 0.1, 1e300,
+            0.0f64,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            2.5,
+            -2.5,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            5e-324,
+            2147483648.0,
+            -2147483649.0,
+            4294967295.5,
+            9.223_372_036_854_776e18,
+            -9.3e18,
+            1.8446744073709552e19,
+            65519.99,
+            3.4028235677973366e38,
+            3.4028236e38,
+            1e-46,
+            1.401298464324817e-45,
+            0.1,
+            1e300,
         ]
         .iter()
         .map(|x| x.to_bits())
         .chain([0x7ff8_0000_0000_0000, 0xfff0_0000_0000_0001, 0x3ff0_0000_0000_0001])
         .collect(),
-        F16 => vec![0, 0x8000, 0x3c00, 0xbc00, 0x7c00, 0xfc00, 0x7e00, 0xfe01, 0x7bff, 0x0001, 0x03ff, 0x0400, 0x3800, 0x4100, 0x5bff],
-        BF16 => vec![0, 0x8000, 0x3f80, 0xbf80, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f7f, 0x0001, 0x007f, 0x0080, 0x4f00, 0xcf00, 0x4780],
+        F16 => vec![
+            0, 0x8000, 0x3c00, 0xbc00, 0x7c00, 0xfc00, 0x7e00, 0xfe01, 0x7bff, 0x0001, 0x03ff, 0x0400, 0x3800, 0x4100,
+            0x5bff,
+        ],
+        BF16 => vec![
+            0, 0x8000, 0x3f80, 0xbf80, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f7f, 0x0001, 0x007f, 0x0080, 0x4f00, 0xcf00,
+            0x4780,
+        ],
         Pred => vec![0, 1],
         _ => {
             let bits = t.bits();
@@ -231,4 +293,3 @@ pub fn bytes_of(t: ScalarType, vals: &[u64]) -> Vec<u8> {
     let size = t.bytes() as usize;
     vals.iter().flat_map(|v| v.to_le_bytes()[..size].to_vec()).collect()
 }
-

@@ -358,7 +358,8 @@ fn cvt(conv: Conv, m: Mask<'_>, d: &mut [u64], a: &[u64]) {
         Conv::FloatFloat { from: Fmt::F16, to: Fmt::F32, .. } => {
             map1(m, d, a, |x| half::f16::from_bits(x as u16).to_f32().canon())
         }
-        // Exact, and a NaN keeps its payload: the backends widen bf16 with a shift.
+        // Exact, and a NaN keeps its payload: the backends widen bf16 with a shift (the passes
+        // learn it from `Cvt::keeps_nan_payload`).
         Conv::FloatFloat { from: Fmt::BF16, to: Fmt::F32, .. } => map1(m, d, a, |x| (x & 0xffff) << 16),
         Conv::FloatFloat { from: Fmt::F32, to: Fmt::F16, mode: Some(Rn) } => map1(m, d, a, |x| {
             let v = f32::from_lane(x);

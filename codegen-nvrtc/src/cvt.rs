@@ -6,7 +6,7 @@
 //! PTX backend; `.rm/.rp` to bf16, f64 to bf16 and 32/64-bit integers to bf16 need sm_90 and are
 //! recorded as requirements.
 
-use ruda_codegen_ptx::Arch;
+use ruda_ir::target::Arch;
 use ruda_ir::{Constant, Cvt, InstId, Rounding, ScalarType};
 
 use crate::cxx::Emitter;

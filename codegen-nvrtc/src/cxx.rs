@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
 
-use ruda_codegen_ptx::Arch;
+use ruda_ir::target::Arch;
 use ruda_ir::{
     AddrSpace, AtomicOp, BinaryOp, CmpOp, InstId, Kernel, Op, RegionId, ScalarType, ShflMode, SpecialReg, Type,
     UnaryOp, Value, VoteMode,

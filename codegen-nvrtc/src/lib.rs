@@ -57,7 +57,7 @@
 
 use std::path::PathBuf;
 
-use ruda_codegen_ptx::{Arch, PtxVersion, Target};
+use ruda_ir::target::{Arch, PtxVersion, Target};
 use ruda_ir::{Kernel, VerifyError};
 
 mod cvt;
@@ -199,18 +199,7 @@ fn prepare(kernels: &[&Kernel], target: &Target) -> Result<cxx::Module, NvrtcErr
 
 /// A forced PTX ISA version must exist, be known to RUDA and know the architecture.
 fn check_version(arch: Arch, v: PtxVersion) -> Result<(), NvrtcError> {
-    if !v.is_known() || v > PtxVersion::MAX_KNOWN {
-        return Err(NvrtcError::Version(format!(
-            "PTX ISA {v} does not exist or is unknown to RUDA (known: 7.0 to 7.8, 8.0 to 8.8, 9.0)"
-        )));
-    }
-    if v < arch.min_ptx_version() {
-        return Err(NvrtcError::Version(format!(
-            "PTX ISA {v} is too old for {arch}, which needs {} or newer",
-            arch.min_ptx_version()
-        )));
-    }
-    Ok(())
+    v.check_for(arch).map_err(|e| NvrtcError::Version(e.0))
 }
 
 fn compile_prepared(nvrtc: &Nvrtc, kernels: &[&Kernel], target: &Target, source: &str) -> Result<String, NvrtcError> {

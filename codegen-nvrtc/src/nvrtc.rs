@@ -216,8 +216,7 @@ fn open_cached(location: &str) -> Result<Arc<Nvrtc>, NvrtcError> {
 
 /// The pinned copy `scripts/install-cuda-tools.sh` installs.
 pub fn pinned_nvrtc_path() -> Option<PathBuf> {
-    ruda_codegen_ptx::ptxas::pinned_tools_dir()
-        .map(|d| d.join("nvidia").join("cuda_nvrtc").join("lib").join("libnvrtc.so.12"))
+    ruda_ir::target::pinned_tools_dir().map(|d| d.join("nvidia").join("cuda_nvrtc").join("lib").join("libnvrtc.so.12"))
 }
 
 /// Find and open NVRTC: `$RUDA_NVRTC` (and nothing else when it is set, so that a wrong

@@ -10,25 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Arch;
 
-/// The CUDA release whose `ptxas` `scripts/install-cuda-tools.sh` installs.
-pub const PINNED_CUDA_VERSION: &str = "12.9.86";
+// The pinned tools are shared with the NVRTC backend, which does not depend on this crate.
+pub use ruda_ir::target::{pinned_tools_dir, PINNED_CUDA_VERSION};
 
 /// Path to a `ptxas` binary; overrides every other place.
 pub const PTXAS_VAR: &str = "RUDA_PTXAS";
 
 /// `1`: a missing `ptxas` fails the tests instead of skipping them (CI sets it).
 pub const REQUIRE_VAR: &str = "RUDA_REQUIRE_PTXAS";
-
-/// The folder the install script uses: `$RUDA_TOOLS_DIR`, else
-/// `${XDG_CACHE_HOME:-$HOME/.cache}/ruda/cuda-tools/<PINNED_CUDA_VERSION>`.
-pub fn pinned_tools_dir() -> Option<PathBuf> {
-    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(dir) = non_empty("RUDA_TOOLS_DIR") {
-        return Some(dir);
-    }
-    let cache = non_empty("XDG_CACHE_HOME").or_else(|| non_empty("HOME").map(|h| h.join(".cache")))?;
-    Some(cache.join("ruda").join("cuda-tools").join(PINNED_CUDA_VERSION))
-}
 
 /// Where `ptxas` is: `$RUDA_PTXAS` (returned even if it does not exist, so that a wrong setting
 /// fails loudly when run), else the pinned copy in the user cache, else `ptxas` on `PATH`.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, CodegenError, PtxVersion, Target};
+use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, CodegenError, PtxVersion, Target, VersionError};
 use ruda_ir::coverage::{global, Sink};
 use ruda_ir::{Cvt, Inst, Kernel, KernelBuilder, Op, Rounding, ScalarType, Type};
 
@@ -56,7 +56,7 @@ fn forced_version_is_emitted() {
 fn version_errors_name_the_problem() {
     let (k, _) = saxpy();
     let err = |arch, text| match Target::with_version_str(arch, Some(text)) {
-        Err(CodegenError::Version(m)) => m,
+        Err(VersionError(m)) => m,
         other => panic!("{text:?} for {arch}: expected a version error, got {other:?}"),
     };
     assert!(err(Arch::Sm90, "7.0").contains("too old for sm_90, which needs 7.8"));
@@ -66,7 +66,7 @@ fn version_errors_name_the_problem() {
     for bad in ["banana", "8", "8.0.1", "8.", ".0", "-8.0", "8.x"] {
         assert!(err(Arch::Sm80, bad).contains("expected MAJOR.MINOR"), "{bad}");
     }
-    assert!(matches!(PtxVersion::parse(""), Err(CodegenError::Version(m)) if m.contains("expected MAJOR.MINOR")));
+    assert!(matches!(PtxVersion::parse(""), Err(VersionError(m)) if m.contains("expected MAJOR.MINOR")));
     assert_eq!(PtxVersion::parse("7.8"), Ok(PtxVersion::new(7, 8)));
     assert_eq!(PtxVersion::parse(" 8.0 "), Ok(PtxVersion::new(8, 0)));
     // A Target built directly is checked too, and the message names the kernel.

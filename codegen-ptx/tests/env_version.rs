@@ -1,6 +1,6 @@
 //! `Target::from_env` reads `RUDA_PTX_VERSION` (its own test binary: it sets the variable).
 
-use ruda_codegen_ptx::{Arch, CodegenError, PtxVersion, Target};
+use ruda_codegen_ptx::{Arch, PtxVersion, Target, VersionError};
 
 #[test]
 fn ruda_ptx_version_forces_the_version() {
@@ -12,10 +12,10 @@ fn ruda_ptx_version_forces_the_version() {
     assert_eq!(Target::from_env(Arch::Sm90).map(|t| t.ptx_version), Ok(Some(PtxVersion::new(8, 0))));
     std::env::set_var(Target::PTX_VERSION_VAR, "banana");
     match Target::from_env(Arch::Sm80) {
-        Err(CodegenError::Version(m)) => assert!(m.starts_with("RUDA_PTX_VERSION: ") && m.contains("banana"), "{m}"),
+        Err(VersionError(m)) => assert!(m.starts_with("RUDA_PTX_VERSION: ") && m.contains("banana"), "{m}"),
         other => panic!("expected a version error, got {other:?}"),
     }
     std::env::set_var(Target::PTX_VERSION_VAR, "7.0");
-    assert!(matches!(Target::from_env(Arch::Sm90), Err(CodegenError::Version(m)) if m.contains("too old for sm_90")));
+    assert!(matches!(Target::from_env(Arch::Sm90), Err(VersionError(m)) if m.contains("too old for sm_90")));
     std::env::remove_var(Target::PTX_VERSION_VAR);
 }

@@ -103,6 +103,26 @@ impl Constant {
         Constant::new(ScalarType::Pred, v as u64)
     }
 
+    /// Whether the constant is a float NaN other than its type's canonical NaN (all exponent
+    /// and fraction bits set, sign clear: `0x7fff` for f16 and bf16, `0x7fffffff` for f32), the
+    /// only NaN arithmetic produces.
+    pub fn is_payload_nan(&self) -> bool {
+        if !self.ty.is_float() {
+            return false;
+        }
+        let bits = self.ty.bits();
+        let frac_bits = match self.ty {
+            ScalarType::F16 => 10,
+            ScalarType::BF16 => 7,
+            ScalarType::F32 => 23,
+            _ => 52,
+        };
+        let exp = (self.bits >> frac_bits) & ((1u64 << (bits - 1 - frac_bits)) - 1);
+        let frac = self.bits & ((1u64 << frac_bits) - 1);
+        let canonical = (1u64 << (bits - 1)) - 1;
+        exp == (1u64 << (bits - 1 - frac_bits)) - 1 && frac != 0 && self.bits != canonical
+    }
+
     /// The value sign-extended to 64 bits when the type is signed, else zero-extended.
     pub fn as_i64(&self) -> i64 {
         let bits = self.ty.bits();
@@ -355,6 +375,38 @@ pub struct Cvt {
     pub sat: bool,
 }
 
+impl Cvt {
+    /// Whether converting a `from` value is a move: to its own type without rounding, which
+    /// keeps the bits (PTX `mov`), a NaN's payload included.
+    pub fn is_move(self, from: ScalarType) -> bool {
+        from == self.to && self.rounding.is_none()
+    }
+
+    /// Whether a NaN converted from `from` can come out as a NaN other than the destination's
+    /// canonical one: a float move, and bf16 widened to f32, which every engine does by
+    /// shifting the bits into the high half. Every other float conversion canonicalises.
+    pub fn keeps_nan_payload(self, from: ScalarType) -> bool {
+        (from.is_float() && self.is_move(from)) || (from == ScalarType::BF16 && self.to == ScalarType::F32)
+    }
+}
+
+/// Which NaNs an operation's result can be. Arithmetic returns the canonical NaN whatever NaN
+/// went in, so an identity such as `max(x, x) -> x` keeps the bits only when `x` cannot be a
+/// NaN of another payload; [`Op::nan_result`] says which operations guarantee that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NanResult {
+    /// Never a NaN other than the canonical one: float arithmetic (min and max too: they
+    /// return NaN only when both operands are, and then the canonical one), rounding and
+    /// canonicalising conversions, constants that are not payload NaNs.
+    Canonical,
+    /// A NaN only when one of these operands is one, and canonical when they all are: moves,
+    /// `select`, `abs` (which clears the sign bit).
+    Operands(Vec<Value>),
+    /// Any NaN: bits from memory, parameters, shuffles, bitcasts, region results, a negation
+    /// (the sign flip of the canonical NaN is another NaN), bf16 widened to f32.
+    Any,
+}
+
 /// An operation. Results are recorded in the owning [`Inst`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -598,6 +650,31 @@ impl Op {
         )
     }
 
+    /// Which NaNs a float result of this operation can be (see [`NanResult`]; the answer means
+    /// nothing for other results); `ty` gives an operand's type, which decides what a `cvt`
+    /// does.
+    pub fn nan_result(&self, ty: impl Fn(Value) -> Type) -> NanResult {
+        match self {
+            Op::Const(c) if c.is_payload_nan() => NanResult::Any,
+            Op::Const(_) | Op::Binary(..) | Op::Fma(..) | Op::Mma { .. } => NanResult::Canonical,
+            Op::Unary(UnaryOp::Neg, _) => NanResult::Any,
+            Op::Unary(UnaryOp::Abs, a) => NanResult::Operands(vec![*a]),
+            Op::Unary(..) => NanResult::Canonical,
+            Op::Select(_, a, b) => NanResult::Operands(vec![*a, *b]),
+            Op::Cvt(a, cvt) => {
+                let from = ty(*a).elem();
+                if cvt.is_move(from) {
+                    NanResult::Operands(vec![*a])
+                } else if cvt.keeps_nan_payload(from) {
+                    NanResult::Any
+                } else {
+                    NanResult::Canonical
+                }
+            }
+            _ => NanResult::Any,
+        }
+    }
+
     /// A short name for messages: the mnemonic as the text IR writes it.
     pub fn mnemonic(&self) -> String {
         match self {
@@ -786,4 +863,35 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_nans_are_the_nans_other_than_the_canonical_one() {
+        use ScalarType::*;
+        let cases = [
+            (F16, 0x7fff, false),
+            (F16, 0x7e00, true),
+            (F16, 0xfc01, true),
+            (F16, 0x7c00, false),
+            (BF16, 0x7fff, false),
+            (BF16, 0x7fc0, true),
+            (BF16, 0xff80, false),
+            (F32, 0x7fff_ffff, false),
+            (F32, 0x7fc0_0000, true),
+            (F32, 0xffff_ffff, true),
+            (F32, 0x3f80_0000, false),
+            (F64, 0x7fff_ffff_ffff_ffff, false),
+            (F64, 0x7ff8_0000_0000_0000, true),
+            (F64, 0x7ff0_0000_0000_0000, false),
+            (U32, 0x7fff_ffff, false),
+            (U16, 0x7e00, false),
+        ];
+        for (ty, bits, payload) in cases {
+            assert_eq!(Constant::new(ty, bits).is_payload_nan(), payload, "{ty} {bits:#x}");
+        }
+    }
 }

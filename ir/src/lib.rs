@@ -5,7 +5,8 @@
 //! - [`builder`]: the Rust-embedded DSL kernels are written in;
 //! - [`mod@verify`]: the verifier;
 //! - [`mod@print`]: the text form;
-//! - [`interp`]: the interpreter, the semantic reference every backend must agree with.
+//! - [`interp`]: the interpreter, the semantic reference every backend must agree with;
+//! - [`target`]: GPU architectures, PTX ISA versions and targets, shared by both backends.
 
 pub mod builder;
 pub mod coverage;
@@ -15,6 +16,7 @@ pub mod kernel;
 pub mod parse;
 pub mod passes;
 pub mod print;
+pub mod target;
 pub mod types;
 pub mod verify;
 

@@ -505,6 +505,9 @@ impl<'a> Verifier<'a> {
                 }
                 same(*start, *end)?;
                 same(*start, *step)?;
+                if constant_of(k, *step).is_some_and(|c| c.bits == 0) {
+                    return e(format!("loop step {step} is the constant 0: a loop that starts never ends"));
+                }
                 let region = k.region(*body);
                 let init_tys: Vec<Type> = init.iter().map(|v| ty(*v)).collect();
                 let param_tys: Vec<Type> = region.params.iter().map(|v| ty(*v)).collect();

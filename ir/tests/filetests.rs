@@ -86,6 +86,24 @@ fn optimize_test(ft: &FileTest) -> Result<(), String> {
     run_pipeline(&mut output, &passes, None).map_err(|e| format!("the pipeline failed: {e}"))?;
     let got = print_kernel(&output);
 
+    // What the kernels compute comes first, so that a miscompile is reported (and never
+    // blessed) as one.
+    if ft.one("launch")?.is_some() {
+        let launch = launch_config(ft)?;
+        let expectations = expectations(ft, &input)?;
+        let mut before = Args::from_header(ft, &input)?;
+        let mut after = Args::from_header(ft, &output)?;
+        before.run(&input, &launch).map_err(|e| format!("the input kernel's launch failed: {e}"))?;
+        after.run(&output, &launch).map_err(|e| format!("the optimized kernel's launch failed: {e}"))?;
+        before.check(&expectations).map_err(|e| format!("the input kernel: {e}"))?;
+        after.check(&expectations).map_err(|e| format!("the optimized kernel: {e}"))?;
+        for (i, (b, a)) in before.buffers.iter().zip(&after.buffers).enumerate() {
+            if b != a {
+                return Err(format!("buffer #{i} differs between the input and the optimized kernel"));
+            }
+        }
+    }
+
     let lines: Vec<&str> = ft.text.lines().collect();
     let marker = lines.iter().rposition(|l| l.trim() == "; expected:");
     if blessing() {
@@ -115,21 +133,6 @@ fn optimize_test(ft: &FileTest) -> Result<(), String> {
                 line_diff(&expected, &got)
             ));
         }
-    }
-
-    if ft.one("launch")?.is_some() {
-        let launch = launch_config(ft)?;
-        let expectations = expectations(ft, &input)?;
-        let mut before = Args::from_header(ft, &input)?;
-        let mut after = Args::from_header(ft, &output)?;
-        before.run(&input, &launch).map_err(|e| format!("the input kernel's launch failed: {e}"))?;
-        after.run(&output, &launch).map_err(|e| format!("the optimized kernel's launch failed: {e}"))?;
-        for (i, (b, a)) in before.buffers.iter().zip(&after.buffers).enumerate() {
-            if b != a {
-                return Err(format!("buffer #{i} differs between the input and the optimized kernel"));
-            }
-        }
-        before.check(&expectations)?;
     }
     Ok(())
 }

@@ -418,3 +418,48 @@ fn float_rounds_to_integral_in_its_own_format() {
     });
     assert_eq!(got[0], (-0.0f32).to_bits() as u64);
 }
+
+/// NaNs of every float format (the canonical one, other payloads, negative ones): a conversion
+/// that [`Cvt::keeps_nan_payload`] says canonicalises returns the destination's canonical NaN
+/// for each; one that keeps payloads moves the bits (a move) or shifts them (bf16 to f32). The
+/// passes rely on that method, so it must describe what the interpreter does.
+#[test]
+fn nan_payloads_survive_exactly_where_cvt_says() {
+    let nans = |t: ScalarType| -> Vec<u64> {
+        match t {
+            F16 => vec![0x7fff, 0x7e00, 0x7c01, 0xfe00, 0xffff],
+            BF16 => vec![0x7fff, 0x7fc0, 0x7f81, 0xffc0, 0xffff],
+            F32 => vec![0x7fff_ffff, 0x7fc0_0000, 0x7f80_0001, 0xffc0_0000, 0xffff_ffff],
+            _ => vec![0x7fff_ffff_ffff_ffff, 0x7ff8_0000_0000_0000, 0x7ff0_0000_0000_0001, 0xfff8_0000_0000_0000],
+        }
+    };
+    let mut checked = [0usize; 2];
+    for from in [F16, BF16, F32, F64] {
+        for to in [F16, BF16, F32, F64] {
+            let needs = ruda_ir::verify::cvt_needs_rounding(from, to);
+            let mut roundings: Vec<Option<Rounding>> = if needs { vec![] } else { vec![None] };
+            if needs || from == to {
+                roundings.extend(MODES.map(Some));
+            }
+            for rounding in roundings {
+                let c = cvt(to, rounding, false);
+                let inputs = vec![nans(from)];
+                let got = map(&[from], to, &inputs, |b, v| b.cvt_with(v[0], c));
+                let canonical = (1u64 << (to.bits() - 1)) - 1;
+                let keeps = c.keeps_nan_payload(from);
+                checked[keeps as usize] += 1;
+                for (&x, &y) in inputs[0].iter().zip(&got) {
+                    let kept = if from == to { x } else { x << 16 };
+                    let expected = if keeps { kept } else { canonical };
+                    assert_eq!(
+                        y, expected,
+                        "cvt {from} -> {to} ({rounding:?}) of {x:#x}: {y:#x}, expected {expected:#x}"
+                    );
+                }
+            }
+        }
+    }
+    // bf16 -> f32 and the four moves keep payloads; every other pair and mode canonicalises.
+    assert_eq!(checked[1], 5, "conversions that keep payloads");
+    assert!(checked[0] > 30, "conversions that canonicalise: {}", checked[0]);
+}

@@ -185,6 +185,105 @@ fn float_identities_hold_only_for_canonical_operands() {
     }
 }
 
+/// Binary operations with a float result (a kept `x / 1` is `x * 1` after `simplify`).
+fn float_binaries(k: &Kernel) -> usize {
+    let mut n = 0;
+    k.walk(|_, i| n += (matches!(i.op, Op::Binary(..)) && k.ty(i.results[0]).elem().is_float()) as usize);
+    n
+}
+
+/// Builds `op(x, ...)` on a float `x`, an identity `simplify` may turn into `x` only when `x`
+/// cannot be a NaN of another payload than the canonical one.
+type Identity = fn(&mut KernelBuilder, Value) -> Value;
+
+fn float_constant(b: &mut KernelBuilder, like: Value, v: f64) -> Value {
+    match b.ty(like).elem() {
+        F64 => b.constant(Constant::f64(v)),
+        _ => b.constant(Constant::f32(v as f32)),
+    }
+}
+
+/// `identity` on `x` converted from each source: the interpreter's results stay on every edge
+/// value (NaN payloads included), and the identity applies exactly where the conversion
+/// canonicalises NaNs. bf16 widened to f32 (a shift) and a float converted to its own type
+/// without rounding (a move) keep payloads; the fuzzer found `max(x, x) -> x` on a widened bf16.
+fn follows_the_conversion(identity: Identity) {
+    let cases = [
+        (BF16, F32, None, true),
+        (F32, F32, None, true),
+        (F64, F64, None, true),
+        (F16, F32, None, false),
+        (F32, F32, Some(Rounding::Rn), false),
+        (F64, F32, Some(Rounding::Rn), false),
+        (BF16, F64, None, false),
+    ];
+    for (from, to, rounding, keeps_payload) in cases {
+        let (_, after) = check_multi(from, "simplify,dce", |b, x, _| {
+            let c = b.cvt_with(x, Cvt { to, rounding, sat: false });
+            vec![identity(b, c)]
+        });
+        let what = format!("{from} -> {to} ({rounding:?})");
+        assert_eq!(float_binaries(&after), keeps_payload as usize, "{what}:\n{}", print_kernel(&after));
+    }
+}
+
+#[test]
+fn add_minus_zero_follows_the_conversion() {
+    follows_the_conversion(|b, x| {
+        let c = float_constant(b, x, -0.0);
+        b.add(x, c)
+    });
+}
+
+#[test]
+fn sub_plus_zero_follows_the_conversion() {
+    follows_the_conversion(|b, x| {
+        let c = float_constant(b, x, 0.0);
+        b.sub(x, c)
+    });
+}
+
+#[test]
+fn mul_one_follows_the_conversion() {
+    follows_the_conversion(|b, x| {
+        let c = float_constant(b, x, 1.0);
+        b.mul(c, x)
+    });
+}
+
+#[test]
+fn div_one_follows_the_conversion() {
+    follows_the_conversion(|b, x| {
+        let c = float_constant(b, x, 1.0);
+        b.div(x, c)
+    });
+}
+
+#[test]
+fn min_self_follows_the_conversion() {
+    follows_the_conversion(|b, x| b.min(x, x));
+}
+
+#[test]
+fn max_self_follows_the_conversion() {
+    follows_the_conversion(|b, x| b.max(x, x));
+}
+
+#[test]
+fn moves_selects_and_abs_pass_their_operands_nan_rule_on() {
+    for (from, keeps_payload) in [(BF16, true), (F16, false)] {
+        let (_, after) = check_multi(from, "simplify,dce", |b, x, y| {
+            let (wx, wy) = (b.cvt(x, F32), b.cvt(y, F32));
+            let c = b.lt(wx, wy);
+            let s = b.select(c, wx, wy);
+            let a = b.abs(s);
+            let m = b.cvt(a, F32);
+            vec![b.max(m, m)]
+        });
+        assert_eq!(float_binaries(&after), keeps_payload as usize, "{from}:\n{}", print_kernel(&after));
+    }
+}
+
 #[test]
 fn fma_with_minus_zero_addend_or_unit_factor_becomes_mul_or_add() {
     for t in [F32, F64, I32, U64] {

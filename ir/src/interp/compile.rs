@@ -858,7 +858,7 @@ impl Lower<'_> {
                 let rounding = mode.unwrap_or(Rounding::Rn);
                 // A float converted to its own type without rounding is a move in PTX: NaN
                 // payloads survive.
-                if from == to && from.is_float() && mode.is_none() {
+                if from.is_float() && cvt.is_move(from) {
                     push(Kind::Copy { d: d(), a: self.s(*a) });
                     return Ok(());
                 }

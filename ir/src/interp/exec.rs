@@ -358,7 +358,8 @@ fn cvt(conv: Conv, m: Mask<'_>, d: &mut [u64], a: &[u64]) {
         Conv::FloatFloat { from: Fmt::F16, to: Fmt::F32, .. } => {
             map1(m, d, a, |x| half::f16::from_bits(x as u16).to_f32().canon())
         }
-        // Exact, and a NaN keeps its payload: the backends widen bf16 with a shift.
+        // Exact, and a NaN keeps its payload: the backends widen bf16 with a shift (the passes
+        // learn it from `Cvt::keeps_nan_payload`).
         Conv::FloatFloat { from: Fmt::BF16, to: Fmt::F32, .. } => map1(m, d, a, |x| (x & 0xffff) << 16),
         Conv::FloatFloat { from: Fmt::F32, to: Fmt::F16, mode: Some(Rn) } => map1(m, d, a, |x| {
             let v = f32::from_lane(x);
@@ -604,7 +605,7 @@ impl<'a> Worker<'a> {
             Kind::CpAsyncCommit => self.cp_async_commit(m),
             Kind::CpAsyncWait { n } => self.cp_async_wait(n, m).map_err(fault)?,
             Kind::If(ref f) => self.exec_if(f, m)?,
-            Kind::For(ref f) => self.exec_for(f, m)?,
+            Kind::For(ref f) => self.exec_for(node.inst, f, m)?,
         }
         Ok(())
     }
@@ -1012,7 +1013,9 @@ impl<'a> Worker<'a> {
     }
 
     /// Iterate while any lane is active; a lane leaves for good once its own `iv < end` fails.
-    fn exec_for(&mut self, f: &'a ForLoop, m: Mask<'_>) -> Result<(), Fault> {
+    /// A `for` loop. A lane that enters it with a step of 0 would never leave (the step and
+    /// the end are loop-invariant), so that is an error naming the loop instead of a hang.
+    fn exec_for(&mut self, inst: InstId, f: &'a ForLoop, m: Mask<'_>) -> Result<(), Fault> {
         let n = self.launch.n;
         self.copy_value(VSlot { base: f.iv, width: 1 }, VSlot { base: f.start, width: 1 }, m);
         for &(init, param) in &f.init {
@@ -1020,11 +1023,22 @@ impl<'a> Worker<'a> {
         }
         let mut live = self.take();
         live.extend_from_slice(m.idx);
+        let mut first = true;
         loop {
             let (iv, end) = (self.regs.get(f.iv), self.regs.get(f.end));
             with_int!(f.ty, T => live.retain(|&t| T::from_lane(iv[t as usize]) < T::from_lane(end[t as usize])));
             if live.is_empty() {
                 break;
+            }
+            if first {
+                first = false;
+                let step = self.regs.get(f.step);
+                let stuck =
+                    with_int!(f.ty, T => live.iter().copied().find(|&t| T::from_lane(step[t as usize]).is_zero()));
+                if let Some(lane) = stuck {
+                    let message = "the loop's step is 0 where its induction variable is below the end: it never ends";
+                    return Err(Fault { inst, lane, message: message.into() });
+                }
             }
             let lm = Mask::new(&live, n);
             self.exec(&f.body, lm)?;

@@ -59,9 +59,10 @@
 //! Launches are validated before anything runs (grid and block shape, launch bounds, the
 //! arguments against the parameters, shared-memory size). At run time, out-of-bounds and
 //! misaligned accesses, shared-memory races, accesses to the destination of a pending
-//! `cp.async`, barriers not reached by every thread of the block,
-//! warp operations with inactive lanes and integer division by zero are errors naming the
-//! kernel, the op, its Rust location, the block and the thread. The kernel is not verified
+//! `cp.async`, barriers not reached by every thread of the block, warp operations with
+//! inactive lanes, integer division by zero and a `for` loop that a thread enters with a step
+//! of 0 (it would never end; the verifier rejects a constant 0) are errors naming the kernel,
+//! the op, its Rust location, the block and the thread. The kernel is not verified
 //! here (run [`crate::verify()`] for that), but a malformed kernel is an error, not a panic.
 
 mod compile;

@@ -8,8 +8,8 @@
 //! >> k` (and `x - ((x + bias) & -2^k)` for the remainder).
 //!
 //! Float arithmetic canonicalises NaNs (see [`crate::interp`]), so `x*1`, `x/1`, `x+(-0.0)`,
-//! `x-(+0.0)` and `min(x, x)` give back `x` only when `x` cannot be a NaN of another payload:
-//! when an arithmetic operation, a conversion or a non-NaN-or-canonical constant made it.
+//! `x-(+0.0)` and `min(x, x)` give back `x` only when `x` cannot be a NaN of another payload,
+//! as [`Op::nan_result`] tells (a bf16 widening and a float move keep payloads, for example).
 //! `x / 2^k` becomes `x * 2^-k` when `2^-k` is representable: both round the same real number.
 //! `x-x`, `x*0` and `x+0.0` stay (NaN, infinities, `-0`). `fma(a, b, -0.0)` is `a*b` and
 //! `fma(a, 1, c)` is `a+c` exactly. `select(c, a, a)`, `extract` of a `vector`,
@@ -61,15 +61,6 @@ fn float_one(t: ScalarType) -> u64 {
 
 fn sign_bit(t: ScalarType) -> u64 {
     1u64 << (t.bits() - 1)
-}
-
-/// Whether a float constant is a NaN other than the canonical one arithmetic produces.
-fn odd_nan(c: Constant) -> bool {
-    let (exp_bits, frac_bits) = if c.ty == ScalarType::F64 { (11, 52) } else { (8, 23) };
-    let exp = (c.bits >> frac_bits) & ((1 << exp_bits) - 1);
-    let frac = c.bits & ((1u64 << frac_bits) - 1);
-    let canonical = (1u64 << (exp_bits + frac_bits)) - 1;
-    exp == (1 << exp_bits) - 1 && frac != 0 && c.bits != canonical
 }
 
 /// `1 / c` when the float constant `c` is a power of two whose reciprocal is representable:
@@ -186,25 +177,15 @@ impl Simplifier<'_> {
     }
 
     /// Whether the float value `v` is either not a NaN or the canonical NaN, so that an
-    /// arithmetic identity returning it matches the operation's canonicalised result.
+    /// arithmetic identity returning it matches the operation's canonicalised result. Which
+    /// operations guarantee that is [`Op::nan_result`]'s to say; this follows moves, selects
+    /// and `abs` back at most `depth` definitions.
     fn canonical(&self, v: Value, depth: u32) -> bool {
-        if depth == 0 {
-            return false;
-        }
-        match self.defs.op(self.k, v) {
-            Some(Op::Const(c)) => !odd_nan(*c),
-            Some(Op::Binary(op, a, b)) => match op {
-                BinaryOp::Min | BinaryOp::Max => self.canonical(*a, depth - 1) && self.canonical(*b, depth - 1),
-                _ => true,
-            },
-            Some(Op::Fma(..)) | Some(Op::Cvt(..)) => true,
-            Some(Op::Unary(op, a)) => match op {
-                UnaryOp::Abs => self.canonical(*a, depth - 1),
-                UnaryOp::Neg => false,
-                _ => true,
-            },
-            Some(Op::Select(_, a, b)) => self.canonical(*a, depth - 1) && self.canonical(*b, depth - 1),
-            _ => false,
+        let Some(op) = self.defs.op(self.k, v) else { return false };
+        match op.nan_result(|x| self.k.ty(x)) {
+            NanResult::Canonical => true,
+            NanResult::Operands(vals) => depth > 1 && vals.iter().all(|&x| self.canonical(x, depth - 1)),
+            NanResult::Any => false,
         }
     }
 

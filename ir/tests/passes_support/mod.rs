@@ -165,6 +165,10 @@ pub fn edges(t: ScalarType) -> Vec<u64> {
             .map(|v| v & mask)
             .collect()
         }
+        // Both 16-bit float formats: zeros, ones, infinities, the canonical NaN `0x7fff`, NaNs
+        // of other payloads and signs, the smallest subnormal, the largest finite value.
+        F16 => vec![0x0000, 0x8000, 0x3c00, 0xbc00, 0x7c00, 0xfc00, 0x7fff, 0x7e00, 0x7c01, 0xfe00, 0x0001, 0x7bff],
+        BF16 => vec![0x0000, 0x8000, 0x3f80, 0xbf80, 0x7f80, 0xff80, 0x7fff, 0x7fc0, 0x7f81, 0xffc0, 0x0001, 0x7f7f],
         _ => vec![0, 1],
     }
 }

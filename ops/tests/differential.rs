@@ -15,6 +15,8 @@
 //! all engines compute the same bits. A family without a sample problem fails the test by
 //! name: add one to `case` in ops/src/sample.rs.
 //!
+//! Every sample problem must change some buffer, so agreement is never about untouched inputs.
+//!
 //! On a mismatch the message names the configuration, the engine, the parameter and the first
 //! differing element, and both PTX files are written to `target/tmp/differential/`.
 
@@ -150,6 +152,11 @@ fn every_registered_kernel_agrees_across_engines() {
             Config { id: r.id.clone(), family: r.family, kernel, problem, targets: r.targets.clone(), want }
         })
         .collect();
+    // Engines that agree on buffers nobody wrote prove nothing: every sample problem must change
+    // some buffer (a kernel that computes nothing, or a problem whose grid or lengths select no
+    // work, fails here by name).
+    let idle: Vec<&str> = configs.iter().filter(|c| c.want == c.problem.buffers()).map(|c| c.id.as_str()).collect();
+    assert!(idle.is_empty(), "{} sample problems change no buffer: {}", idle.len(), idle.join(", "));
     // NVRTC compiles on a second thread while the direct PTX runs.
     let subsets = [Arch::Sm80, Arch::Sm90].map(|arch| (arch, nvrtc_subset(&configs, arch)));
     let nvrtc = std::thread::scope(|s| {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time the problems of `ruda-bench` with PyTorch on the same GPU and print one JSON object per
 line: {"op", "shape", "torch_ms", "iters"}. The ops and shapes are those of ruda-bench
-(ops/src/bin/ruda-bench.rs); scripts/gpu/summarize.py joins the two by (op, shape).
+(tools/src/bin/ruda-bench.rs); scripts/gpu/summarize.py joins the two by (op, shape).
 
 Baselines: y = x·Wᵀ through torch.nn.functional.linear (cuBLAS); attention through
 torch.nn.functional.scaled_dot_product_attention (GQA by enable_gqa, or the KV heads repeated

@@ -2,12 +2,11 @@
 //!
 //! - [`kernels`]: the kernel builders, one function per op family, configured by a struct;
 //! - [`registry`]: every registered configuration (`rudac list`);
-//! - [`sample`]: a small valid problem for each configuration (`rudac run`, differential tests);
-//! - the `rudac` binary (src/bin/rudac.rs): list, emit, check and run the registered kernels.
+//! - [`sample`]: a small valid problem for each configuration (`rudac run`, differential tests).
+//!
+//! The `rudac` and `ruda-bench` tools live in `ruda-tools`.
 
 pub mod api;
-pub mod compile_bench;
-pub mod driver;
 pub mod kernels;
 pub mod registry;
 pub mod sample;

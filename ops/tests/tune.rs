@@ -1,11 +1,10 @@
-//! GEMV autotuning on the CPU with injected timings, and `rudac tune`.
+//! GEMV autotuning on the CPU with injected timings.
 
 mod common;
 
 use common::{fingerprint, temp_dir};
 use ruda_ops::api;
-use ruda_ops::driver::Command;
-use ruda_ops::tune::{gemv_key, parse_shapes, splits_of, tune_gemv_with, tuned_gemv_splits, TuneCommand, TuneShape};
+use ruda_ops::tune::{gemv_key, parse_shapes, splits_of, tune_gemv_with, tuned_gemv_splits, TuneShape};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
@@ -112,61 +111,6 @@ fn shapes_files_parse_with_line_numbers() {
         assert!(e.starts_with(want), "{bad}: {e}");
         assert!(e.contains("gemv DTYPE m=M n=N k=K"), "{e}");
     }
-}
-
-fn args(s: &str) -> Vec<String> {
-    s.split_whitespace().map(String::from).collect()
-}
-
-#[test]
-fn rudac_tune_parses() {
-    assert_eq!(Command::parse(&args("tune --shapes s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
-    assert_eq!(Command::parse(&args("tune --shapes=s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
-    assert_eq!(Command::parse(&args("tune --show")), Ok(Command::Tune(TuneCommand::Show)));
-    for bad in ["tune", "tune --show --shapes s.txt", "tune extra --show", "tune --shapes", "tune --json"] {
-        assert!(Command::parse(&args(bad)).is_err(), "{bad}");
-    }
-}
-
-fn rudac(cache: &std::path::Path, cmd: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))
-        .args(cmd)
-        .env("RUDA_DEVICE", "cpu")
-        .env("RUDA_CACHE_DIR", cache)
-        .env_remove("RUDA_AUTOTUNE")
-        .output()
-        .expect("rudac runs")
-}
-
-#[test]
-fn rudac_tune_on_the_cpu_checks_the_file_and_shows_caches() {
-    let dir = temp_dir("tune-rudac");
-    let good = dir.join("good.txt");
-    std::fs::write(&good, "gemv bf16 m=1 n=4096 k=4096\ngemv f32 m=4 n=64 k=64\n").unwrap();
-    let out = rudac(&dir, &["tune", "--shapes", good.to_str().unwrap()]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("autotuning is off on the CPU device: 2 shape(s)"), "{stdout}");
-
-    let bad = dir.join("bad.txt");
-    std::fs::write(&bad, "gemv bf16 m=1 n=8 k=8\ngemv bf16 m=1 n=8\n").unwrap();
-    let out = rudac(&dir, &["tune", "--shapes", bad.to_str().unwrap()]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("bad.txt:2: missing `k=`"), "{stderr}");
-
-    let out = rudac(&dir, &["tune", "--show"]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no autotune cache files in"));
-    // A cache written for a GPU, shown from a machine without one.
-    let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
-    let dev = Device::cpu();
-    let (x, w) = operands(&dev, 1, 8, 1024);
-    tune_gemv_with(&tuner, &dev, &x, &w, |s| Ok(s as f64)).unwrap();
-    let out = rudac(&dir, &["tune", "--show"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success());
-    assert!(stdout.contains("NVIDIA H200 (compute capability 9.0, driver CUDA 12.9"), "{stdout}");
-    assert!(stdout.contains("gemv f32 1x8x1024 align16: best splits=1"), "{stdout}");
 }
 
 #[test]

@@ -202,27 +202,6 @@ fn shapes_files_take_attention_decode_lines() {
     assert!(e.contains("head dim 96"), "{e}");
 }
 
-#[test]
-fn rudac_tune_on_the_cpu_checks_attention_decode_lines() {
-    let dir = temp_dir("tune-attention-rudac");
-    let file = dir.join("shapes.txt");
-    std::fs::write(
-        &file,
-        "attention_decode bf16 batch=1 q_heads=16 kv_heads=8 head_dim=128 s_max=4096\ngemv bf16 m=1 n=8 k=8\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))
-        .args(["tune", "--shapes", file.to_str().unwrap()])
-        .env("RUDA_DEVICE", "cpu")
-        .env("RUDA_CACHE_DIR", &dir)
-        .env_remove("RUDA_AUTOTUNE")
-        .output()
-        .expect("rudac runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("autotuning is off on the CPU device: 2 shape(s)"), "{stdout}");
-}
-
 /// Capacities of one bucket (a pipeline's 768 and 1024) get one candidate set.
 #[test]
 fn capacities_of_one_bucket_share_a_candidate_set() {

@@ -10,8 +10,8 @@ use ruda_ir::interp::KernelArg;
 use ruda_ir::{Constant, Kernel, ScalarType};
 use ruda_runtime::Compiler;
 
-use crate::registry::{find, registry, Registered};
-use crate::sample::{checksum, file_problem, sample_problem, Problem, SampleArg};
+use ruda_ops::registry::{find, registry, Registered};
+use ruda_ops::sample::{checksum, file_problem, sample_problem, Problem, SampleArg};
 
 pub const USAGE: &str = "\
 usage:
@@ -85,7 +85,7 @@ pub enum Command {
     Passes,
     BenchCompile { arch: Arch },
     Run(RunArgs),
-    Tune(crate::tune::TuneCommand),
+    Tune(ruda_ops::tune::TuneCommand),
 }
 
 /// Where `rudac run` runs a kernel.
@@ -191,8 +191,8 @@ impl Command {
             "tune" => {
                 no_positional("tune")?;
                 match (flag("--shapes"), flags.iter().any(|(f, _)| f == "--show")) {
-                    (Some(file), false) => Ok(Command::Tune(crate::tune::TuneCommand::Shapes(PathBuf::from(file)))),
-                    (None, true) => Ok(Command::Tune(crate::tune::TuneCommand::Show)),
+                    (Some(file), false) => Ok(Command::Tune(ruda_ops::tune::TuneCommand::Shapes(PathBuf::from(file)))),
+                    (None, true) => Ok(Command::Tune(ruda_ops::tune::TuneCommand::Show)),
                     _ => Err("`rudac tune` takes either --shapes FILE or --show".into()),
                 }
             }
@@ -389,7 +389,7 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             writeln!(out, "checksum={checksum:016x} time_ms={ms:.3}").map_err(io)?;
             Ok(true)
         }
-        Command::Tune(tune) => crate::tune::run_tune(tune, out, &mut std::io::stderr()),
+        Command::Tune(tune) => ruda_ops::tune::run_tune(tune, out, &mut std::io::stderr()),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The `rudac` driver: argument parsing and the output of each command.
 
 use ruda_codegen_ptx::Arch;
-use ruda_ops::driver::{run, Command, EmitKind, Engine, RunArgs, Source};
+use ruda_tools::driver::{run, Command, EmitKind, Engine, RunArgs, Source};
 
 fn args(s: &str) -> Vec<String> {
     s.split_whitespace().map(String::from).collect()

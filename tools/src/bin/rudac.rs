@@ -2,14 +2,14 @@
 
 use std::process::ExitCode;
 
-use ruda_ops::driver::{run, Command};
+use ruda_tools::driver::{run, Command};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let command = match Command::parse(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("rudac: {e}\n\n{}", ruda_ops::driver::USAGE);
+            eprintln!("rudac: {e}\n\n{}", ruda_tools::driver::USAGE);
             return ExitCode::from(2);
         }
     };

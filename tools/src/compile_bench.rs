@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
 
-use crate::registry::registry;
+use ruda_ops::registry::registry;
 
 /// Stage timings of one configuration.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,63 +1,30 @@
-//! The `rudac` command line: parsing and the commands, kept in the library so they are tested.
+//! The `rudac` command line: parsing (through `clap`) and the commands, kept in the library so
+//! they are tested.
 
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
 use ruda_ir::interp::KernelArg;
 use ruda_ir::{Constant, Kernel, ScalarType};
-use ruda_runtime::Compiler;
-
 use ruda_ops::registry::{find, registry, Registered};
 use ruda_ops::sample::{checksum, file_problem, sample_problem, Problem, SampleArg};
+use ruda_ops::tune::TuneCommand;
+use ruda_runtime::Compiler;
 
-pub const USAGE: &str = "\
-usage:
-  rudac list [--json]
-      one registered kernel configuration per line: ID<TAB>targets
-  rudac emit ID|--file F.rir [--target sm_90] [--emit ptx|ir|ir-opt|cuda]
-                              [--compiler ptx|nvrtc] [--passes P]
-      print the PTX (default), the IR as built, the IR after the passes, or the CUDA C++ of
-      one registered configuration or of a kernel written in the text IR
-  rudac check [--target sm_80,sm_90] [--compiler ptx|nvrtc] [--passes P]
-      assemble every configuration with `ptxas -v` and print registers, spills, shared memory;
-      exits non-zero when any fails, or spills through the direct PTX backend
-  rudac passes
-      the optimisation passes, and the default pipeline
-  rudac bench-compile [--target sm_90]
-      time IR build, passes, PTX emission, NVRTC and ptxas for every configuration
-  rudac run ID|--file F.rir --engine interp|ptx-emu|cuda [--compiler ptx|nvrtc]
-                             [--target sm_90] [--seed N] [--input NAME=FILE|VALUE]...
-      run one configuration (after the default passes) on its sample problem, inputs drawn
-      from the seed (default 0), and print `checksum=<16 hex digits> time_ms=<f>`: FNV-1a 64
-      over every buffer argument after the run, concatenated in parameter order. interp is
-      the IR interpreter; ptx-emu emulates the PTX of --compiler for --target on the CPU
-      (they print the same checksum); cuda runs on GPU 0 through the runtime, which picks the
-      target (its checksum is informational: approximate math may differ in the last bits).
-      --input NAME=FILE replaces buffer parameter NAME with the raw little-endian bytes of
-      FILE (the same size); --input NAME=VALUE sets scalar parameter NAME (an integer, a float,
-      0x<bits>, true/false). A --file kernel runs one block of its launch bound (256 threads
-      without one) with default scalars (16, 0.125).
-  rudac tune --shapes FILE | --show
-      --shapes: autotune every op shape of FILE on the RUDA_DEVICE GPU (a progress line per
-      shape on stderr; results cached per GPU under RUDA_CACHE_DIR); FILE has one op per line,
-      `gemv DTYPE m=M n=N k=K` (M <= 16), `gemm DTYPE m=M n=N k=K` (M > 16, f16|bf16) or
-      `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (DTYPE
-      f32|f16|bf16), `#` comments; `ruda-llm tune MODEL_DIR` tunes a model's shapes. On the CPU device
-      autotuning is off: the file is only checked. --show: print the current GPU's cache, or
-      every cache file without a GPU
-
-P is `default` (the default), `none`, or pass names separated by commas (`fold,cse,dce`).
-
+const ENVIRONMENT: &str = "\
 environment: RUDA_PTX_VERSION (PTX ISA version, e.g. 8.0), RUDA_CUDA_COMPILER (ptx|nvrtc),
 RUDA_PTXAS (path to ptxas), RUDA_NVRTC (path to libnvrtc), RUDA_DUMP_IR (folder for the IR
-after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache folder)";
+after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache folder), RUDA_DEVICE (tune)";
 
 /// What `rudac emit` prints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EmitKind {
+    /// The PTX of --compiler.
     Ptx,
     /// The IR as built, before any pass.
     Ir,
@@ -85,15 +52,15 @@ pub enum Command {
     Passes,
     BenchCompile { arch: Arch },
     Run(RunArgs),
-    Tune(ruda_ops::tune::TuneCommand),
+    Tune(TuneCommand),
 }
 
 /// Where `rudac run` runs a kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
     /// The IR interpreter.
     Interp,
-    /// The PTX emulator, on the PTX of the chosen compiler.
+    /// The PTX emulator, on the PTX of --compiler for --target.
     PtxEmu,
     /// CUDA device 0 through the runtime.
     Cuda,
@@ -109,8 +76,169 @@ pub struct RunArgs {
     /// `--target` (ptx-emu only; default sm_90).
     pub arch: Option<Arch>,
     pub seed: u64,
-    /// `--input NAME=FILE|VALUE`, in order.
-    pub inputs: Vec<(String, String)>,
+    /// `--input NAME=FILE|VALUE`, in order; the value stays an `OsString` because a file name
+    /// need not be UTF-8.
+    pub inputs: Vec<(String, OsString)>,
+}
+
+/// A command line that did not parse.
+#[derive(Debug)]
+pub enum ParseError {
+    /// From `clap`: a usage error, or `--help` (which `clap::Error::exit` prints on stdout
+    /// with exit status 0).
+    Clap(clap::Error),
+    /// A rule across flags that `clap` does not express (`--compiler` with `--engine interp`).
+    Invalid(String),
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParseError::Clap(e) => write!(f, "{e}"),
+            ParseError::Invalid(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// List, emit, check and run RUDA's registered kernel configurations.
+#[derive(Parser)]
+#[command(name = "rudac", after_help = ENVIRONMENT, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// One registered kernel configuration per line: ID<TAB>targets.
+    List {
+        /// Print a JSON array of {"id", "family", "targets"} instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the PTX (default), the IR as built, the IR after the passes, or the CUDA C++ of
+    /// one registered configuration or of a kernel written in the text IR.
+    Emit {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// The target to emit PTX for.
+        #[arg(long, value_name = "ARCH", default_value = "sm_90", value_parser = parse_arch)]
+        target: Arch,
+        /// What to print.
+        #[arg(long, value_enum, default_value_t = EmitKind::Ptx)]
+        emit: EmitKind,
+        #[command(flatten)]
+        compiler: CompilerArg,
+        #[command(flatten)]
+        passes: PassesArg,
+    },
+    /// Assemble every configuration with `ptxas -v` and print registers, spills, shared memory.
+    ///
+    /// Exits non-zero when any configuration fails, or spills through the direct PTX backend
+    /// (NVRTC's spills are reported, not enforced).
+    Check {
+        /// The targets, separated by commas; each configuration is checked on those of its
+        /// targets that are listed.
+        #[arg(long, value_name = "ARCH,...", value_delimiter = ',', default_value = "sm_80,sm_90", value_parser = parse_arch)]
+        target: Vec<Arch>,
+        #[command(flatten)]
+        compiler: CompilerArg,
+        #[command(flatten)]
+        passes: PassesArg,
+    },
+    /// The optimisation passes, and the default pipeline.
+    Passes,
+    /// Time IR build, passes, PTX emission, NVRTC and ptxas for every configuration.
+    BenchCompile {
+        /// The target to compile for.
+        #[arg(long, value_name = "ARCH", default_value = "sm_90", value_parser = parse_arch)]
+        target: Arch,
+    },
+    /// Run one configuration (after the default passes) on its sample problem and print
+    /// `checksum=<16 hex digits> time_ms=<f>`.
+    ///
+    /// The inputs are drawn from --seed. The checksum is FNV-1a 64 over every buffer argument
+    /// after the run, concatenated in parameter order. interp and ptx-emu print the same
+    /// checksum; on cuda the runtime picks the target and the checksum is informational
+    /// (approximate math may differ in the last bits). A --file kernel runs one block of its
+    /// launch bound (256 threads without one) with default scalars (16, 0.125).
+    Run {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Where to run: interp is the IR interpreter, ptx-emu emulates the PTX of --compiler
+        /// for --target on the CPU, cuda runs on GPU 0 through the runtime.
+        #[arg(long, value_enum)]
+        engine: Engine,
+        #[command(flatten)]
+        compiler: CompilerArg,
+        /// The target of --engine ptx-emu [default: sm_90].
+        #[arg(long, value_name = "ARCH", value_parser = parse_arch)]
+        target: Option<Arch>,
+        /// The seed the inputs are drawn from.
+        #[arg(long, value_name = "N", default_value_t = 0, value_parser = parse_seed, allow_hyphen_values = true)]
+        seed: u64,
+        /// Replace buffer parameter NAME with the raw little-endian bytes of FILE (the same
+        /// size), or set scalar parameter NAME to VALUE (an integer, a float, 0x<bits>,
+        /// true/false). Repeatable.
+        #[arg(long, value_name = "NAME=FILE|VALUE")]
+        input: Vec<OsString>,
+    },
+    /// Autotune the op shapes of a file on the RUDA_DEVICE GPU, or show the autotune caches.
+    ///
+    /// --shapes: a progress line per shape on stderr; results cached per GPU under
+    /// RUDA_CACHE_DIR. FILE has one op per line, `gemv DTYPE m=M n=N k=K` (M <= 16),
+    /// `gemm DTYPE m=M n=N k=K` (M > 16, f16|bf16) or `attention_decode DTYPE batch=B
+    /// q_heads=H kv_heads=G head_dim=D s_max=S` (DTYPE f32|f16|bf16), `#` comments;
+    /// `ruda-llm tune MODEL_DIR` tunes a model's shapes. On the CPU device autotuning is off:
+    /// the file is only checked.
+    #[command(group(ArgGroup::new("what").required(true).args(["shapes", "show"])))]
+    Tune {
+        /// Tune every op shape of FILE.
+        #[arg(long, value_name = "FILE")]
+        shapes: Option<PathBuf>,
+        /// Print the current GPU's cache, or every cache file without a GPU.
+        #[arg(long)]
+        show: bool,
+    },
+}
+
+/// One kernel id or `--file`.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct SourceArgs {
+    /// A registered configuration (see `rudac list`).
+    id: Option<String>,
+    /// A kernel in the text IR instead.
+    #[arg(long, value_name = "F.rir")]
+    file: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    fn source(self, command: &str) -> Result<Source, String> {
+        match (self.id, self.file) {
+            (Some(id), None) => Ok(Source::Id(id)),
+            (None, Some(file)) => Ok(Source::File(file)),
+            _ => Err(format!("`rudac {command}` takes one kernel id (see `rudac list`) or --file F.rir")),
+        }
+    }
+}
+
+#[derive(Args)]
+struct CompilerArg {
+    /// The compiler: ptx (direct) or nvrtc (through CUDA C++) [default: RUDA_CUDA_COMPILER,
+    /// else ptx].
+    #[arg(long, value_name = "ptx|nvrtc")]
+    compiler: Option<String>,
+}
+
+#[derive(Args)]
+struct PassesArg {
+    /// The pass pipeline: `default`, `none`, or pass names separated by commas
+    /// (`fold,cse,dce`; see `rudac passes`).
+    #[arg(long, value_name = "P", default_value = "default", value_parser = parse_passes)]
+    passes: String,
 }
 
 fn parse_arch(s: &str) -> Result<Arch, String> {
@@ -120,123 +248,95 @@ fn parse_arch(s: &str) -> Result<Arch, String> {
     })
 }
 
+fn parse_passes(s: &str) -> Result<String, String> {
+    ruda_ir::passes::parse_pipeline(s).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    s.parse().map_err(|_| format!("`{s}` is not an unsigned 64-bit integer"))
+}
+
+/// `--input NAME=VALUE`: the name is text, the value may be a file name in any encoding.
+fn parse_input(arg: &OsStr) -> Result<(String, OsString), String> {
+    let shown = arg.to_string_lossy();
+    let bytes = arg.as_encoded_bytes();
+    let eq = bytes
+        .iter()
+        .position(|&b| b == b'=')
+        .filter(|&i| i > 0)
+        .ok_or_else(|| format!("--input `{shown}`: expected NAME=FILE or NAME=VALUE"))?;
+    let name =
+        std::str::from_utf8(&bytes[..eq]).map_err(|_| format!("--input `{shown}`: the parameter name is not UTF-8"))?;
+    // SAFETY: the bytes come from `as_encoded_bytes` and are split right after `=`, a
+    // non-empty UTF-8 substring, which `from_encoded_bytes_unchecked` allows.
+    let value = unsafe { OsStr::from_encoded_bytes_unchecked(&bytes[eq + 1..]) };
+    Ok((name.to_string(), value.to_os_string()))
+}
+
 impl Command {
-    pub fn parse(args: &[String]) -> Result<Command, String> {
-        let (sub, rest) = args.split_first().ok_or("no command given")?;
-        let mut positional = Vec::new();
-        let mut flags: Vec<(String, Option<String>)> = Vec::new();
-        let mut it = rest.iter();
-        while let Some(a) = it.next() {
-            if a == "--json" || a == "--show" {
-                flags.push((a.clone(), None));
-            } else if let Some((k, v)) = a.split_once('=').filter(|_| a.starts_with("--")) {
-                flags.push((k.to_string(), Some(v.to_string())));
-            } else if a.starts_with("--") {
-                let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-                flags.push((a.clone(), Some(v.clone())));
-            } else {
-                positional.push(a.clone());
-            }
-        }
-        let allowed: &[&str] = match sub.as_str() {
-            "list" => &["--json"],
-            "emit" => &["--target", "--emit", "--compiler", "--passes", "--file"],
-            "check" => &["--target", "--compiler", "--passes"],
-            "passes" => &[],
-            "bench-compile" => &["--target"],
-            "run" => &["--engine", "--compiler", "--target", "--seed", "--input", "--file"],
-            "tune" => &["--shapes", "--show"],
-            other => return Err(format!("unknown command `{other}`")),
-        };
-        if let Some((f, _)) = flags.iter().find(|(f, _)| !allowed.contains(&f.as_str())) {
-            return Err(format!("`rudac {sub}` does not take {f}"));
-        }
-        let flag = |name: &str| flags.iter().find(|(f, _)| f == name).and_then(|(_, v)| v.clone());
-        let compiler = flag("--compiler");
-        let passes = flag("--passes").unwrap_or_else(|| "default".into());
-        ruda_ir::passes::parse_pipeline(&passes).map_err(|e| e.to_string())?;
-        let no_positional = |what: &str| {
-            if positional.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("`rudac {what}` takes no positional arguments"))
-            }
-        };
-        match sub.as_str() {
-            "list" => {
-                no_positional("list")?;
-                Ok(Command::List { json: flags.iter().any(|(f, _)| f == "--json") })
-            }
-            "emit" => {
-                let source = match (positional.as_slice(), flag("--file")) {
-                    ([id], None) => Source::Id(id.clone()),
-                    ([], Some(file)) => Source::File(PathBuf::from(file)),
-                    _ => return Err("`rudac emit` takes one kernel id (see `rudac list`) or --file F.rir".into()),
-                };
-                let arch = parse_arch(flag("--target").as_deref().unwrap_or("sm_90"))?;
-                let kind = match flag("--emit").as_deref().unwrap_or("ptx") {
-                    "ptx" => EmitKind::Ptx,
-                    "ir" => EmitKind::Ir,
-                    "ir-opt" => EmitKind::IrOpt,
-                    "cuda" => EmitKind::Cuda,
-                    other => return Err(format!("unknown --emit `{other}`; expected ptx, ir, ir-opt or cuda")),
-                };
-                Ok(Command::Emit { source, arch, kind, compiler, passes })
-            }
-            "passes" => {
-                no_positional("passes")?;
-                Ok(Command::Passes)
-            }
-            "run" => parse_run(&positional, &flags).map(Command::Run),
-            "tune" => {
-                no_positional("tune")?;
-                match (flag("--shapes"), flags.iter().any(|(f, _)| f == "--show")) {
-                    (Some(file), false) => Ok(Command::Tune(ruda_ops::tune::TuneCommand::Shapes(PathBuf::from(file)))),
-                    (None, true) => Ok(Command::Tune(ruda_ops::tune::TuneCommand::Show)),
-                    _ => Err("`rudac tune` takes either --shapes FILE or --show".into()),
-                }
-            }
-            "bench-compile" => {
-                no_positional("bench-compile")?;
-                Ok(Command::BenchCompile { arch: parse_arch(flag("--target").as_deref().unwrap_or("sm_90"))? })
-            }
-            _ => {
-                no_positional("check")?;
-                let archs = match flag("--target") {
-                    Some(list) => list.split(',').map(parse_arch).collect::<Result<Vec<_>, _>>()?,
-                    None => vec![Arch::Sm80, Arch::Sm90],
-                };
-                Ok(Command::Check { archs, compiler, passes })
-            }
-        }
+    /// Parse a command line (without the program name); errors as text.
+    pub fn parse<I, T>(args: I) -> Result<Command, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString>,
+    {
+        Command::try_parse(args).map_err(|e| e.to_string())
+    }
+
+    /// Parse a command line (without the program name). Arguments are `OsString`s: a path need
+    /// not be UTF-8; a non-UTF-8 value where text is required is an error.
+    pub fn try_parse<I, T>(args: I) -> Result<Command, ParseError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString>,
+    {
+        let argv = std::iter::once(OsString::from("rudac")).chain(args.into_iter().map(Into::into));
+        let cli = Cli::try_parse_from(argv).map_err(ParseError::Clap)?;
+        cli.command.into_command().map_err(ParseError::Invalid)
     }
 }
 
-/// `rudac run`'s flags (already checked against the allowed ones).
-fn parse_run(positional: &[String], flags: &[(String, Option<String>)]) -> Result<RunArgs, String> {
-    let flag = |name: &str| flags.iter().find(|(f, _)| f == name).and_then(|(_, v)| v.clone());
-    for name in ["--engine", "--compiler", "--target", "--seed", "--file"] {
-        if flags.iter().filter(|(f, _)| f == name).count() > 1 {
-            return Err(format!("`rudac run` takes {name} once"));
-        }
+impl Sub {
+    fn into_command(self) -> Result<Command, String> {
+        Ok(match self {
+            Sub::List { json } => Command::List { json },
+            Sub::Emit { source, target, emit, compiler, passes } => Command::Emit {
+                source: source.source("emit")?,
+                arch: target,
+                kind: emit,
+                compiler: compiler.compiler,
+                passes: passes.passes,
+            },
+            Sub::Check { target, compiler, passes } => {
+                Command::Check { archs: target, compiler: compiler.compiler, passes: passes.passes }
+            }
+            Sub::Passes => Command::Passes,
+            Sub::BenchCompile { target } => Command::BenchCompile { arch: target },
+            Sub::Run { source, engine, compiler, target, seed, input } => {
+                Command::Run(run_args(source.source("run")?, engine, compiler.compiler, target, seed, &input)?)
+            }
+            Sub::Tune { shapes, show } => Command::Tune(match (shapes, show) {
+                (Some(file), false) => TuneCommand::Shapes(file),
+                (None, true) => TuneCommand::Show,
+                _ => return Err("`rudac tune` takes either --shapes FILE or --show".into()),
+            }),
+        })
     }
-    let source = match (positional, flag("--file")) {
-        ([id], None) => Source::Id(id.clone()),
-        ([], Some(file)) => Source::File(PathBuf::from(file)),
-        _ => return Err("`rudac run` takes one kernel id (see `rudac list`) or --file F.rir".into()),
-    };
-    let engine = match flag("--engine").as_deref() {
-        Some("interp") => Engine::Interp,
-        Some("ptx-emu") => Engine::PtxEmu,
-        Some("cuda") => Engine::Cuda,
-        Some(other) => return Err(format!("unknown --engine `{other}`; expected interp, ptx-emu or cuda")),
-        None => return Err("`rudac run` needs --engine interp|ptx-emu|cuda".into()),
-    };
-    let compiler = flag("--compiler");
+}
+
+/// `rudac run`'s rules across flags.
+fn run_args(
+    source: Source,
+    engine: Engine,
+    compiler: Option<String>,
+    arch: Option<Arch>,
+    seed: u64,
+    input: &[OsString],
+) -> Result<RunArgs, String> {
     if compiler.is_some() && engine == Engine::Interp {
         return Err("--compiler does not apply to --engine interp (it runs the IR)".into());
     }
-    let arch = flag("--target").map(|t| parse_arch(&t)).transpose()?;
     if arch.is_some() && engine != Engine::PtxEmu {
         return Err(format!(
             "--target applies to --engine ptx-emu only ({})",
@@ -247,32 +347,25 @@ fn parse_run(positional: &[String], flags: &[(String, Option<String>)]) -> Resul
             }
         ));
     }
-    let seed = match flag("--seed") {
-        None => 0,
-        Some(s) => s.parse().map_err(|_| format!("--seed `{s}` is not an unsigned 64-bit integer"))?,
-    };
-    let mut inputs: Vec<(String, String)> = Vec::new();
-    for (_, v) in flags.iter().filter(|(f, _)| f == "--input") {
-        let v = v.as_deref().unwrap_or_default();
-        let (name, value) = v
-            .split_once('=')
-            .filter(|(n, _)| !n.is_empty())
-            .ok_or_else(|| format!("--input `{v}`: expected NAME=FILE or NAME=VALUE"))?;
-        if inputs.iter().any(|(n, _)| n == name) {
+    let mut inputs: Vec<(String, OsString)> = Vec::new();
+    for arg in input {
+        let (name, value) = parse_input(arg)?;
+        if inputs.iter().any(|(n, _)| *n == name) {
             return Err(format!("--input `{name}` given twice"));
         }
-        inputs.push((name.to_string(), value.to_string()));
+        inputs.push((name, value));
     }
     Ok(RunArgs { source, engine, compiler, arch, seed, inputs })
 }
 
-/// The compiler: the flag, else `RUDA_CUDA_COMPILER`, else `ptx`.
+/// The compiler: `--compiler`, else `RUDA_CUDA_COMPILER`, else `ptx`. A bad value is blamed on
+/// where it came from.
 fn resolve_compiler(flag: &Option<String>) -> Result<Compiler, String> {
     match flag {
-        Some(c) => Compiler::parse(Some(c)),
-        None => Compiler::from_env(),
+        Some(c) => Compiler::parse(Some(c))
+            .map_err(|_| format!("--compiler `{c}` is not valid; accepted values: ptx (the default), nvrtc")),
+        None => Compiler::from_env().map_err(|e| e.to_string()),
     }
-    .map_err(|e| e.to_string())
 }
 
 /// Run the pass pipeline `passes` over a kernel (dumping to `RUDA_DUMP_IR`).
@@ -447,7 +540,7 @@ pub fn run_sample(args: &RunArgs) -> Result<(u64, f64), String> {
 
 /// Apply `--input name=value` to `problem`: a buffer's contents from the file `value`, or a
 /// scalar's value.
-fn set_input(problem: &mut Problem, kernel: &str, name: &str, value: &str) -> Result<(), String> {
+fn set_input(problem: &mut Problem, kernel: &str, name: &str, value: &OsStr) -> Result<(), String> {
     let names: Vec<&str> = problem.args.iter().map(|a| a.name()).collect();
     let known = names.join(", ");
     let arg = problem.args.iter_mut().find(|a| a.name() == name).ok_or_else(|| {
@@ -455,10 +548,11 @@ fn set_input(problem: &mut Problem, kernel: &str, name: &str, value: &str) -> Re
     })?;
     match arg {
         SampleArg::Buffer { elem, bytes, .. } => {
-            let data = std::fs::read(value).map_err(|e| format!("--input {name}: {value}: {e}"))?;
+            let file = Path::new(value).display();
+            let data = std::fs::read(value).map_err(|e| format!("--input {name}: {file}: {e}"))?;
             if data.len() != bytes.len() {
                 return Err(format!(
-                    "--input {name}: {value} has {} bytes; buffer parameter `{name}` ({elem}) takes exactly {} bytes",
+                    "--input {name}: {file} has {} bytes; buffer parameter `{name}` ({elem}) takes exactly {} bytes",
                     data.len(),
                     bytes.len()
                 ));
@@ -466,7 +560,13 @@ fn set_input(problem: &mut Problem, kernel: &str, name: &str, value: &str) -> Re
             *bytes = data;
         }
         SampleArg::Scalar { value: c, .. } => {
-            *c = parse_scalar(c.ty, value).map_err(|e| format!("--input {name}={value}: {e}"))?;
+            let text = value.to_str().ok_or_else(|| {
+                format!(
+                    "--input {name}={}: not UTF-8 (scalar parameter `{name}` takes a number)",
+                    value.to_string_lossy()
+                )
+            })?;
+            *c = parse_scalar(c.ty, text).map_err(|e| format!("--input {name}={text}: {e}"))?;
         }
     }
     Ok(())

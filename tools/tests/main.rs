@@ -1,4 +1,5 @@
 //! The integration tests of `ruda-tools`, one binary: a module per former test file.
 
+mod cli;
 mod rudac;
 mod tune;

@@ -8,7 +8,7 @@ fn args(s: &str) -> Vec<String> {
 }
 
 fn output(cmd: &str) -> Result<(bool, String), String> {
-    let command = Command::parse(&args(cmd))?;
+    let command = Command::parse(args(cmd))?;
     let mut out = Vec::new();
     let ok = run(&command, &mut out)?;
     Ok((ok, String::from_utf8(out).expect("utf-8")))
@@ -16,9 +16,9 @@ fn output(cmd: &str) -> Result<(bool, String), String> {
 
 #[test]
 fn parses_commands_and_flags() {
-    assert_eq!(Command::parse(&args("list --json")), Ok(Command::List { json: true }));
+    assert_eq!(Command::parse(args("list --json")), Ok(Command::List { json: true }));
     assert_eq!(
-        Command::parse(&args("emit add.f32 --target=sm_80 --emit ir")),
+        Command::parse(args("emit add.f32 --target=sm_80 --emit ir")),
         Ok(Command::Emit {
             source: Source::Id("add.f32".into()),
             arch: Arch::Sm80,
@@ -28,11 +28,11 @@ fn parses_commands_and_flags() {
         })
     );
     assert_eq!(
-        Command::parse(&args("check --target sm_80,sm_90a")),
+        Command::parse(args("check --target sm_80,sm_90a")),
         Ok(Command::Check { archs: vec![Arch::Sm80, Arch::Sm90a], compiler: None, passes: "default".into() })
     );
     assert_eq!(
-        Command::parse(&args(
+        Command::parse(args(
             "run gemv.f16.m4 --engine ptx-emu --compiler nvrtc --target sm_80 --seed 9 --input x=x.bin --input k=7"
         )),
         Ok(Command::Run(RunArgs {
@@ -56,7 +56,7 @@ fn parses_commands_and_flags() {
         "check --target",
         "emit add.f32 --passes bogus",
     ] {
-        let e = Command::parse(&args(bad)).expect_err(bad);
+        let e = Command::parse(args(bad)).expect_err(bad);
         assert!(!e.is_empty());
     }
 }
@@ -295,15 +295,15 @@ fn run_a_text_ir_file() {
 fn run_errors() {
     for (cmd, why) in [
         ("run no.such.kernel --engine interp", "rudac list"),
-        ("run add.f32", "needs --engine"),
-        ("run add.f32 --engine gpu", "unknown --engine `gpu`"),
+        ("run add.f32", "--engine <ENGINE>"),
+        ("run add.f32 --engine gpu", "invalid value 'gpu' for '--engine <ENGINE>'"),
         ("run add.f32 --engine interp --target sm_80", "--target applies to --engine ptx-emu only"),
         ("run add.f32 --engine cuda --target sm_80", "picks the device's target"),
         ("run add.f32 --engine interp --compiler nvrtc", "--compiler does not apply"),
         ("run add.f32 --engine ptx-emu --compiler cuda", "accepted values"),
-        ("run add.f32 --engine interp --seed -1", "--seed `-1`"),
+        ("run add.f32 --engine interp --seed -1", "invalid value '-1' for '--seed <N>'"),
         ("run --file /nonexistent/k.rir --engine interp", "/nonexistent/k.rir"),
-        ("run --engine interp", "one kernel id"),
+        ("run --engine interp", "<ID|--file <F.rir>>"),
     ] {
         let e = output(cmd).unwrap_err();
         assert!(e.contains(why), "{cmd}: {e}");

@@ -37,11 +37,11 @@ fn args(s: &str) -> Vec<String> {
 
 #[test]
 fn rudac_tune_parses() {
-    assert_eq!(Command::parse(&args("tune --shapes s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
-    assert_eq!(Command::parse(&args("tune --shapes=s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
-    assert_eq!(Command::parse(&args("tune --show")), Ok(Command::Tune(TuneCommand::Show)));
+    assert_eq!(Command::parse(args("tune --shapes s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
+    assert_eq!(Command::parse(args("tune --shapes=s.txt")), Ok(Command::Tune(TuneCommand::Shapes("s.txt".into()))));
+    assert_eq!(Command::parse(args("tune --show")), Ok(Command::Tune(TuneCommand::Show)));
     for bad in ["tune", "tune --show --shapes s.txt", "tune extra --show", "tune --shapes", "tune --json"] {
-        assert!(Command::parse(&args(bad)).is_err(), "{bad}");
+        assert!(Command::parse(args(bad)).is_err(), "{bad}");
     }
 }
 

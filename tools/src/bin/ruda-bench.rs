@@ -3,14 +3,8 @@
 //! the same problems (same `op` and `shape`) with PyTorch on the same GPU;
 //! `scripts/gpu/summarize.py` joins them into ratios.
 //!
-//! Usage: `ruda-bench [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S] [FILTER...]`
-//! - `--list`: print the benchmarks (op, shape, tag) and exit; needs no device.
-//! - `--quick`: tiny shapes, for a smoke run on the interpreter (`RUDA_DEVICE=cpu`); the
-//!   full-size benchmarks refuse the CPU device.
-//! - FILTER: run only benchmarks whose `op shape tag` line contains one of the words.
-//! - Timing: 3 warm-up launches, then `--samples` (5) samples of as many launches as fill
-//!   `--sample-ms` (15 ms) each, host wall clock around a synchronise; the median per launch.
-//! - `--budget-s` (240): benchmarks left when the budget is spent are skipped, and said so.
+//! `ruda-bench --help` lists the flags (`--list`, `--quick`, the sample time and count, the
+//! time budget) and the filters.
 //!
 //! Output lines: `{"op","shape","tag","ruda_ms","iters","flops","bytes"}` plus `"base"` (the
 //! baseline row's op, when it differs) and `"splits"` (decode attention, GEMV) where they
@@ -20,6 +14,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::Parser;
 use half::bf16;
 use ruda_ir::{AddrSpace, KernelBuilder, ScalarType, Type};
 use ruda_ops::api;
@@ -379,57 +374,49 @@ fn catalog(quick: bool) -> Vec<Bench> {
     out
 }
 
+/// Times RUDA's ops on the device RUDA_DEVICE names and prints one JSON object per line.
+///
+/// Timing: 3 warm-up launches, then --samples samples of as many launches as fill --sample-ms
+/// each, host wall clock around a synchronise; the median per launch. Progress goes to stderr.
+#[derive(Parser)]
+#[command(name = "ruda-bench")]
 struct Options {
+    /// Print the benchmarks (op, shape, tag) and exit; needs no device.
+    #[arg(long)]
     list: bool,
+    /// Tiny shapes, for a smoke run on the interpreter (RUDA_DEVICE=cpu); the full-size
+    /// benchmarks refuse the CPU device.
+    #[arg(long)]
     quick: bool,
+    /// Milliseconds of launches per sample.
+    #[arg(long, value_name = "MS", default_value = "15", value_parser = positive)]
     sample_ms: f64,
+    /// Samples per benchmark (rounded to a whole number, at least 1).
+    #[arg(long, value_name = "N", default_value = "5", value_parser = sample_count)]
     samples: usize,
+    /// Seconds for all benchmarks; those left when it is spent are skipped, and said so.
+    #[arg(long, value_name = "S", default_value = "240", value_parser = positive)]
     budget_s: f64,
+    /// Run only benchmarks whose `op shape tag` line contains one of the words.
+    #[arg(value_name = "FILTER")]
     filters: Vec<String>,
 }
 
-fn parse_args(args: &[String]) -> Result<Options, String> {
-    let mut o =
-        Options { list: false, quick: false, sample_ms: 15.0, samples: 5, budget_s: 240.0, filters: Vec::new() };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| -> Result<f64, String> {
-            let v = it.next().ok_or_else(|| format!("{name} needs a value"))?;
-            v.parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .ok_or_else(|| format!("{name} needs a positive number, got `{v}`"))
-        };
-        match a.as_str() {
-            "--list" => o.list = true,
-            "--quick" => o.quick = true,
-            "--sample-ms" => o.sample_ms = value("--sample-ms")?,
-            "--samples" => o.samples = value("--samples")?.round().max(1.0) as usize,
-            "--budget-s" => o.budget_s = value("--budget-s")?,
-            "-h" | "--help" => return Err("usage".into()),
-            flag if flag.starts_with('-') => return Err(format!("unknown option `{flag}`")),
-            word => o.filters.push(word.to_string()),
-        }
-    }
-    Ok(o)
+/// A finite number above zero.
+fn positive(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("needs a positive number, got `{v}`"))
 }
 
-const USAGE: &str =
-    "usage: ruda-bench [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S] [FILTER...] (see the source's header)";
+fn sample_count(v: &str) -> Result<usize, String> {
+    positive(v).map(|x| x.round().max(1.0) as usize)
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) if e == "usage" => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("ruda-bench: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // `--help` on stdout with status 0; a usage error on stderr with status 2.
+    let opts = Options::parse();
     let benches: Vec<Bench> = catalog(opts.quick)
         .into_iter()
         .filter(|b| opts.filters.is_empty() || opts.filters.iter().any(|f| b.line().contains(f.as_str())))

@@ -2,14 +2,16 @@
 
 use std::process::ExitCode;
 
-use ruda_tools::driver::{run, Command};
+use ruda_tools::driver::{run, Command, ParseError};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = match Command::parse(&args) {
+    // `args_os`: a path argument need not be UTF-8.
+    let command = match Command::try_parse(std::env::args_os().skip(1)) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("rudac: {e}\n\n{}", ruda_tools::driver::USAGE);
+        // `--help` on stdout with status 0; a usage error on stderr with status 2.
+        Err(ParseError::Clap(e)) => e.exit(),
+        Err(ParseError::Invalid(e)) => {
+            eprintln!("rudac: {e}\n\nFor more information, try '--help'.");
             return ExitCode::from(2);
         }
     };

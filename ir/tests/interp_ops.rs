@@ -2,7 +2,7 @@
 //! values, against independent Rust computations (integers through `i128` values, `f32`
 //! through `f64`, where rounding twice is innocuous for + - * / sqrt).
 
-mod interp_support;
+use crate::interp_support;
 
 use interp_support::*;
 use ruda_ir::{BinaryOp, CmpOp, ScalarType, UnaryOp};

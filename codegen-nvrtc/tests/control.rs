@@ -3,7 +3,7 @@
 //! wrapping increment, barriers, shared memory; compiled for compute_80, compute_90 and
 //! compute_90a and assembled for the matching sm_*. Also determinism.
 
-mod common;
+use crate::common;
 
 use common::{compile_and_assemble, cuda};
 use ruda_codegen_nvrtc::{emit_cuda, emit_cuda_module};

@@ -1,7 +1,7 @@
 //! `cp.async` as inline asm compiles with NVRTC, the PTX keeps the instructions, and ptxas
 //! accepts it on sm_80 and sm_90.
 
-mod common;
+use crate::common;
 
 use common::{compile_and_assemble, cuda};
 use ruda_codegen_ptx::Arch;

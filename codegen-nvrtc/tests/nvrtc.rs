@@ -2,7 +2,7 @@
 //! accept the result), and errors: unsupported conversions, bad forced versions, and a compile
 //! error that shows NVRTC's log and the numbered C++.
 
-mod common;
+use crate::common;
 
 use common::{finish, nvrtc};
 use ruda_codegen_nvrtc::{

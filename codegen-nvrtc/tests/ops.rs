@@ -3,7 +3,7 @@
 //! and compute_90 (one translation unit per architecture), and the PTX assembled by ptxas for
 //! sm_80 and sm_90.
 
-mod common;
+use crate::common;
 
 use common::{compile_and_assemble, compile_and_assemble_for, cuda};
 use ruda_codegen_nvrtc::{check_target, NvrtcError};

@@ -2,7 +2,7 @@
 //! with and without `.trans`) compile with NVRTC, the PTX keeps the instructions, and ptxas
 //! accepts it on sm_80 and sm_90.
 
-mod common;
+use crate::common;
 
 use common::{compile_and_assemble, cuda};
 use ruda_codegen_ptx::Arch;

@@ -1,7 +1,7 @@
 //! `[reg+imm]` addressing: a memory access through `ptradd(q, constant)` addresses `[q+bytes]`,
 //! and the `ptradd` is left out when nothing else reads it.
 
-mod common;
+use crate::common;
 
 use common::{assemble_for, emit, squash};
 use ruda_codegen_ptx::Arch;

@@ -2,7 +2,7 @@
 //! size operand when given, plus `commit_group` / `wait_group N`; ptxas accepts it on sm_80
 //! and sm_90.
 
-mod common;
+use crate::common;
 
 use common::{assemble_for, emit, squash};
 use ruda_codegen_ptx::Arch;

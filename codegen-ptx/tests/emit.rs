@@ -1,7 +1,7 @@
 //! The module text: PTX version selection, determinism, source locations, errors, and the
 //! ptxas wrapper's failure report.
 
-mod common;
+use crate::common;
 
 use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, CodegenError, PtxVersion, Target, VersionError};
 use ruda_ir::coverage::{global, Sink};

@@ -2,7 +2,7 @@
 //! which needs a parallel copy), nesting, every induction type, uniform and divergent branches,
 //! barriers in uniform loops, shared memory; assembled for sm_80, sm_90 and sm_90a.
 
-mod common;
+use crate::common;
 
 use common::assemble_for;
 use ruda_codegen_ptx::Arch;

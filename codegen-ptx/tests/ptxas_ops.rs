@@ -2,7 +2,7 @@
 //! for sm_80 and sm_90 (sm_90a once). The kernels come from `ruda_ir::coverage`, which asks the
 //! verifier, so a combination the IR starts to accept is covered without editing this file.
 
-mod common;
+use crate::common;
 
 use common::assemble_for;
 use ruda_codegen_ptx::{emit_ptx, Arch, CodegenError, Target};

@@ -2,7 +2,7 @@
 //! `.trans`) lower to the PTX instructions of the same meaning, and ptxas accepts them on sm_80
 //! and sm_90.
 
-mod common;
+use crate::common;
 
 use common::{assemble_for, emit, squash};
 use ruda_codegen_ptx::Arch;

@@ -81,11 +81,14 @@ fn fails_with(k: &Kernel, threads: u32, parts: &[&str]) -> InterpError {
     e
 }
 
+/// Instructions a case inserts between the copy and the read.
+type Between = Box<dyn Fn(&mut KernelBuilder)>;
+
 #[test]
 fn reading_a_pending_destination_is_an_error() {
     // No wait at all; a barrier alone; a wait for the wrong group count; and no commit (a
     // wait covers committed groups only).
-    let cases: [(&str, Box<dyn Fn(&mut KernelBuilder)>); 4] = [
+    let cases: [(&str, Between); 4] = [
         ("no wait", Box::new(|_b: &mut KernelBuilder| {})),
         (
             "barrier only",

@@ -1,7 +1,7 @@
 //! Control flow under divergence, memory (vector, shared, dynamic shared, pointer arithmetic),
 //! warp operations, atomics, special registers and scalar parameters.
 
-mod interp_support;
+use crate::interp_support;
 
 use interp_support::*;
 use ruda_ir::interp::{run, KernelArg, LaunchConfig};

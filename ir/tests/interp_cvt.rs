@@ -2,7 +2,7 @@
 //! value between the two neighbouring representable numbers (found by stepping through the
 //! destination's bit patterns) and picks per mode.
 
-mod interp_support;
+use crate::interp_support;
 
 use std::cmp::Ordering;
 

@@ -1,7 +1,7 @@
 //! Every runtime and launch error: what it says, and which kernel, op, location, block and
 //! thread it names.
 
-mod interp_support;
+use crate::interp_support;
 
 use interp_support::*;
 use ruda_ir::interp::{run, run_with_threads, InterpError, KernelArg, LaunchConfig};

@@ -2,7 +2,7 @@
 //! values, against independent Rust computations (integers through `i128` values, `f32`
 //! through `f64`, where rounding twice is innocuous for + - * / sqrt).
 
-mod interp_support;
+use crate::interp_support;
 
 use interp_support::*;
 use ruda_ir::{BinaryOp, CmpOp, ScalarType, UnaryOp};
@@ -399,5 +399,92 @@ fn select_and_bitcast_keep_bits() {
         let inputs = vec![vec![0, 1, width_mask(from), 0x7fc0_0001 & width_mask(from)]];
         let got = map(&[from], to, &inputs, |b, v| b.bitcast(v[0], to));
         assert_eq!(got, inputs[0], "bitcast {from} -> {to}");
+    }
+}
+
+/// What `Op::nan_result` (which the passes trust) says against what the interpreter computes,
+/// on NaNs of every payload and sign and on ordinary values: an op said to be canonical returns
+/// no NaN but the canonical one, and one said to follow its operands returns another NaN only
+/// when an operand is one.
+#[test]
+fn nan_results_are_what_the_interpreter_computes() {
+    use ruda_ir::{NanResult, Op};
+    for t in [F32, F64] {
+        let canonical = (1u64 << (t.bits() - 1)) - 1;
+        let (vals, is_nan): (Vec<u64>, fn(u64) -> bool) = match t {
+            F32 => (
+                [canonical as u32, 0x7fc0_0000, 0xffc0_0001, 0xffff_ffff, 0x3f80_0000, 0x8000_0000, 0x7f80_0000]
+                    .map(u64::from)
+                    .to_vec(),
+                |x| f32::from_bits(x as u32).is_nan(),
+            ),
+            _ => (
+                vec![
+                    canonical,
+                    0x7ff8_0000_0000_0000,
+                    0xfff0_0000_0000_0001,
+                    0x3ff0_0000_0000_0000,
+                    0x8000_0000_0000_0000,
+                ],
+                |x| f64::from_bits(x).is_nan(),
+            ),
+        };
+        let mut ops: Vec<(String, usize)> = vec![("fma".into(), 3)];
+        ops.extend(
+            [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Min, BinaryOp::Max]
+                .map(|op| (op.name().into(), 2)),
+        );
+        let unary = [
+            UnaryOp::Neg,
+            UnaryOp::Abs,
+            UnaryOp::Sqrt,
+            UnaryOp::Rcp,
+            UnaryOp::Rsqrt,
+            UnaryOp::Ex2,
+            UnaryOp::Lg2,
+            UnaryOp::Tanh,
+            UnaryOp::Sin,
+            UnaryOp::Cos,
+        ];
+        ops.extend(unary.iter().filter(|op| t == F32 || !op.is_approx()).map(|op| (op.name().into(), 1)));
+        let mut kinds = [0usize; 3];
+        for (name, arity) in ops {
+            let ins = vec![t; arity];
+            let k = map_kernel(&ins, t, |b, v| match arity {
+                3 => b.fma(v[0], v[1], v[2]),
+                2 => b.binary(BinaryOp::from_name(&name).unwrap(), v[0], v[1]),
+                _ => b.unary(UnaryOp::from_name(&name).unwrap(), v[0]),
+            });
+            let mut rule = None;
+            k.walk(|_, i| {
+                if matches!(i.op, Op::Binary(..) | Op::Unary(..) | Op::Fma(..)) && k.ty(i.results[0]).elem() == t {
+                    rule = Some(i.op.nan_result(|v| k.ty(v)));
+                }
+            });
+            let rule = rule.expect("the op is in the kernel");
+            kinds[match rule {
+                NanResult::Canonical => 0,
+                NanResult::Operands(_) => 1,
+                NanResult::Any => 2,
+            }] += 1;
+            let mut inputs = vec![vec![]; arity];
+            for n in 0..vals.len().pow(arity as u32) {
+                for (j, input) in inputs.iter_mut().enumerate() {
+                    input.push(vals[n / vals.len().pow(j as u32) % vals.len()]);
+                }
+            }
+            let got = run_map(&k, &ins, t, &inputs);
+            for (lane, &y) in got.iter().enumerate() {
+                let payload_in = inputs.iter().any(|input| is_nan(input[lane]) && input[lane] != canonical);
+                let ok = !is_nan(y)
+                    || y == canonical
+                    || matches!(rule, NanResult::Any)
+                    || matches!(rule, NanResult::Operands(_)) && payload_in;
+                let operands: Vec<String> = inputs.iter().map(|input| format!("{:#x}", input[lane])).collect();
+                assert!(ok, "{name}.{t} of {operands:?} is {y:#x}, but nan_result says {rule:?}");
+            }
+        }
+        // Arithmetic canonicalises, abs follows its operand, neg may make any NaN.
+        assert_eq!(kinds, [if t == F32 { 15 } else { 9 }, 1, 1], "{t}");
     }
 }

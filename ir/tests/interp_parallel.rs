@@ -1,7 +1,7 @@
 //! Results do not depend on how many CPU threads run the blocks, and the interpreter is fast
 //! enough for model tests.
 
-mod interp_support;
+use crate::interp_support;
 
 use std::time::Instant;
 

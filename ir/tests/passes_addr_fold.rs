@@ -1,7 +1,7 @@
 //! `addr-fold`: constant offsets end as the last `ptradd`, combined; a 32-bit `add` moves out
 //! of a 64-bit address only when it provably does not wrap.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

@@ -1,7 +1,7 @@
 //! `cse`: duplicates merge into the copy in an enclosing scope, never across sibling regions;
 //! loads merge only without an intervening write; atomics, shuffles and votes never merge.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

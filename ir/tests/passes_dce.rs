@@ -1,7 +1,7 @@
 //! `dce`: unused pure code, `if` results, loop-carried values and finite empty loops go;
 //! anything that writes memory, synchronises or may fail stays.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

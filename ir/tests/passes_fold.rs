@@ -1,7 +1,7 @@
 //! `fold`: constants computed as the interpreter computes them, for every op and edge value;
 //! what must not fold (approximate functions, division by zero); control flow on constants.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

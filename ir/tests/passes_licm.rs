@@ -1,7 +1,7 @@
 //! `licm`: invariant pure code leaves loops (nests included); loads only from loops that write
 //! nothing and surely run; nothing that may fail moves ahead of something else that may.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

@@ -1,7 +1,7 @@
 //! The pass list and the default pipeline: names, descriptions, parsing, dumps, and the
 //! pipeline reaching a fixed point on a kernel that exercises every pass.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

@@ -3,7 +3,7 @@
 //! every pair of edge inputs before and after each pass: the rules in combination, with the
 //! errors of division by zero included.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::*;

@@ -1,7 +1,7 @@
 //! `simplify`: exact identities on every pair of edge values, strength reduction with the
 //! signed rounding fix-up, and the float identities that NaN payloads forbid.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::*;

@@ -1,7 +1,7 @@
 //! `unroll`: constant-trip loops unrolled fully or by 4 with the remainder as copies; carried
 //! values threaded (swaps included); loops whose induction variable wraps left alone.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

@@ -1,7 +1,7 @@
 //! `vectorize`: aligned runs of scalar loads become vector loads; misaligned runs, unknown
 //! alignment, intervening writes and over-wide vectors do not.
 
-mod passes_support;
+use crate::passes_support;
 
 use passes_support::*;
 use ruda_ir::interp::LaunchConfig;

@@ -4,7 +4,7 @@
 //! x1/x2/x4 with and without `.trans` against a plain reference, the warp-collective checks,
 //! and the text form.
 
-mod interp_support;
+use crate::interp_support;
 
 use interp_support::*;
 use ruda_ir::interp::{run, KernelArg, LaunchConfig};

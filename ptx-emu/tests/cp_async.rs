@@ -2,7 +2,7 @@
 //! the PTX backend and through NVRTC (inline asm), gives the interpreter's results bit for bit;
 //! the same kernel with its wait moved after the reads fails in both engines, as it must.
 
-mod common;
+use crate::common;
 
 use common::{check, emu_outputs, first_difference, interp_outputs, Input, Rng};
 use ruda_codegen_ptx::{Arch, Target};

@@ -5,7 +5,7 @@
 //! conversions and are checked on sm_80 (and the PTX backend's sm_90 lowering), odd ones on
 //! sm_90. NVRTC compiles each target's kernels as one module, on a second CPU thread.
 
-mod common;
+use crate::common;
 
 use common::{dump_dir, first_difference, Input};
 use ruda_codegen_ptx::{emit_ptx, Arch, Target};

@@ -3,7 +3,7 @@
 //! Combinations come from `ruda_ir::coverage`, which asks the verifier, so one the IR starts to
 //! accept is covered without editing this file.
 
-mod common;
+use crate::common;
 
 use common::{bytes_of, check, values, Input, Rng};
 use ruda_codegen_ptx::Arch;

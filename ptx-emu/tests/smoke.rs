@@ -1,4 +1,4 @@
-mod common;
+use crate::common;
 
 use common::{check, Input};
 use ruda_codegen_ptx::Arch;

@@ -3,7 +3,7 @@
 //! (inline asm), must give the interpreter's results bit for bit on random bits (NaNs,
 //! infinities and subnormals included), with two warps per block and two blocks.
 
-mod common;
+use crate::common;
 
 use common::{check, emu_outputs, first_difference, interp_outputs, Input, Rng};
 use ruda_codegen_ptx::{Arch, Target};

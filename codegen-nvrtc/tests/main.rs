@@ -1,0 +1,10 @@
+//! Every integration test of `ruda-codegen-nvrtc` in one binary (one module per former test
+//! file). `missing_library` stays a binary of its own: it sets `RUDA_NVRTC`.
+
+mod common;
+
+mod control;
+mod cp_async;
+mod nvrtc;
+mod ops;
+mod tensor_core;

@@ -1,0 +1,13 @@
+//! Every integration test of `ruda-codegen-ptx` in one binary (one module per former test
+//! file). `env_version` stays a binary of its own: it sets `RUDA_PTX_VERSION`.
+
+mod common;
+
+mod addressing;
+mod cp_async;
+mod emit;
+mod filetests;
+mod prop_ptxas;
+mod ptxas_control;
+mod ptxas_ops;
+mod tensor_core;

@@ -24,37 +24,13 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
-use crate::env::var;
+use crate::env::{var, AutotuneMode, RUDA_AUTOTUNE};
 use crate::error::{Result, RuntimeError};
 use crate::stream::Stream;
 
-pub const RUDA_AUTOTUNE: &str = "RUDA_AUTOTUNE";
 pub const RUDA_CACHE_DIR: &str = "RUDA_CACHE_DIR";
 
-/// Whether ops benchmark their candidates (`RUDA_AUTOTUNE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AutotuneMode {
-    On,
-    /// Every op uses its heuristic default.
-    Off,
-}
-
 impl AutotuneMode {
-    /// Parse a `RUDA_AUTOTUNE` value (`None` or empty = unset = `on`).
-    pub fn parse(value: Option<&str>) -> Result<AutotuneMode> {
-        match value.map(str::trim) {
-            None | Some("") | Some("on") => Ok(AutotuneMode::On),
-            Some("off") => Ok(AutotuneMode::Off),
-            Some(_) => Err(RuntimeError::InvalidEnv {
-                var: RUDA_AUTOTUNE,
-                value: value.unwrap_or_default().to_string(),
-                accepted:
-                    "on (the default on CUDA), off (use each op's heuristic default); always off on the CPU device"
-                        .into(),
-            }),
-        }
-    }
-
     /// The mode for `device` given a `RUDA_AUTOTUNE` value: off on the CPU device whatever the
     /// value (an invalid value is still an error, so that a typo is not silently ignored).
     pub fn for_device(device: &Device, value: Option<&str>) -> Result<AutotuneMode> {

@@ -7,7 +7,7 @@ use ruda_codegen_ptx::{PtxVersion, Target};
 
 use crate::cache::CacheStats;
 use crate::cuda::{self, CudaCore, CudaDeviceInfo};
-use crate::env::{self, parse_ptx_version, Compiler, DeviceSpec};
+use crate::env::{self, check_env, parse_ptx_version, Compiler, DeviceSpec};
 use crate::error::{Result, RuntimeError};
 use crate::probe::probe_driver;
 use crate::stream::Stream;
@@ -69,8 +69,10 @@ impl Device {
     }
 
     /// The device `RUDA_DEVICE` names (see [`DeviceSpec`]); `auto` says on stderr, once per
-    /// process, which device it chose and why.
+    /// process, which device it chose and why. Every variable of [`check_env`] is validated
+    /// first, on every device: a bad `RUDA_CUDA_COMPILER` is an error on the CPU as well.
     pub fn from_env() -> Result<Device> {
+        check_env()?;
         Device::from_spec(DeviceSpec::from_env()?)
     }
 

@@ -41,7 +41,12 @@
 //! | `RUDA_DUMP_IR` | every module-cache miss on a GPU | a folder: the emitted PTX of each compiled kernel goes to `<folder>/<kernel>-<key fingerprint>.ptx`, with `nvrtc` its CUDA C++ to `<…>.cu` beside it |
 //! | `RUDA_AUTOTUNE` | [`AutotuneMode::from_env`], [`Autotuner::for_device`] | `on` (default on CUDA: the first call of a tunable op for a new key benchmarks its candidates), `off` (each op's heuristic default). Always off on the CPU device. Anything else is an error. |
 //! | `RUDA_CACHE_DIR` | [`cache_dir_from_env`] | the folder for RUDA's caches; autotuning results go to `<folder>/autotune/<device fingerprint>.json`. Unset: `$XDG_CACHE_HOME/ruda`, then `$HOME/.cache/ruda`. |
+//! | `RUDA_INTERP_THREADS` | each launch on the CPU device, [`Device::from_env`] | the CPU threads the interpreter runs blocks on: a positive integer; unset: all cores. Anything else is an error naming the variable. |
 //! | `RUDA_REQUIRE_GPU` | [`require_gpu`] (tests) | `1`: a missing GPU fails GPU tests instead of skipping them |
+//!
+//! [`Device::from_env`] validates all of these ([`check_env`]) whichever device it picks, so a
+//! bad `RUDA_CUDA_COMPILER`, `RUDA_PTX_VERSION` or `RUDA_AUTOTUNE` is an error on the CPU device
+//! too, where they have no effect.
 //!
 //! When the driver rejects PTX, the error carries the JIT log and the path of the PTX (the
 //! `RUDA_DUMP_IR` copy, else one written under the system temporary folder, `ruda-ptx/`).
@@ -60,17 +65,19 @@ mod target;
 mod tensor;
 
 pub use autotune::{
-    alignment_class, bucket, cache_dir, cache_dir_from_env, measure_on_stream, median, AutotuneMode, Autotuner,
-    CacheFile, Candidate, CandidateResult, CandidateSet, Choice, DeviceFingerprint, TuneEntry, TuneKey, RUDA_AUTOTUNE,
-    RUDA_CACHE_DIR,
+    alignment_class, bucket, cache_dir, cache_dir_from_env, measure_on_stream, median, Autotuner, CacheFile, Candidate,
+    CandidateResult, CandidateSet, Choice, DeviceFingerprint, TuneEntry, TuneKey, RUDA_CACHE_DIR,
 };
 pub use buffer::Buffer;
 pub use cache::{CacheStats, ModuleCache, ModuleKey};
 pub use cuda::CudaDeviceInfo;
 pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
-pub use env::{parse_ptx_version, require_gpu, Compiler, DeviceSpec};
-pub use error::{Result, RuntimeError};
+pub use env::{
+    check_env, parse_interp_threads, parse_ptx_version, require_gpu, AutotuneMode, Compiler, DeviceSpec, RUDA_AUTOTUNE,
+    RUDA_INTERP_THREADS,
+};
+pub use error::{ModuleLoadError, Result, RuntimeError};
 pub use probe::{probe_driver, DriverProbe};
 pub use stream::{Arg, HashedKernel, Launchable, Stream};
 pub use target::{max_ptx_for_driver, ptx_text_version, select_arch, select_target, CudaVersion};

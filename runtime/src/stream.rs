@@ -15,7 +15,7 @@ use crate::cuda::{load_module, CudaCore, LoadedModule, DEFAULT_DYNAMIC_SHARED_LI
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::env::{self, Compiler};
-use crate::error::{Result, RuntimeError};
+use crate::error::{ModuleLoadError, Result, RuntimeError};
 use crate::target::ptx_text_version;
 use crate::tensor::Tensor;
 
@@ -206,7 +206,7 @@ fn build_module(core: &CudaCore, kernel: &Kernel, key: &ModuleKey) -> Result<Loa
         Compiler::Ptx => (emit_ptx(kernel, &key.target).map_err(|e| codegen(e.to_string()))?, None),
         Compiler::Nvrtc => {
             let (cuda, ptx) = compile_with_source(kernel, &key.target).map_err(|e| codegen(e.to_string()))?;
-            (nvrtc_ptx_for_driver(ptx, &key.target, max).map_err(|e| codegen(e.to_string()))?, Some(cuda))
+            (nvrtc_ptx_for_driver(ptx, &key.target, max).map_err(codegen)?, Some(cuda))
         }
     };
     let stem = format!("{}-{:016x}", sanitize(&kernel.name), key.fingerprint());
@@ -230,12 +230,14 @@ fn build_module(core: &CudaCore, kernel: &Kernel, key: &ModuleKey) -> Result<Loa
             });
         }
     }
-    load_module(&core.ctx, &ptx, &kernel.name).map_err(|f| RuntimeError::ModuleLoad {
-        kernel: kernel.name.clone(),
-        target: key.target.arch.to_string(),
-        message: f.message,
-        log: f.log,
-        ptx_path: dumped.or_else(|| write_file(&std::env::temp_dir().join("ruda-ptx"), &file_name, &ptx).ok()),
+    load_module(&core.ctx, &ptx, &kernel.name).map_err(|f| {
+        RuntimeError::from(ModuleLoadError {
+            kernel: kernel.name.clone(),
+            target: key.target.arch.to_string(),
+            message: f.message,
+            log: f.log,
+            ptx_path: dumped.or_else(|| write_file(&std::env::temp_dir().join("ruda-ptx"), &file_name, &ptx).ok()),
+        })
     })
 }
 
@@ -247,10 +249,10 @@ fn nvrtc_ptx_for_driver(
     ptx: String,
     target: &ruda_codegen_ptx::Target,
     max: PtxVersion,
-) -> std::result::Result<String, ruda_codegen_nvrtc::NvrtcError> {
+) -> std::result::Result<String, String> {
     match ptx_text_version(&ptx) {
         Some(v) if target.ptx_version.is_none() && v > max && max >= target.arch.min_ptx_version() => {
-            rewrite_ptx_version(&ptx, max)
+            rewrite_ptx_version(&ptx, max).map_err(|e| e.to_string())
         }
         _ => Ok(ptx),
     }
@@ -402,7 +404,7 @@ fn launch_cpu(kernel: &Kernel, cfg: &LaunchConfig, args: &[Arg<'_>]) -> Result<(
             Arg::Tensor(_) => KernelArg::Buffer(part.unwrap_or_default()),
         })
         .collect();
-    interp::run(kernel, cfg, &mut kargs)?;
+    interp::run_with_threads(kernel, cfg, &mut kargs, env::interp_threads_from_env()?)?;
     Ok(())
 }
 

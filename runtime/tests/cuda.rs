@@ -1,7 +1,7 @@
 //! The same checks on a GPU. Without a CUDA device each test says SKIPPED on stderr and passes,
 //! unless RUDA_REQUIRE_GPU=1.
 
-mod common;
+use crate::common;
 
 use half::{bf16, f16};
 use ruda_ir::interp::LaunchConfig;

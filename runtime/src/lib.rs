@@ -2,7 +2,7 @@
 //!
 //! A [`Device`] is either a CUDA GPU or the CPU, where kernels run in the IR interpreter
 //! (`ruda_ir::interp`), the semantic reference. [`Tensor`]s are strided views into device
-//! [`Buffer`]s. A [`Stream`] launches a [`ruda_ir::Kernel`] with [`Arg`]s: on a GPU the kernel
+//! [`Buffer`]s from a caching allocator. A [`Stream`] launches a [`ruda_ir::Kernel`] with [`Arg`]s: on a GPU the kernel
 //! is compiled to PTX (once per [`ModuleKey`]), loaded and queued; on the CPU it is
 //! interpreted before `launch` returns.
 //!
@@ -24,11 +24,29 @@
 //! `cuDriverGetVersion`, `cuInit` and `cuDeviceGetCount` successfully. Without a driver,
 //! asking for a GPU is an error, never a panic.
 //!
-//! # One stream per GPU
+//! # Streams, events and memory
 //!
-//! Every [`Device`] handle on one GPU shares a context, a stream and a module cache. All
-//! allocations, copies and launches of that GPU go on its stream, so stream order serialises
-//! them, and readbacks ([`Tensor::to_vec`], ...) synchronise it.
+//! Every [`Device`] handle on one GPU shares a context, a default stream, a module cache and
+//! a caching allocator. [`Device::create_stream`] makes more streams (non-blocking CUDA
+//! streams of that context); work on different streams may overlap, and [`Event`]s order it
+//! ([`Stream::record_event`], [`Stream::wait_event`]) and time it ([`Event::elapsed_ms`]).
+//! Nothing assumes one stream: allocations ([`Tensor::empty_on`], ...), copies
+//! ([`Tensor::copy_from_slice_on`]) and readbacks ([`Tensor::to_vec_on`], which synchronise the
+//! stream they read on) take a stream; the forms without one use the device's default stream to
+//! allocate, and the buffer's own stream ([`Buffer::stream`], where it was allocated) to copy
+//! and read. Data written on one stream and read on another needs an event between them.
+//!
+//! Buffers come from the device's caching allocator (host memory on the CPU device, with the
+//! same bookkeeping): freed blocks are kept and reused, so buffers allocated every step do not
+//! call the driver. Blocks are 256-byte aligned; a block freed after use on one stream is
+//! reused on another only once the events recorded at its free have completed.
+//! [`Device::create_memory_pool`] gives a private pool (for graph capture),
+//! [`Device::memory_stats`] the counters, [`Device::release_cached_memory`] returns the cache
+//! to the driver.
+//!
+//! Module layers, bottom up: `context` (raw stream handles, the CPU device's state) and `cuda`
+//! (a GPU's shared state) under `device`; `stream` and `event` on devices; `buffer` on streams;
+//! `tensor` on buffers; `launch` on tensors and streams.
 //!
 //! # Environment variables
 //!
@@ -51,19 +69,24 @@
 //! When the driver rejects PTX, the error carries the JIT log and the path of the PTX (the
 //! `RUDA_DUMP_IR` copy, else one written under the system temporary folder, `ruda-ptx/`).
 
+mod alloc;
 mod autotune;
 mod buffer;
 mod cache;
+mod context;
 mod cuda;
 mod device;
 mod dtype;
 mod env;
 mod error;
+mod event;
+mod launch;
 mod probe;
 mod stream;
 mod target;
 mod tensor;
 
+pub use alloc::MemoryStats;
 pub use autotune::{
     alignment_class, bucket, cache_dir, cache_dir_from_env, measure_on_stream, median, Autotuner, CacheFile, Candidate,
     CandidateResult, CandidateSet, Choice, DeviceFingerprint, TuneEntry, TuneKey, RUDA_CACHE_DIR,
@@ -71,15 +94,17 @@ pub use autotune::{
 pub use buffer::Buffer;
 pub use cache::{CacheStats, ModuleCache, ModuleKey};
 pub use cuda::CudaDeviceInfo;
-pub use device::{Device, DeviceKind};
+pub use device::{Device, DeviceKind, MemoryPool};
 pub use dtype::{DType, Element};
 pub use env::{
     check_env, parse_interp_threads, parse_ptx_version, require_gpu, AutotuneMode, Compiler, DeviceSpec, RUDA_AUTOTUNE,
     RUDA_INTERP_THREADS,
 };
 pub use error::{ModuleLoadError, Result, RuntimeError};
+pub use event::Event;
+pub use launch::{Arg, HashedKernel, Launchable};
 pub use probe::{probe_driver, DriverProbe};
-pub use stream::{Arg, HashedKernel, Launchable, Stream};
+pub use stream::Stream;
 pub use target::{max_ptx_for_driver, ptx_text_version, select_arch, select_target, CudaVersion};
 pub use tensor::Tensor;
 

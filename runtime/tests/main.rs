@@ -4,12 +4,13 @@
 
 mod common;
 
+mod alloc;
 mod autotune;
 mod cache;
 mod cuda;
 mod device;
 mod env;
-
+mod events;
 mod launch_cpu;
 mod nvrtc;
 mod target;

@@ -44,6 +44,11 @@ pub(crate) trait Memory: Send + Sync {
     unsafe fn release(&self, address: u64, bytes: usize);
     /// Whether all work before the fence has finished (`false` when that cannot be known).
     fn is_complete(&self, fence: &Self::Fence) -> bool;
+    /// A fence the allocator no longer needs, for reuse (CUDA keeps its events, so that a free
+    /// records an event without creating one).
+    fn recycle(&self, fence: Self::Fence) {
+        drop(fence);
+    }
 }
 
 /// A pool's identity; [`SHARED_POOL`] is the one every allocation uses unless told otherwise.
@@ -168,7 +173,6 @@ impl<M: Memory> Allocator<M> {
         }
     }
 
-    #[cfg(test)]
     pub fn memory(&self) -> &M {
         &self.memory
     }
@@ -214,7 +218,9 @@ impl<M: Memory> Allocator<M> {
             b.live = true;
             b.stream = stream;
             b.requested = bytes;
-            b.fences.clear();
+            for (_, f) in b.fences.drain(..) {
+                self.memory.recycle(f);
+            }
             let list =
                 if block_size <= SMALL_LIMIT { p.small.get_mut(&block_size) } else { p.large.get_mut(&block_size) };
             if let Some(list) = list {
@@ -242,7 +248,13 @@ impl<M: Memory> Allocator<M> {
         }
         for &id in candidates {
             let b = blocks.get_mut(&id)?;
-            b.fences.retain(|(s, f)| *s == stream || !self.memory.is_complete(f));
+            for (s, f) in std::mem::take(&mut b.fences) {
+                if s == stream || !self.memory.is_complete(&f) {
+                    b.fences.push((s, f));
+                } else {
+                    self.memory.recycle(f);
+                }
+            }
             if clean(b) {
                 return Some(id);
             }
@@ -348,7 +360,9 @@ impl<M: Memory> Allocator<M> {
             }
             let Some(seg) = s.segments.remove(&seg_id) else { continue };
             for b in &seg.blocks {
-                s.blocks.remove(b);
+                if let Some(block) = s.blocks.remove(b) {
+                    block.fences.into_iter().for_each(|(_, f)| self.memory.recycle(f));
+                }
             }
             if let Some(p) = s.pools.get_mut(&seg.pool) {
                 for list in p.small.values_mut().chain(p.large.values_mut()) {

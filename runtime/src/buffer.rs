@@ -305,7 +305,8 @@ impl Drop for BufferInner {
             Storage::Host { memory, .. } => memory.free(self.block.id, Vec::new()),
             Storage::Cuda { memory } => {
                 let used = std::mem::take(self.used_on.get_mut().unwrap_or_else(|p| p.into_inner()));
-                let fences = std::iter::once(&self.stream).chain(&used).filter_map(|s| fence(s)).collect();
+                let fences =
+                    std::iter::once(&self.stream).chain(&used).filter_map(|s| fence(memory.memory(), s)).collect();
                 memory.free(self.block.id, fences);
             }
         }
@@ -314,9 +315,9 @@ impl Drop for BufferInner {
 
 /// An event after the work queued on `stream` so far. When it cannot be recorded (a broken
 /// context), wait for the stream instead, so that the block is safe to reuse without one.
-fn fence(stream: &StreamCore) -> Option<(u64, CudaEvent)> {
+fn fence(memory: &DeviceMemory, stream: &StreamCore) -> Option<(u64, CudaEvent)> {
     let s = stream.cuda.as_ref()?;
-    match s.record_event(None) {
+    match memory.fence(s) {
         Ok(e) => Some((stream.id, e)),
         Err(_) => {
             s.context().record_err(s.synchronize());

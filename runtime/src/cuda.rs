@@ -50,9 +50,27 @@ pub(crate) struct CudaCore {
 }
 
 /// Segments for the caching allocator: `cuMemAlloc` (at least 256-byte aligned) and
-/// `cuMemFree`; fences are CUDA events.
+/// `cuMemFree`; fences are CUDA events (without timing), kept for reuse once the allocator is
+/// done with them, so that freeing a buffer records an event but creates none.
 pub(crate) struct DeviceMemory {
     ctx: Arc<CudaContext>,
+    spare_events: Mutex<Vec<CudaEvent>>,
+}
+
+/// At most this many spare events are kept.
+const SPARE_EVENTS: usize = 1024;
+
+impl DeviceMemory {
+    /// An event recorded after the work queued on `stream` so far.
+    pub(crate) fn fence(&self, stream: &CudaStream) -> std::result::Result<CudaEvent, DriverError> {
+        let spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let event = match spare {
+            Some(e) => e,
+            None => self.ctx.new_event(None)?,
+        };
+        event.record(stream)?;
+        Ok(event)
+    }
 }
 
 impl Memory for DeviceMemory {
@@ -73,6 +91,13 @@ impl Memory for DeviceMemory {
     fn is_complete(&self, fence: &CudaEvent) -> bool {
         // An error (a failed kernel) keeps the block out of use, which is the safe side.
         fence.try_is_complete().unwrap_or(false)
+    }
+
+    fn recycle(&self, fence: CudaEvent) {
+        let mut spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < SPARE_EVENTS {
+            spare.push(fence);
+        }
     }
 }
 
@@ -138,7 +163,7 @@ fn open(ordinal: usize, driver_version: CudaVersion) -> Result<CudaCore> {
             "reading the shared-memory limit",
         )?,
     };
-    let memory = Arc::new(Allocator::new(DeviceMemory { ctx: Arc::clone(&ctx) }));
+    let memory = Arc::new(Allocator::new(DeviceMemory { ctx: Arc::clone(&ctx), spare_events: Mutex::new(Vec::new()) }));
     Ok(CudaCore { ctx, default_stream: StreamCore::new(Some(stream)), info, modules: ModuleCache::new(), memory })
 }
 

@@ -210,7 +210,7 @@ impl<M: Memory> Allocator<M> {
         let candidates: Vec<u64> = if size <= SMALL_LIMIT {
             p.small.get(&size).map(|v| v.iter().rev().copied().collect()).unwrap_or_default()
         } else {
-            p.large.range(size..=size + size / 8).flat_map(|(_, v)| v.iter().rev().copied()).collect()
+            p.large.range(size..=size.saturating_add(size / 8)).flat_map(|(_, v)| v.iter().rev().copied()).collect()
         };
         if let Some(id) = self.pick(&mut s.blocks, &candidates, stream) {
             let b = s.blocks.get_mut(&id).ok_or("allocator: a free list names a missing block")?;

@@ -110,3 +110,67 @@ pub use tensor::Tensor;
 
 pub use ruda_codegen_ptx::{Arch, PtxVersion, Target};
 pub use ruda_ir::interp::LaunchConfig;
+
+#[cfg(test)]
+mod layering {
+    /// Every module of the crate with its source.
+    const MODULES: &[(&str, &str)] = &[
+        ("alloc", include_str!("alloc.rs")),
+        ("autotune", include_str!("autotune.rs")),
+        ("buffer", include_str!("buffer.rs")),
+        ("cache", include_str!("cache.rs")),
+        ("context", include_str!("context.rs")),
+        ("cuda", include_str!("cuda.rs")),
+        ("device", include_str!("device.rs")),
+        ("dtype", include_str!("dtype.rs")),
+        ("env", include_str!("env.rs")),
+        ("error", include_str!("error.rs")),
+        ("event", include_str!("event.rs")),
+        ("launch", include_str!("launch.rs")),
+        ("probe", include_str!("probe.rs")),
+        ("stream", include_str!("stream.rs")),
+        ("target", include_str!("target.rs")),
+        ("tensor", include_str!("tensor.rs")),
+    ];
+
+    /// The modules `source` names as `crate::<module>` outside comments.
+    fn imports(source: &str) -> Vec<&'static str> {
+        let code: Vec<&str> = source.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+        MODULES
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|name| {
+                let needle = format!("crate::{name}");
+                code.iter().any(|l| {
+                    l.match_indices(&needle).any(|(i, _)| {
+                        !l[i + needle.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Dependencies point one way: `device` does not import `stream`, `stream` not `tensor`...
+    #[test]
+    fn modules_import_each_other_without_a_cycle() {
+        let graph: Vec<(&str, Vec<&str>)> = MODULES.iter().map(|(name, src)| (*name, imports(src))).collect();
+        let edges = |m: &str| graph.iter().find(|(n, _)| *n == m).map(|(_, e)| e.clone()).unwrap_or_default();
+        // Depth-first search from each module, failing on a path back to a module on the stack.
+        fn visit<'a>(m: &'a str, stack: &mut Vec<&'a str>, edges: &dyn Fn(&str) -> Vec<&'a str>) {
+            if let Some(i) = stack.iter().position(|s| *s == m) {
+                panic!("import cycle: {} -> {m}", stack[i..].join(" -> "));
+            }
+            stack.push(m);
+            for next in edges(m) {
+                visit(next, stack, edges);
+            }
+            stack.pop();
+        }
+        for (name, _) in MODULES {
+            visit(name, &mut Vec::new(), &edges);
+        }
+        assert!(imports("use crate::device::Device;\n// crate::stream\n").contains(&"device"));
+        assert_eq!(imports("// use crate::stream::Stream;\nuse crate::devices;\n"), Vec::<&str>::new());
+        assert!(edges("tensor").contains(&"buffer") && !edges("device").contains(&"stream"));
+    }
+}

@@ -19,42 +19,17 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
-use crate::env::var;
+use crate::env::{var, AutotuneMode, RUDA_AUTOTUNE};
 use crate::error::{Result, RuntimeError};
 use crate::stream::Stream;
 
-pub const RUDA_AUTOTUNE: &str = "RUDA_AUTOTUNE";
 pub const RUDA_CACHE_DIR: &str = "RUDA_CACHE_DIR";
 
-/// Whether ops benchmark their candidates (`RUDA_AUTOTUNE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AutotuneMode {
-    On,
-    /// Every op uses its heuristic default.
-    Off,
-}
-
 impl AutotuneMode {
-    /// Parse a `RUDA_AUTOTUNE` value (`None` or empty = unset = `on`).
-    pub fn parse(value: Option<&str>) -> Result<AutotuneMode> {
-        match value.map(str::trim) {
-            None | Some("") | Some("on") => Ok(AutotuneMode::On),
-            Some("off") => Ok(AutotuneMode::Off),
-            Some(_) => Err(RuntimeError::InvalidEnv {
-                var: RUDA_AUTOTUNE,
-                value: value.unwrap_or_default().to_string(),
-                accepted:
-                    "on (the default on CUDA), off (use each op's heuristic default); always off on the CPU device"
-                        .into(),
-            }),
-        }
-    }
-
     /// The mode for `device` given a `RUDA_AUTOTUNE` value: off on the CPU device whatever the
     /// value (an invalid value is still an error, so that a typo is not silently ignored).
     pub fn for_device(device: &Device, value: Option<&str>) -> Result<AutotuneMode> {
@@ -514,29 +489,29 @@ const WARMUP_RUNS: usize = 3;
 const SAMPLES: usize = 5;
 
 /// Time `launch` on `stream`: [`WARMUP_RUNS`] untimed launches, then [`SAMPLES`] samples of
-/// `iters` launches each, timed on the host from a synchronised stream to a synchronised
-/// stream; the result is the median of the samples' per-launch milliseconds. An error (the
-/// launch's or the synchronisation's, as text) as soon as anything fails. On the CPU device it
-/// times the interpreter, which is only meaningful for tests.
+/// `iters` launches each, timed by events recorded on `stream` before and after them (on the
+/// GPU, so host overheads between launches count only where they starve the GPU); the result is the median of the samples' per-launch milliseconds. An error (the
+/// launch's or the synchronisation's, as text) as soon as anything fails. On the CPU device
+/// events are host timestamps, so it times the interpreter, which is only meaningful for tests.
 pub fn measure_on_stream(
     stream: &Stream,
     iters: usize,
     mut launch: impl FnMut() -> std::result::Result<(), String>,
 ) -> std::result::Result<f64, String> {
     let iters = iters.max(1);
-    let sync = || stream.synchronize().map_err(|e| e.to_string());
+    let err = |e: RuntimeError| e.to_string();
     for _ in 0..WARMUP_RUNS {
         launch()?;
     }
-    sync()?;
+    stream.synchronize().map_err(err)?;
     let mut samples = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
-        let started = Instant::now();
+        let start = stream.record_event().map_err(err)?;
         for _ in 0..iters {
             launch()?;
         }
-        sync()?;
-        samples.push(started.elapsed().as_secs_f64() * 1e3 / iters as f64);
+        let end = stream.record_event().map_err(err)?;
+        samples.push(start.elapsed_ms(&end).map_err(err)? / iters as f64);
     }
     median(&samples).ok_or_else(|| "no samples".to_string())
 }

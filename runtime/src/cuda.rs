@@ -1,15 +1,18 @@
-//! The CUDA side: one context and one stream per GPU, module loading with the JIT's error log,
-//! and raw launches. Nothing here runs before [`crate::probe::probe_driver`] has succeeded.
+//! The CUDA side: one context per GPU with its default stream, module cache and caching
+//! allocator; device memory for the allocator; module loading with the JIT's error log; raw
+//! launches. Nothing here runs before [`crate::probe::probe_driver`] has succeeded.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use ruda_codegen_ptx::PtxVersion;
 
+use crate::alloc::{Allocator, Memory};
 use crate::cache::ModuleCache;
+use crate::context::StreamCore;
 use crate::error::{Result, RuntimeError};
 use crate::probe::probe_driver;
 use crate::target::{max_ptx_for_driver, select_arch, CudaVersion};
@@ -37,12 +40,65 @@ pub struct CudaDeviceInfo {
 pub(crate) const DEFAULT_DYNAMIC_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// One GPU as the process sees it: shared by every [`crate::Device`] handle on that ordinal, so
-/// that all work for the GPU goes on one stream and one module cache.
+/// that they share one context, default stream, module cache and allocator.
 pub(crate) struct CudaCore {
     pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) default_stream: Arc<StreamCore>,
     pub(crate) info: CudaDeviceInfo,
     pub(crate) modules: ModuleCache<LoadedModule>,
+    pub(crate) memory: Arc<Allocator<DeviceMemory>>,
+}
+
+/// Segments for the caching allocator: `cuMemAlloc` (at least 256-byte aligned) and
+/// `cuMemFree`; fences are CUDA events (without timing), kept for reuse once the allocator is
+/// done with them, so that freeing a buffer records an event but creates none.
+pub(crate) struct DeviceMemory {
+    ctx: Arc<CudaContext>,
+    spare_events: Mutex<Vec<CudaEvent>>,
+}
+
+/// At most this many spare events are kept.
+const SPARE_EVENTS: usize = 1024;
+
+impl DeviceMemory {
+    /// An event recorded after the work queued on `stream` so far.
+    pub(crate) fn fence(&self, stream: &CudaStream) -> std::result::Result<CudaEvent, DriverError> {
+        let spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let event = match spare {
+            Some(e) => e,
+            None => self.ctx.new_event(None)?,
+        };
+        event.record(stream)?;
+        Ok(event)
+    }
+}
+
+impl Memory for DeviceMemory {
+    type Fence = CudaEvent;
+
+    fn allocate(&self, bytes: usize) -> std::result::Result<u64, String> {
+        self.ctx.bind_to_thread().map_err(describe)?;
+        // SAFETY: a plain allocation in the bound context.
+        unsafe { result::malloc_sync(bytes) }.map_err(|e| format!("cuMemAlloc of {bytes} bytes: {}", describe(e)))
+    }
+
+    unsafe fn release(&self, address: u64, _bytes: usize) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: `address` came from `allocate` and is no longer used (the caller's contract).
+        self.ctx.record_err(unsafe { result::free_sync(address) });
+    }
+
+    fn is_complete(&self, fence: &CudaEvent) -> bool {
+        // An error (a failed kernel) keeps the block out of use, which is the safe side.
+        fence.try_is_complete().unwrap_or(false)
+    }
+
+    fn recycle(&self, fence: CudaEvent) {
+        let mut spare = self.spare_events.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < SPARE_EVENTS {
+            spare.push(fence);
+        }
+    }
 }
 
 /// `SomeName (CUresult code): description` for a driver error.
@@ -75,10 +131,10 @@ pub(crate) fn core(ordinal: usize) -> Result<Arc<CudaCore>> {
 
 fn open(ordinal: usize, driver_version: CudaVersion) -> Result<CudaCore> {
     let ctx = CudaContext::new(ordinal).map_err(driver_err("creating the CUDA context"))?;
-    // SAFETY: cudarc's per-buffer event tracking only matters across streams. Every buffer of
-    // this device is allocated, copied, used by kernels and freed (cuMemFreeAsync) on the one
-    // stream below, so stream order already serialises all of it, and no events are recorded
-    // (which also keeps launches capturable into CUDA graphs).
+    // SAFETY: cudarc's event tracking guards its own `CudaSlice`s, which the runtime does not
+    // use: device memory comes from the caching allocator, which orders reuse across streams
+    // with its own events. Without it, cudarc records no events behind our back (which also
+    // keeps launches capturable into CUDA graphs).
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream().map_err(driver_err("creating the CUDA stream"))?;
     let name = ctx.name().map_err(driver_err("reading the device name"))?;
@@ -107,7 +163,8 @@ fn open(ordinal: usize, driver_version: CudaVersion) -> Result<CudaCore> {
             "reading the shared-memory limit",
         )?,
     };
-    Ok(CudaCore { ctx, stream, info, modules: ModuleCache::new() })
+    let memory = Arc::new(Allocator::new(DeviceMemory { ctx: Arc::clone(&ctx), spare_events: Mutex::new(Vec::new()) }));
+    Ok(CudaCore { ctx, default_stream: StreamCore::new(Some(stream)), info, modules: ModuleCache::new(), memory })
 }
 
 /// A module loaded into a context, and the kernel's function in it.

@@ -5,22 +5,25 @@ use std::sync::{Arc, Once};
 
 use ruda_codegen_ptx::{PtxVersion, Target};
 
+use crate::alloc::{MemoryStats, PoolId, SHARED_POOL};
 use crate::cache::CacheStats;
+use crate::context::{CpuCore, StreamCore};
 use crate::cuda::{self, CudaCore, CudaDeviceInfo};
-use crate::env::{self, parse_ptx_version, Compiler, DeviceSpec};
+use crate::env::{self, check_env, parse_ptx_version, Compiler, DeviceSpec};
 use crate::error::{Result, RuntimeError};
 use crate::probe::probe_driver;
-use crate::stream::Stream;
 use crate::target::{select_arch, select_target};
 
-/// Where tensors live and kernels run. Cheap to clone; clones are the same device.
+/// Where tensors live and kernels run. Cheap to clone; clones are the same device, with one
+/// default stream and one caching allocator. Every handle on one GPU shares them (and the
+/// module cache); each [`Device::cpu`] call makes a CPU device of its own.
 #[derive(Clone)]
 pub struct Device {
     inner: Arc<DeviceInner>,
 }
 
 enum DeviceInner {
-    Cpu,
+    Cpu(CpuCore),
     Cuda(CudaDevice),
 }
 
@@ -41,9 +44,9 @@ pub enum DeviceKind {
 }
 
 impl Device {
-    /// The CPU device (the IR interpreter).
+    /// A CPU device (the IR interpreter), with its own default stream and memory cache.
     pub fn cpu() -> Device {
-        Device { inner: Arc::new(DeviceInner::Cpu) }
+        Device { inner: Arc::new(DeviceInner::Cpu(CpuCore::new())) }
     }
 
     /// CUDA device `ordinal`, compiling as `RUDA_CUDA_COMPILER` and `RUDA_PTX_VERSION` say. An
@@ -69,8 +72,10 @@ impl Device {
     }
 
     /// The device `RUDA_DEVICE` names (see [`DeviceSpec`]); `auto` says on stderr, once per
-    /// process, which device it chose and why.
+    /// process, which device it chose and why. Every variable of [`check_env`] is validated
+    /// first, on every device: a bad `RUDA_CUDA_COMPILER` is an error on the CPU as well.
     pub fn from_env() -> Result<Device> {
+        check_env()?;
         Device::from_spec(DeviceSpec::from_env()?)
     }
 
@@ -102,7 +107,7 @@ impl Device {
     /// `cpu (the IR interpreter)`, or `cuda:N (name, compute capability, driver version)`.
     pub fn description(&self) -> String {
         match &*self.inner {
-            DeviceInner::Cpu => "cpu (the IR interpreter)".into(),
+            DeviceInner::Cpu(_) => "cpu (the IR interpreter)".into(),
             DeviceInner::Cuda(c) => {
                 let i = &c.core.info;
                 format!(
@@ -115,13 +120,13 @@ impl Device {
 
     pub fn kind(&self) -> DeviceKind {
         match &*self.inner {
-            DeviceInner::Cpu => DeviceKind::Cpu,
+            DeviceInner::Cpu(_) => DeviceKind::Cpu,
             DeviceInner::Cuda(c) => DeviceKind::Cuda { ordinal: c.core.info.ordinal },
         }
     }
 
     pub fn is_cpu(&self) -> bool {
-        matches!(&*self.inner, DeviceInner::Cpu)
+        matches!(&*self.inner, DeviceInner::Cpu(_))
     }
 
     pub fn is_cuda(&self) -> bool {
@@ -141,7 +146,7 @@ impl Device {
     /// The compiler kernels go through on a GPU; `None` on the CPU.
     pub fn compiler(&self) -> Option<Compiler> {
         match &*self.inner {
-            DeviceInner::Cpu => None,
+            DeviceInner::Cpu(_) => None,
             DeviceInner::Cuda(c) => Some(c.compiler),
         }
     }
@@ -150,7 +155,7 @@ impl Device {
     /// instructions (no kernel does yet). An error on the CPU device.
     pub fn target(&self, needs_sm90a: bool) -> Result<Target> {
         match &*self.inner {
-            DeviceInner::Cpu => Err(RuntimeError::DeviceMismatch {
+            DeviceInner::Cpu(_) => Err(RuntimeError::DeviceMismatch {
                 op: "Device::target".into(),
                 message: "the CPU device runs the IR interpreter and has no PTX target".into(),
             }),
@@ -162,14 +167,79 @@ impl Device {
         }
     }
 
-    /// The stream every operation on this device uses unless told otherwise.
-    pub fn default_stream(&self) -> Stream {
-        Stream::new(self.clone())
+    /// Wait until all work queued on the device, on every stream, has finished (a no-op on
+    /// the CPU).
+    pub fn synchronize(&self) -> Result<()> {
+        match self.cuda_core() {
+            None => Ok(()),
+            Some(core) => core.ctx.synchronize().map_err(|e| {
+                RuntimeError::driver(
+                    format!("synchronising {self} (an earlier kernel may have failed)"),
+                    cuda::describe(e),
+                )
+            }),
+        }
     }
 
-    /// Wait until all work queued on the device has finished (a no-op on the CPU).
-    pub fn synchronize(&self) -> Result<()> {
-        self.default_stream().synchronize()
+    /// The caching allocator's counters over all its pools: reserved and used bytes, driver
+    /// allocations and frees, reuses.
+    pub fn memory_stats(&self) -> MemoryStats {
+        match &*self.inner {
+            DeviceInner::Cpu(c) => c.memory.stats(),
+            DeviceInner::Cuda(c) => c.core.memory.stats(),
+        }
+    }
+
+    /// Give the memory cached by freed buffers (and by dropped [`MemoryPool`]s) back to the
+    /// driver, after waiting for the device; the bytes returned. Live buffers keep theirs.
+    pub fn release_cached_memory(&self) -> Result<u64> {
+        self.synchronize()?;
+        Ok(match &*self.inner {
+            DeviceInner::Cpu(c) => c.memory.release_cached(),
+            DeviceInner::Cuda(c) => c.core.memory.release_cached(),
+        })
+    }
+
+    /// A private memory pool: buffers allocated in it use segments of their own, which no
+    /// other pool's buffers reuse (graph capture needs addresses nobody else will take).
+    pub fn create_memory_pool(&self) -> MemoryPool {
+        let id = match &*self.inner {
+            DeviceInner::Cpu(c) => c.memory.create_pool(),
+            DeviceInner::Cuda(c) => c.core.memory.create_pool(),
+        };
+        MemoryPool { inner: Arc::new(PoolHandle { device: self.clone(), id }) }
+    }
+
+    pub(crate) fn pool_stats(&self, pool: PoolId) -> MemoryStats {
+        match &*self.inner {
+            DeviceInner::Cpu(c) => c.memory.pool_stats(pool),
+            DeviceInner::Cuda(c) => c.core.memory.pool_stats(pool),
+        }
+    }
+
+    /// The stream [`Device::default_stream`] hands out.
+    pub(crate) fn default_stream_core(&self) -> &Arc<StreamCore> {
+        match &*self.inner {
+            DeviceInner::Cpu(c) => &c.default_stream,
+            DeviceInner::Cuda(c) => &c.core.default_stream,
+        }
+    }
+
+    /// Whether two handles allocate from one caching allocator (one GPU, or clones of one
+    /// [`Device::cpu`]).
+    pub(crate) fn shares_allocator(&self, other: &Device) -> bool {
+        match (&*self.inner, &*other.inner) {
+            (DeviceInner::Cpu(a), DeviceInner::Cpu(b)) => Arc::ptr_eq(&a.memory, &b.memory),
+            (DeviceInner::Cuda(a), DeviceInner::Cuda(b)) => Arc::ptr_eq(&a.core, &b.core),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn cpu_core(&self) -> Option<&CpuCore> {
+        match &*self.inner {
+            DeviceInner::Cpu(c) => Some(c),
+            DeviceInner::Cuda(_) => None,
+        }
     }
 
     /// Hits and misses of the GPU's module cache (all zero on the CPU).
@@ -179,7 +249,7 @@ impl Device {
 
     pub(crate) fn cuda_core(&self) -> Option<&Arc<CudaCore>> {
         match &*self.inner {
-            DeviceInner::Cpu => None,
+            DeviceInner::Cpu(_) => None,
             DeviceInner::Cuda(c) => Some(&c.core),
         }
     }
@@ -198,6 +268,54 @@ fn auto_cuda() -> Result<Device, String> {
         RuntimeError::CudaUnavailable { source, .. } => format!("CUDA device 0 is not usable: {source}"),
         other => other.to_string(),
     })
+}
+
+/// A private memory pool of one device ([`Device::create_memory_pool`]). Cheap to clone; when
+/// the last handle drops, the pool takes no new allocations, and its memory goes back to the
+/// driver at the next [`Device::release_cached_memory`] once its buffers have dropped.
+#[derive(Clone)]
+pub struct MemoryPool {
+    inner: Arc<PoolHandle>,
+}
+
+struct PoolHandle {
+    device: Device,
+    id: PoolId,
+}
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        match &*self.device.inner {
+            DeviceInner::Cpu(c) => c.memory.retire_pool(self.id),
+            DeviceInner::Cuda(c) => c.core.memory.retire_pool(self.id),
+        }
+    }
+}
+
+impl MemoryPool {
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// This pool's counters.
+    pub fn stats(&self) -> MemoryStats {
+        self.inner.device.pool_stats(self.inner.id)
+    }
+
+    pub(crate) fn id(&self) -> PoolId {
+        self.inner.id
+    }
+}
+
+/// The pool an allocation goes to: the given private one, else the shared one.
+pub(crate) fn pool_id(pool: Option<&MemoryPool>) -> PoolId {
+    pool.map_or(SHARED_POOL, MemoryPool::id)
+}
+
+impl std::fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemoryPool({:?} on {})", self.inner.id, self.inner.device)
+    }
 }
 
 impl PartialEq for Device {

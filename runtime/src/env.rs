@@ -13,6 +13,9 @@ pub const RUDA_CUDA_COMPILER: &str = "RUDA_CUDA_COMPILER";
 pub const RUDA_PTX_VERSION: &str = "RUDA_PTX_VERSION";
 pub const RUDA_DUMP_IR: &str = "RUDA_DUMP_IR";
 pub const RUDA_REQUIRE_GPU: &str = "RUDA_REQUIRE_GPU";
+pub const RUDA_AUTOTUNE: &str = "RUDA_AUTOTUNE";
+/// Read by the runtime before each CPU launch; the interpreter's own name for it.
+pub const RUDA_INTERP_THREADS: &str = ruda_ir::interp::THREADS_ENV;
 
 /// The value of an environment variable: unset and empty read as `None`; a non-UTF-8 value is
 /// kept (lossily) so that it is reported as invalid rather than ignored.
@@ -170,4 +173,64 @@ pub fn parse_ptx_version(value: Option<&str>) -> Result<Option<PtxVersion>> {
 /// Whether `RUDA_REQUIRE_GPU=1`: tests must fail, not skip, without a CUDA device.
 pub fn require_gpu() -> bool {
     var(RUDA_REQUIRE_GPU).as_deref() == Some("1")
+}
+
+/// Whether ops benchmark their candidates (`RUDA_AUTOTUNE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AutotuneMode {
+    On,
+    /// Every op uses its heuristic default.
+    Off,
+}
+
+impl AutotuneMode {
+    /// Parse a `RUDA_AUTOTUNE` value (`None` or empty = unset = `on`).
+    pub fn parse(value: Option<&str>) -> Result<AutotuneMode> {
+        match value.map(str::trim) {
+            None | Some("") | Some("on") => Ok(AutotuneMode::On),
+            Some("off") => Ok(AutotuneMode::Off),
+            Some(_) => Err(RuntimeError::InvalidEnv {
+                var: RUDA_AUTOTUNE,
+                value: value.unwrap_or_default().to_string(),
+                accepted:
+                    "on (the default on CUDA), off (use each op's heuristic default); always off on the CPU device"
+                        .into(),
+            }),
+        }
+    }
+}
+
+/// Parse a `RUDA_INTERP_THREADS` value: the CPU threads the interpreter runs blocks on, a
+/// positive integer (`None` or empty = unset = the machine's available parallelism).
+pub fn parse_interp_threads(value: Option<&str>) -> Result<usize> {
+    let Some(raw) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    };
+    // Digits only: `usize::from_str` would also take a leading `+`.
+    let v = raw.trim();
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+        _ => Err(RuntimeError::InvalidEnv {
+            var: RUDA_INTERP_THREADS,
+            value: raw.to_string(),
+            accepted: "a positive integer, the CPU threads the interpreter runs blocks on; unset: all cores".into(),
+        }),
+    }
+}
+
+/// Read and parse `RUDA_INTERP_THREADS`.
+pub(crate) fn interp_threads_from_env() -> Result<usize> {
+    parse_interp_threads(var(RUDA_INTERP_THREADS).as_deref())
+}
+
+/// Check every variable that changes how kernels are compiled or run, whichever device is
+/// chosen: a value the README does not accept is an error on the CPU device too (where the
+/// compiler settings are unused), so that a typo is never silently ignored.
+pub fn check_env() -> Result<()> {
+    DeviceSpec::from_env()?;
+    Compiler::from_env()?;
+    parse_ptx_version(var(RUDA_PTX_VERSION).as_deref())?;
+    AutotuneMode::parse(var(RUDA_AUTOTUNE).as_deref())?;
+    interp_threads_from_env()?;
+    Ok(())
 }

@@ -57,10 +57,9 @@ pub enum RuntimeError {
     Codegen { kernel: String, target: String, message: String },
 
     /// The driver rejected the PTX (its JIT log and where the PTX was written are included).
-    #[error("kernel `{kernel}`: the CUDA driver could not load the PTX for {target}: {message}{}{}",
-        if log.is_empty() { String::new() } else { format!("\n--- JIT log ---\n{log}") },
-        match ptx_path { Some(p) => format!("\nthe PTX is in {}", p.display()), None => String::new() })]
-    ModuleLoad { kernel: String, target: String, message: String, log: String, ptx_path: Option<PathBuf> },
+    /// Boxed: the details are large and rare, and every `Result` of the runtime carries this type.
+    #[error(transparent)]
+    ModuleLoad(Box<ModuleLoadError>),
 
     /// A launch shape or argument list does not fit the kernel or the device.
     #[error("kernel `{kernel}`: invalid launch: {message}")]
@@ -75,8 +74,9 @@ pub enum RuntimeError {
     Launch { kernel: String, message: String },
 
     /// The interpreter (CPU device) stopped with an error; it names the kernel and the op.
+    /// Boxed for the same reason as [`RuntimeError::ModuleLoad`].
     #[error(transparent)]
-    Interp(#[from] InterpError),
+    Interp(Box<InterpError>),
 
     /// Any other CUDA driver call that failed, with what was being done.
     #[error("CUDA driver error while {context}: {message}")]
@@ -101,6 +101,32 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The driver's refusal to load a kernel's PTX: its message, the JIT's log, and where the PTX
+/// was written (the `RUDA_DUMP_IR` copy, else a temporary file) so that it can be inspected.
+#[derive(Debug, thiserror::Error)]
+#[error("kernel `{kernel}`: the CUDA driver could not load the PTX for {target}: {message}{}{}",
+    if log.is_empty() { String::new() } else { format!("\n--- JIT log ---\n{log}") },
+    match ptx_path { Some(p) => format!("\nthe PTX is in {}", p.display()), None => String::new() })]
+pub struct ModuleLoadError {
+    pub kernel: String,
+    pub target: String,
+    pub message: String,
+    pub log: String,
+    pub ptx_path: Option<PathBuf>,
+}
+
+impl From<InterpError> for RuntimeError {
+    fn from(e: InterpError) -> RuntimeError {
+        RuntimeError::Interp(Box::new(e))
+    }
+}
+
+impl From<ModuleLoadError> for RuntimeError {
+    fn from(e: ModuleLoadError) -> RuntimeError {
+        RuntimeError::ModuleLoad(Box::new(e))
+    }
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

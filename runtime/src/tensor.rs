@@ -3,9 +3,10 @@
 use std::fmt;
 
 use crate::buffer::Buffer;
-use crate::device::Device;
+use crate::device::{Device, MemoryPool};
 use crate::dtype::{decode_f32, DType, Element};
 use crate::error::{Result, RuntimeError};
+use crate::stream::Stream;
 
 /// A view of `shape` elements of `dtype` in a buffer: element `[i0, i1, ...]` lives at
 /// element index `offset + i0 * strides[0] + i1 * strides[1] + ...` of the buffer. Strides and
@@ -45,8 +46,14 @@ fn bytes_of(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {
 }
 
 impl Tensor {
-    /// A tensor holding a copy of `data` with `shape` (row-major).
+    /// A tensor holding a copy of `data` with `shape` (row-major), on the device's default
+    /// stream.
     pub fn from_slice<T: Element>(device: &Device, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_slice_on(&device.default_stream(), data, shape)
+    }
+
+    /// [`Tensor::from_slice`], allocated and copied in `stream`'s order.
+    pub fn from_slice_on<T: Element>(stream: &Stream, data: &[T], shape: &[usize]) -> Result<Tensor> {
         let numel = numel_of("Tensor::from_slice", shape)?;
         if numel != data.len() {
             return Err(RuntimeError::Shape(format!(
@@ -58,11 +65,17 @@ impl Tensor {
         for &v in data {
             v.write_le(&mut bytes);
         }
-        Tensor::from_bytes(device, T::DTYPE, shape, &bytes)
+        Tensor::from_bytes_on(stream, T::DTYPE, shape, &bytes)
     }
 
-    /// A tensor from its row-major little-endian bytes (as safetensors stores them).
+    /// A tensor from its row-major little-endian bytes (as safetensors stores them), on the
+    /// device's default stream.
     pub fn from_bytes(device: &Device, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor> {
+        Tensor::from_bytes_on(&device.default_stream(), dtype, shape, bytes)
+    }
+
+    /// [`Tensor::from_bytes`], allocated and copied in `stream`'s order.
+    pub fn from_bytes_on(stream: &Stream, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor> {
         let want = bytes_of("Tensor::from_bytes", shape, dtype)?;
         if want != bytes.len() {
             return Err(RuntimeError::Shape(format!(
@@ -70,19 +83,37 @@ impl Tensor {
                 bytes.len()
             )));
         }
-        Ok(Tensor::contiguous(dtype, shape, Buffer::from_bytes(device, bytes)?))
+        Ok(Tensor::contiguous(dtype, shape, Buffer::from_bytes_on(stream, bytes)?))
     }
 
-    /// A zero-filled tensor.
+    /// A zero-filled tensor, on the device's default stream. Its memory comes from the device's
+    /// caching allocator, so a tensor allocated every step does not call the driver.
     pub fn zeros(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        let bytes = bytes_of("Tensor::zeros", shape, dtype)?;
-        Ok(Tensor::contiguous(dtype, shape, Buffer::zeros(device, bytes)?))
+        Tensor::zeros_on(&device.default_stream(), dtype, shape)
     }
 
-    /// A tensor of unspecified content (zeros on the CPU), for outputs a kernel overwrites.
+    /// [`Tensor::zeros`], allocated and zeroed in `stream`'s order.
+    pub fn zeros_on(stream: &Stream, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let bytes = bytes_of("Tensor::zeros", shape, dtype)?;
+        Ok(Tensor::contiguous(dtype, shape, Buffer::zeros_on(stream, bytes)?))
+    }
+
+    /// A tensor of unspecified content (zeros on the CPU), for outputs a kernel overwrites, on
+    /// the device's default stream (from the caching allocator, as [`Tensor::zeros`]).
     pub fn empty(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Tensor::empty_on(&device.default_stream(), dtype, shape)
+    }
+
+    /// [`Tensor::empty`], usable in `stream`'s order.
+    pub fn empty_on(stream: &Stream, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         let bytes = bytes_of("Tensor::empty", shape, dtype)?;
-        Ok(Tensor::contiguous(dtype, shape, Buffer::uninit(device, bytes)?))
+        Ok(Tensor::contiguous(dtype, shape, Buffer::uninit_on(stream, bytes)?))
+    }
+
+    /// [`Tensor::empty_on`] in a private memory pool ([`crate::Device::create_memory_pool`]).
+    pub fn empty_in(pool: &MemoryPool, stream: &Stream, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let bytes = bytes_of("Tensor::empty_in", shape, dtype)?;
+        Ok(Tensor::contiguous(dtype, shape, Buffer::uninit_in(pool, stream, bytes)?))
     }
 
     fn contiguous(dtype: DType, shape: &[usize], buffer: Buffer) -> Tensor {
@@ -198,9 +229,14 @@ impl Tensor {
     }
 
     /// Overwrite the elements (row-major) with `data`, which must have `numel` elements of this
-    /// tensor's dtype. Contiguous tensors only. On CUDA the copy is ordered after earlier
-    /// launches on the device's stream.
+    /// tensor's dtype. Contiguous tensors only. On CUDA the copy is ordered after earlier work
+    /// on the buffer's stream ([`Buffer::stream`]).
     pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
+        self.copy_from_slice_on(&self.buffer.stream(), data)
+    }
+
+    /// [`Tensor::copy_from_slice`], queued on `stream`.
+    pub fn copy_from_slice_on<T: Element>(&self, stream: &Stream, data: &[T]) -> Result<()> {
         self.check_dtype("Tensor::copy_from_slice", T::DTYPE)?;
         if data.len() != self.numel() {
             return Err(RuntimeError::Shape(format!(
@@ -219,7 +255,7 @@ impl Tensor {
         for &x in data {
             x.write_le(&mut bytes);
         }
-        self.buffer.write(self.offset * self.dtype.size(), &bytes)
+        self.buffer.write_on(stream, self.offset * self.dtype.size(), &bytes)
     }
 
     fn check_dtype(&self, op: &str, dtype: DType) -> Result<()> {
@@ -233,12 +269,18 @@ impl Tensor {
         Ok(())
     }
 
-    /// The elements in row-major order, as little-endian bytes. On CUDA this waits for all
-    /// queued work on the device.
+    /// The elements in row-major order, as little-endian bytes, read on the buffer's stream
+    /// ([`Buffer::stream`]), which this synchronises. Data written on another stream needs
+    /// [`Tensor::to_bytes_on`] with that stream, or an event.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        self.to_bytes_on(&self.buffer.stream())
+    }
+
+    /// The elements in row-major order, read in `stream`'s order; synchronises `stream`.
+    pub fn to_bytes_on(&self, stream: &Stream) -> Result<Vec<u8>> {
         let size = self.dtype.size();
         let start = self.offset * size;
-        let raw = self.buffer.read(start..start + self.span_bytes())?;
+        let raw = self.buffer.read_on(stream, start..start + self.span_bytes())?;
         if self.is_contiguous() {
             return Ok(raw);
         }
@@ -260,10 +302,16 @@ impl Tensor {
         Ok(out)
     }
 
-    /// The elements in row-major order; `T` must be this tensor's dtype.
+    /// The elements in row-major order; `T` must be this tensor's dtype. Read on the buffer's
+    /// stream, as [`Tensor::to_bytes`].
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.to_vec_on(&self.buffer.stream())
+    }
+
+    /// [`Tensor::to_vec`] read in `stream`'s order; synchronises `stream`.
+    pub fn to_vec_on<T: Element>(&self, stream: &Stream) -> Result<Vec<T>> {
         self.check_dtype("Tensor::to_vec", T::DTYPE)?;
-        let bytes = self.to_bytes()?;
+        let bytes = self.to_bytes_on(stream)?;
         Ok(bytes.chunks_exact(T::DTYPE.size()).filter_map(T::read_le).collect())
     }
 

@@ -1,7 +1,7 @@
 //! The same checks on a GPU. Without a CUDA device each test says SKIPPED on stderr and passes,
 //! unless RUDA_REQUIRE_GPU=1.
 
-mod common;
+use crate::common;
 
 use half::{bf16, f16};
 use ruda_ir::interp::LaunchConfig;
@@ -92,4 +92,44 @@ fn cuda_rejects_cpu_tensors() {
         .launch(&k, LaunchConfig::linear(1, 32), &[Arg::Tensor(&x), Arg::Tensor(&y), Arg::scalar(4u32)])
         .unwrap_err();
     assert!(err.to_string().contains("the tensor is on cpu, the launch on cuda:0"), "{err}");
+}
+
+/// Two created streams ordered by an event: the second stream's kernel reads what the first
+/// one's wrote; events time the work; streams and events of the CPU device are refused.
+#[test]
+fn cuda_streams_ordered_by_events() {
+    let Some(d) = common::cuda_or_skip("cuda_streams_ordered_by_events") else { return };
+    let (s1, s2) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    assert!(!s1.same_stream(&s2) && !s1.same_stream(&d.default_stream()));
+    let k = common::scale2_kernel();
+    let n = 1u32 << 22;
+    let xs: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let x = Tensor::from_slice_on(&s1, &xs, &[n as usize]).unwrap();
+    let y = Tensor::empty_on(&s1, DType::F32, &[n as usize]).unwrap();
+    let z = Tensor::empty_on(&s2, DType::F32, &[n as usize]).unwrap();
+    let cfg = LaunchConfig::linear(n.div_ceil(256), 256);
+    let start = s1.record_event().unwrap();
+    // Several launches so that s2 would overtake s1 without the event.
+    for _ in 0..20 {
+        s1.launch(&k, cfg, &[Arg::Tensor(&x), Arg::Tensor(&y), Arg::scalar(n)]).unwrap();
+    }
+    let done = s1.record_event().unwrap();
+    s2.wait_event(&done).unwrap();
+    s2.launch(&k, cfg, &[Arg::Tensor(&y), Arg::Tensor(&z), Arg::scalar(n)]).unwrap();
+    let want: Vec<f32> = xs.iter().map(|v| v * 4.0).collect();
+    assert_eq!(z.to_vec_on::<f32>(&s2).unwrap(), want);
+    done.synchronize().unwrap();
+    assert!(done.is_complete().unwrap());
+    let ms = start.elapsed_ms(&done).unwrap();
+    assert!(ms > 0.0 && ms < 10_000.0, "{ms} ms");
+    assert_eq!(x.buffer().address() % 256, 0);
+    assert_eq!(z.buffer().address() % 256, 0);
+
+    let cpu = Device::cpu();
+    let cpu_event = cpu.default_stream().record_event().unwrap();
+    assert!(matches!(s1.wait_event(&cpu_event), Err(ruda_runtime::RuntimeError::DeviceMismatch { .. })));
+    assert!(cpu.default_stream().wait_event(&done).is_err());
+    assert!(cpu_event.elapsed_ms(&done).is_err());
+    assert!(x.to_vec_on::<f32>(&cpu.default_stream()).is_err());
+    d.synchronize().unwrap();
 }

@@ -1,6 +1,6 @@
 //! Parsing of the environment variables, as pure functions of their values.
 
-use ruda_runtime::{parse_ptx_version, Compiler, DeviceSpec, PtxVersion, RuntimeError};
+use ruda_runtime::{parse_interp_threads, parse_ptx_version, Compiler, DeviceSpec, PtxVersion, RuntimeError};
 
 #[test]
 fn device_spec_accepts_the_documented_forms() {
@@ -63,5 +63,18 @@ fn ptx_version_parsing() {
     for bad in ["8", "8.", ".0", "8.0.1", "v8.0", "8.x", "-8.0", "+8.0", "8,0", "1234.0", "8.9", "6.5", "99.0"] {
         let err = parse_ptx_version(Some(bad)).unwrap_err();
         assert!(matches!(err, RuntimeError::InvalidEnv { var: "RUDA_PTX_VERSION", .. }), "{bad}: {err:?}");
+    }
+}
+
+#[test]
+fn interp_threads_parsing() {
+    assert!(parse_interp_threads(None).unwrap() >= 1);
+    assert_eq!(parse_interp_threads(Some("")).unwrap(), parse_interp_threads(None).unwrap());
+    assert_eq!(parse_interp_threads(Some("1")).unwrap(), 1);
+    assert_eq!(parse_interp_threads(Some(" 8 ")).unwrap(), 8);
+    for bad in ["0", "-1", "+2", "many", "1.5", "99999999999999999999999"] {
+        let err = parse_interp_threads(Some(bad)).unwrap_err();
+        assert!(matches!(err, RuntimeError::InvalidEnv { var: "RUDA_INTERP_THREADS", .. }), "{bad}: {err:?}");
+        assert!(err.to_string().contains("positive integer"), "{err}");
     }
 }

@@ -1,6 +1,6 @@
 //! Launches on the CPU device, through the IR interpreter.
 
-mod common;
+use crate::common;
 
 use ruda_ir::interp::LaunchConfig;
 use ruda_ir::Constant;

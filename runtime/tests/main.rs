@@ -1,0 +1,17 @@
+//! The runtime's integration tests in one binary. Tests that set environment variables or
+//! count per-device state (module-cache hits, allocator statistics of a GPU) have binaries of
+//! their own: `cuda_cache`, `cuda_dump`, `cuda_alloc` and `env_process`.
+
+mod common;
+
+mod alloc;
+mod autotune;
+mod cache;
+mod cuda;
+mod device;
+mod env;
+mod events;
+mod launch_cpu;
+mod nvrtc;
+mod target;
+mod tensor;

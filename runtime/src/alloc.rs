@@ -207,12 +207,14 @@ impl<M: Memory> Allocator<M> {
         let mut guard = self.state();
         let s = &mut *guard;
         let p = s.pools.get_mut(&pool).filter(|p| !p.retired).ok_or("the memory pool was dropped")?;
-        let candidates: Vec<u64> = if size <= SMALL_LIMIT {
-            p.small.get(&size).map(|v| v.iter().rev().copied().collect()).unwrap_or_default()
+        // Most recently freed first; large blocks smallest first.
+        let picked = if size <= SMALL_LIMIT {
+            p.small.get(&size).and_then(|v| self.pick(&mut s.blocks, v.iter().rev(), stream))
         } else {
-            p.large.range(size..=size.saturating_add(size / 8)).flat_map(|(_, v)| v.iter().rev().copied()).collect()
+            let fits = p.large.range(size..=size.saturating_add(size / 8));
+            self.pick(&mut s.blocks, fits.flat_map(|(_, v)| v.iter().rev()), stream)
         };
-        if let Some(id) = self.pick(&mut s.blocks, &candidates, stream) {
+        if let Some(id) = picked {
             let b = s.blocks.get_mut(&id).ok_or("allocator: a free list names a missing block")?;
             let (address, block_size) = (b.address, b.size);
             b.live = true;
@@ -241,9 +243,14 @@ impl<M: Memory> Allocator<M> {
 
     /// The first candidate usable on `stream`: one without fences on other streams, else one
     /// whose other streams' fences have all completed (completed fences are dropped).
-    fn pick(&self, blocks: &mut HashMap<u64, Block<M::Fence>>, candidates: &[u64], stream: u64) -> Option<u64> {
+    fn pick<'a>(
+        &self,
+        blocks: &mut HashMap<u64, Block<M::Fence>>,
+        candidates: impl Iterator<Item = &'a u64> + Clone,
+        stream: u64,
+    ) -> Option<u64> {
         let clean = |b: &Block<M::Fence>| b.fences.iter().all(|(s, _)| *s == stream);
-        if let Some(&id) = candidates.iter().find(|id| blocks.get(id).is_some_and(clean)) {
+        if let Some(&id) = candidates.clone().find(|id| blocks.get(id).is_some_and(clean)) {
             return Some(id);
         }
         for &id in candidates {

@@ -81,7 +81,7 @@ impl Stream {
         }
     }
 
-    /// This stream on a device error: a clear error when `device` is not this stream's.
+    /// An error naming `op` unless `device` is this stream's device (data and stream must match).
     pub(crate) fn check_device(&self, op: &str, device: &Device) -> Result<()> {
         if self.device.same_device(device) {
             return Ok(());

@@ -10,56 +10,14 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{read_json, LoadError};
+use crate::layers::{ExpectedTensor, TensorSource, EMBED_TOKENS, LM_HEAD};
+use crate::models::architecture;
 use crate::safetensors::{SafetensorsFile, TensorInfo};
 
-/// The name of the embedding, which tied checkpoints reuse as `lm_head.weight`.
-pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
-/// The output projection.
-pub const LM_HEAD: &str = "lm_head.weight";
-
-/// A tensor a model needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExpectedTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    /// False only for `lm_head.weight` of a model with tied embeddings.
-    pub required: bool,
-}
-
-/// Every tensor `config` needs, with its shape (PyTorch's `[out, in]` for linear weights).
+/// Every tensor `config` needs, with its shape (PyTorch's `[out, in]` for linear weights) and
+/// device dtype: its architecture's declaration.
 pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
-    let (h, v, i, d) = (config.hidden_size, config.vocab_size, config.intermediate_size, config.head_dim);
-    let (q, kv) = (config.num_attention_heads * d, config.num_key_value_heads * d);
-    let mut out = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>| out.push(ExpectedTensor { name, shape, required: true });
-    add(EMBED_TOKENS.into(), vec![v, h]);
-    for l in 0..config.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        add(format!("{p}.input_layernorm.weight"), vec![h]);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![h]);
-        add(format!("{p}.self_attn.q_proj.weight"), vec![q, h]);
-        add(format!("{p}.self_attn.k_proj.weight"), vec![kv, h]);
-        add(format!("{p}.self_attn.v_proj.weight"), vec![kv, h]);
-        add(format!("{p}.self_attn.o_proj.weight"), vec![h, q]);
-        if config.qkv_bias {
-            add(format!("{p}.self_attn.q_proj.bias"), vec![q]);
-            add(format!("{p}.self_attn.k_proj.bias"), vec![kv]);
-            add(format!("{p}.self_attn.v_proj.bias"), vec![kv]);
-        }
-        if config.o_proj_bias {
-            add(format!("{p}.self_attn.o_proj.bias"), vec![h]);
-        }
-        if config.qk_norm {
-            add(format!("{p}.self_attn.q_norm.weight"), vec![d]);
-            add(format!("{p}.self_attn.k_norm.weight"), vec![d]);
-        }
-        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h]);
-        add(format!("{p}.mlp.up_proj.weight"), vec![i, h]);
-        add(format!("{p}.mlp.down_proj.weight"), vec![h, i]);
-    }
-    add("model.norm.weight".into(), vec![h]);
-    out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![v, h], required: !config.tie_word_embeddings });
-    out
+    architecture(config.model_type).tensors(config)
 }
 
 /// Where one tensor lives: its dtype, shape, and byte range in one mapped file.
@@ -205,6 +163,13 @@ impl Weights {
             }
         }
         Ok(out)
+    }
+}
+
+impl TensorSource for Weights {
+    fn stored(&self, name: &str) -> Option<(DType, &[usize], &[u8])> {
+        let info = self.get(name)?;
+        Some((info.dtype, &info.shape, self.bytes(name)?))
     }
 }
 

@@ -1,12 +1,10 @@
 //! The pipeline API on the fixture models through the interpreter: streaming, stop sequences,
 //! sampling, the examples' output, and clear errors for bad input.
 
-mod common;
-
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{device, fixture};
+use crate::common::{device, fixture};
 
 use ruda_llm::example::{self, ExampleArgs};
 use ruda_llm::{

@@ -1,0 +1,9 @@
+//! The integration tests of `ruda-llm`, one module per area, in one binary.
+
+mod chat_goldens;
+mod common;
+mod loading;
+mod model_goldens;
+mod pipeline;
+mod text;
+mod tokenizer_goldens;

@@ -84,7 +84,16 @@ pub fn run(
     out: &mut dyn Write,
     notices: &mut dyn Write,
 ) -> Result<(), LlmError> {
-    let args = ExampleArgs::parse(model_type, args)?;
+    run_parsed(model_type, &ExampleArgs::parse(model_type, args)?, out, notices)
+}
+
+/// [`run`] with the arguments already parsed (`ruda-llm generate` parses its own).
+pub fn run_parsed(
+    model_type: ModelType,
+    args: &ExampleArgs,
+    out: &mut dyn Write,
+    notices: &mut dyn Write,
+) -> Result<(), LlmError> {
     if args.prompt.is_empty() {
         return Err(LlmError::InvalidArgument("the prompt is empty".into()));
     }

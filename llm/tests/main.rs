@@ -1,6 +1,7 @@
 //! The integration tests of `ruda-llm`, one module per area, in one binary.
 
 mod chat_goldens;
+mod cli;
 mod common;
 mod loading;
 mod model_goldens;

@@ -143,15 +143,32 @@ impl AttentionScratch {
     }
 }
 
-/// The device copies of a chunk's token positions and sequence bookkeeping.
-pub struct StepInputs<'a> {
-    pub positions: &'a Tensor,
+/// The device copies of a chunk's token positions and sequence bookkeeping, written once per
+/// chunk and read by every attention layer.
+pub struct StepInputs {
+    positions: Tensor,
     /// The cache slot of each token's sequence (all 0: one sequence).
-    pub slots: &'a Tensor,
-    /// Positions filled after this chunk `[1]`.
-    pub seq_lens: &'a Tensor,
+    slots: Tensor,
+    /// Positions filled after the chunk `[1]`.
+    seq_lens: Tensor,
     /// `[0, tokens]`.
-    pub cu_seqlens: &'a Tensor,
+    cu_seqlens: Tensor,
+}
+
+impl StepInputs {
+    pub fn new(device: &Device, tokens: usize) -> Result<StepInputs, LlmError> {
+        let u32s = |n: usize| -> Result<Tensor, LlmError> { Ok(Tensor::zeros(device, DType::U32, &[n])?) };
+        Ok(StepInputs { positions: u32s(tokens)?, slots: u32s(tokens)?, seq_lens: u32s(1)?, cu_seqlens: u32s(2)? })
+    }
+
+    /// The chunk of `tokens` rows at positions `start..start + tokens` of one sequence.
+    pub fn write(&self, start: usize, tokens: usize) -> Result<(), LlmError> {
+        let positions: Vec<u32> = (start..start + tokens).map(|p| p as u32).collect();
+        self.positions.copy_from_slice(&positions)?;
+        self.seq_lens.copy_from_slice(&[(start + tokens) as u32])?;
+        self.cu_seqlens.copy_from_slice(&[0, tokens as u32])?;
+        Ok(())
+    }
 }
 
 impl Attention {
@@ -196,8 +213,8 @@ impl Attention {
             None => (&a.q, &a.k),
         };
         let (q3, k3, v3) = (q.reshape(&[t, hq, d])?, k.reshape(&[t, hkv, d])?, a.v.reshape(&[t, hkv, d])?);
-        rope.forward(s, &q3, step.positions, &a.q_rot).map_err(op("rope"))?;
-        rope.forward_into_cache(s, &k3, &v3, step.positions, step.slots, cache.k(), cache.v())
+        rope.forward(s, &q3, &step.positions, &a.q_rot).map_err(op("rope"))?;
+        rope.forward_into_cache(s, &k3, &v3, &step.positions, &step.slots, cache.k(), cache.v())
             .map_err(op("rope + cache append"))?;
         let attn = a.attn.reshape(&[t, hq, d])?;
         match t {
@@ -206,7 +223,7 @@ impl Attention {
                 &a.q_rot.reshape(&[1, hq, d])?,
                 cache.k(),
                 cache.v(),
-                step.seq_lens,
+                &step.seq_lens,
                 None,
                 decode,
                 &attn.reshape(&[1, hq, d])?,
@@ -215,11 +232,11 @@ impl Attention {
             _ => api::attention_prefill_cache_into(
                 s,
                 &a.q_rot,
-                step.cu_seqlens,
+                &step.cu_seqlens,
                 t,
                 cache.k(),
                 cache.v(),
-                step.seq_lens,
+                &step.seq_lens,
                 None,
                 true,
                 &attn,

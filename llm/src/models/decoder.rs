@@ -222,10 +222,7 @@ pub struct Decoder {
 pub struct Workspace {
     tokens: usize,
     ids: Tensor,
-    positions: Tensor,
-    slots: Tensor,
-    seq_lens: Tensor,
-    cu_seqlens: Tensor,
+    step: StepInputs,
     /// The residual stream alternates between two buffers (the CPU device forbids an op writing
     /// a tensor it also reads).
     residual: [Tensor; 2],
@@ -244,7 +241,6 @@ impl Decoder {
         let c = &self.spec.config;
         let (dev, dt) = (&self.device, self.dtype);
         let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(dev, dt, shape)?) };
-        let u32s = |n: usize| -> Result<Tensor, LlmError> { Ok(Tensor::zeros(dev, DType::U32, &[n])?) };
         let first =
             self.spec.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
         let (MixerSpec::Attention(attention), FfnSpec::Mlp(mlp)) = (&first.mixer, &first.ffn);
@@ -252,11 +248,8 @@ impl Decoder {
         let linears = self.layers.iter().flat_map(Layer::linears).chain([&self.lm_head]);
         Ok(Workspace {
             tokens,
-            ids: u32s(tokens)?,
-            positions: u32s(tokens)?,
-            slots: u32s(tokens)?,
-            seq_lens: u32s(1)?,
-            cu_seqlens: u32s(2)?,
+            ids: Tensor::zeros(dev, DType::U32, &[tokens])?,
+            step: StepInputs::new(dev, tokens)?,
             residual: [empty(&[tokens, c.hidden_size])?, empty(&[tokens, c.hidden_size])?],
             normed: empty(&[tokens, c.hidden_size])?,
             block_out: empty(&[tokens, c.hidden_size])?,
@@ -288,13 +281,8 @@ impl Decoder {
         let s = &stream;
         let t = ids.len();
         let start = cache.len();
-        let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         w.ids.copy_from_slice(ids)?;
-        w.positions.copy_from_slice(&positions)?;
-        w.seq_lens.copy_from_slice(&[(start + t) as u32])?;
-        w.cu_seqlens.copy_from_slice(&[0, t as u32])?;
-        let step =
-            StepInputs { positions: &w.positions, slots: &w.slots, seq_lens: &w.seq_lens, cu_seqlens: &w.cu_seqlens };
+        w.step.write(start, t)?;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
 
         let mut cur = 0;
@@ -307,7 +295,7 @@ impl Decoder {
                     s,
                     &w.plan,
                     &self.rope,
-                    &step,
+                    &w.step,
                     &w.normed,
                     layer_cache.kv()?,
                     cache.decode_workspace(),

@@ -98,12 +98,75 @@ pub trait CausalLm: Send + Sync {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use serde_json::json;
+
     use super::*;
+    use crate::config::parse_config;
+    use crate::layers::WeightDType;
+
+    /// A two-layer config of `model_type` with GQA 2:1 and head_dim 16 (not hidden / heads for
+    /// qwen3).
+    fn config(model_type: &str, extra: serde_json::Value) -> ModelConfig {
+        let mut j = json!({
+            "model_type": model_type, "vocab_size": 40, "hidden_size": 24, "intermediate_size": 20,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "tie_word_embeddings": false,
+        });
+        j.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        parse_config(Path::new("config.json"), &j).unwrap()
+    }
 
     #[test]
     fn every_model_type_has_its_own_architecture() {
         for t in [ModelType::Qwen2, ModelType::Qwen3] {
             assert_eq!(architecture(t).model_type(), t);
         }
+    }
+
+    #[test]
+    fn tuning_shapes_are_the_declared_weights() {
+        for c in [config("qwen2", json!({})), config("qwen3", json!({"attention_bias": true}))] {
+            let arch = architecture(c.model_type);
+            let tensors = arch.tensors(&c);
+            let shape = |name: &str| tensors.iter().find(|t| t.name == name).map(|t| (t.shape[0], t.shape[1]));
+            let nk = |s: &LinearShape| (s.n, s.k);
+            let shapes = arch.linear_shapes(&c, 7);
+            let by_name = |n: &str| shapes.iter().find(|s| s.name == n).copied().unwrap();
+            let p = "model.layers.1";
+            assert_eq!(Some(nk(&by_name("q_proj"))), shape(&format!("{p}.self_attn.q_proj.weight")));
+            assert_eq!(Some(nk(&by_name("o_proj"))), shape(&format!("{p}.self_attn.o_proj.weight")));
+            assert_eq!(Some(nk(&by_name("down_proj"))), shape(&format!("{p}.mlp.down_proj.weight")));
+            let (gate, up) = (shape(&format!("{p}.mlp.gate_proj.weight")), shape(&format!("{p}.mlp.up_proj.weight")));
+            assert_eq!(nk(&by_name("gate_up_proj")), (gate.unwrap().0 + up.unwrap().0, gate.unwrap().1));
+            assert_eq!(by_name("q_proj").m, 7);
+            assert_eq!((by_name("lm_head").m, nk(&by_name("lm_head"))), (1, shape("lm_head.weight").unwrap()));
+            // Each projection once for both layers, then lm_head.
+            assert_eq!(shapes.len(), 7, "{shapes:?}");
+            assert_eq!(arch.attention_shapes(&c), [AttentionShape { q_heads: 4, kv_heads: 2, head_dim: 16 }]);
+            for t in &tensors {
+                let norm = t.name.ends_with("norm.weight");
+                assert_eq!(t.dtype, if norm { WeightDType::F32 } else { WeightDType::Compute }, "{}", t.name);
+            }
+        }
+    }
+
+    #[test]
+    fn attention_variants_are_values_of_the_architecture() {
+        let names = |c: &ModelConfig| -> Vec<String> {
+            architecture(c.model_type)
+                .tensors(c)
+                .into_iter()
+                .filter(|t| t.name.starts_with("model.layers.0.self_attn.") && !t.name.ends_with("_proj.weight"))
+                .map(|t| t.name["model.layers.0.self_attn.".len()..].to_string())
+                .collect()
+        };
+        assert_eq!(names(&config("qwen2", json!({}))), ["q_proj.bias", "k_proj.bias", "v_proj.bias"]);
+        assert_eq!(names(&config("qwen3", json!({}))), ["q_norm.weight", "k_norm.weight"]);
+        assert_eq!(
+            names(&config("qwen3", json!({"attention_bias": true}))),
+            ["q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias", "q_norm.weight", "k_norm.weight"]
+        );
     }
 }

@@ -277,6 +277,13 @@ impl Decoder {
         w: &Workspace,
         all_logits: bool,
     ) -> Result<Tensor, LlmError> {
+        if cache.layers().len() != self.layers.len() {
+            return Err(LlmError::InvalidArgument(format!(
+                "the cache has {} layers, the model {}: it was made by another model",
+                cache.layers().len(),
+                self.layers.len()
+            )));
+        }
         let stream = self.device.default_stream();
         let s = &stream;
         let t = ids.len();

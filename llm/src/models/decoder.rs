@@ -13,7 +13,7 @@
 //! linear attention per layer) and MoE models (dense MLP or routed experts per layer) are new
 //! variants here, not new copies of the decoder.
 
-use ruda_ops::api;
+use ruda_ops::{api, tune};
 use ruda_runtime::{DType, Device, Tensor};
 
 use crate::cache::{Cache, KvCache, LayerCache};
@@ -25,7 +25,6 @@ use crate::layers::{
     StepInputs, TensorSource,
 };
 use crate::models::CausalLm;
-use ruda_ops::tune;
 
 /// What mixes information across positions in one layer.
 #[derive(Clone, Debug)]

@@ -446,3 +446,78 @@ fn generation_config() {
     let g = GenerationConfig::load(dir.path()).unwrap();
     assert_eq!((g.eos_token_ids, g.bos_token_id, g.temperature), (vec![15], Some(14), None));
 }
+
+/// A header of hand-written JSON text and `data` zero bytes.
+fn raw_file(header: &str, data: usize) -> Vec<u8> {
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend(header.as_bytes());
+    b.extend(vec![0u8; data]);
+    b
+}
+
+/// The format's rules as the `safetensors` crate enforces them, plus the duplicate keys it lets
+/// through: each file is refused by ours with a message naming the problem, and by the crate
+/// too, except where it keeps the last of two equal keys.
+#[test]
+fn header_rules_match_the_safetensors_crate() {
+    let dir = TempDir::new("rules");
+    let a = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
+    let cases: Vec<(&str, String, usize, &str, bool)> = vec![
+        (
+            "hole",
+            format!(r#"{{{a},"b":{{"dtype":"F32","shape":[1],"data_offsets":[12,16]}}}}"#),
+            16,
+            "data bytes 8..12 between tensor a and tensor b belong to no tensor",
+            false,
+        ),
+        (
+            "leading hole",
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#.into(),
+            8,
+            "data bytes 0..4 between the header and tensor a",
+            false,
+        ),
+        ("trailing", format!("{{{a}}}"), 9, "1 data bytes after the last tensor, a belong to no tensor", false),
+        ("no tensors, data", "{}".into(), 4, "4 data bytes after the header belong to no tensor", false),
+        ("metadata", format!(r#"{{"__metadata__":{{"n":1}},{a}}}"#), 8, "__metadata__ is not a map of strings", false),
+        ("duplicate tensor", format!("{{{a},{a}}}"), 8, "key \"a\" appears twice", true),
+        (
+            "duplicate field",
+            r#"{"a":{"dtype":"F32","shape":[2],"shape":[2],"data_offsets":[0,8]}}"#.into(),
+            8,
+            "tensor a: key \"shape\" appears twice",
+            false,
+        ),
+        (
+            "duplicate metadata",
+            format!(r#"{{"__metadata__":{{"x":"1","x":"2"}},{a}}}"#),
+            8,
+            "corrupt safetensors header: __metadata__: key \"x\" appears twice",
+            true,
+        ),
+    ];
+    for (what, header, data, want, crate_accepts) in cases {
+        let bytes = raw_file(&header, data);
+        dir.write("model.safetensors", &bytes);
+        let ours = ruda_llm::safetensors::SafetensorsFile::open(&dir.path().join("model.safetensors"));
+        let e = ours.err().unwrap_or_else(|| panic!("{what}: accepted")).to_string();
+        assert!(e.contains(want) && e.contains("model.safetensors"), "{what}: expected {want:?} in: {e}");
+        let theirs = safetensors::SafeTensors::deserialize(&bytes);
+        assert_eq!(theirs.is_ok(), crate_accepts, "{what}: the crate's verdict: {:?}", theirs.err());
+    }
+    // Zero-sized tensors anywhere, metadata of strings, and no tensors at all: accepted by both.
+    for (header, data) in [
+        (
+            format!(
+                r#"{{"__metadata__":{{"format":"pt"}},"e":{{"dtype":"F32","shape":[0],"data_offsets":[8,8]}},{a}}}"#
+            ),
+            8,
+        ),
+        ("{}".to_string(), 0),
+    ] {
+        let bytes = raw_file(&header, data);
+        dir.write("model.safetensors", &bytes);
+        ruda_llm::safetensors::SafetensorsFile::open(&dir.path().join("model.safetensors")).unwrap();
+        safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    }
+}

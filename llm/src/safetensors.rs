@@ -46,7 +46,15 @@ impl SafetensorsFile {
     /// the file and matches its shape, and no two tensors overlap.
     pub fn open(path: &Path) -> Result<SafetensorsFile, LoadError> {
         let file = File::open(path).map_err(|e| LoadError::io(path, e))?;
-        let len = file.metadata().map_err(|e| LoadError::io(path, e))?.len();
+        let meta = file.metadata().map_err(|e| LoadError::io(path, e))?;
+        // Mapping a directory fails with ENODEV ("No such device"): say what it is instead.
+        if meta.is_dir() {
+            return Err(LoadError::invalid(path, "is a directory, not a safetensors file"));
+        }
+        if !meta.is_file() {
+            return Err(LoadError::invalid(path, "is not a regular file (a safetensors file is mapped into memory)"));
+        }
+        let len = meta.len();
         if len < 8 {
             return Err(LoadError::invalid(
                 path,

@@ -86,11 +86,14 @@ impl Weights {
     pub fn load(dir: impl AsRef<Path>, config: &ModelConfig) -> Result<Weights, LoadError> {
         let dir = dir.as_ref();
         let index = dir.join("model.safetensors.index.json");
-        let (files, tensors) = if index.exists() {
+        // Whether the name is there at all, even as a symbolic link to nothing: opening it then
+        // says what it is, instead of "no model.safetensors in this folder".
+        let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+        let (files, tensors) = if present(&index) {
             load_sharded(dir, &index)?
         } else {
             let single = dir.join("model.safetensors");
-            if !single.exists() {
+            if !present(&single) {
                 return Err(LoadError::invalid(
                     dir,
                     "no model.safetensors or model.safetensors.index.json in this folder",

@@ -521,3 +521,26 @@ fn header_rules_match_the_safetensors_crate() {
         safetensors::SafeTensors::deserialize(&bytes).unwrap();
     }
 }
+
+#[test]
+fn weights_that_are_not_files_say_what_they_are() {
+    let config = config_of(&qwen3_json()).unwrap();
+    let dir = TempDir::new("not-files");
+    std::fs::create_dir(dir.path().join("model.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.ends_with("model.safetensors: is a directory, not a safetensors file"), "{e}");
+    std::fs::remove_dir(dir.path().join("model.safetensors")).unwrap();
+    std::os::unix::fs::symlink("elsewhere/model.safetensors", dir.path().join("model.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.contains("is a symbolic link to elsewhere/model.safetensors, which does not exist"), "{e}");
+    // A shard named by the index, the same way.
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    dir.write_json("model.safetensors.index.json", &json!({"weight_map": {EMBED_TOKENS: "a.safetensors"}}));
+    std::os::unix::fs::symlink("b.safetensors", dir.path().join("a.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.contains("a.safetensors: is a symbolic link to b.safetensors, which does not exist"), "{e}");
+    // A real file that is missing is still the OS's error.
+    std::fs::remove_file(dir.path().join("a.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.contains("a.safetensors: No such file or directory"), "{e}");
+}

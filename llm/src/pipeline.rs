@@ -166,8 +166,9 @@ impl Pipeline {
             None => DType::F32,
         };
         let tokenizer = Tokenizer::load(dir)?;
+        tokenizer.check_fits(config.vocab_size)?;
         let chat = ChatTemplate::load(dir)?;
-        let generation_config = GenerationConfig::load(dir)?;
+        let generation_config = GenerationConfig::load_for_vocab(dir, config.vocab_size)?;
         let weights = Weights::load(dir, &config)?;
         let model = QwenModel::load(&config, &weights, &device, dtype)?;
         let mut eos = generation_config.eos_token_ids.clone();

@@ -544,3 +544,19 @@ fn weights_that_are_not_files_say_what_they_are() {
     let e = weights_err(&dir, &config);
     assert!(e.contains("a.safetensors: No such file or directory"), "{e}");
 }
+
+#[test]
+fn eos_ids_outside_the_vocabulary() {
+    let dir = TempDir::new("eos");
+    dir.write_json("generation_config.json", &json!({"eos_token_id": [3, 16]}));
+    let e = GenerationConfig::load_for_vocab(dir.path(), 16).unwrap_err().to_string();
+    assert!(
+        e.contains("generation_config.json: eos_token_id 16 is outside the model's vocabulary (vocab_size 16"),
+        "{e}"
+    );
+    assert_eq!(GenerationConfig::load_for_vocab(dir.path(), 17).unwrap().eos_token_ids, vec![3, 16]);
+    std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
+    dir.write_json("config.json", &with(qwen3_json(), "eos_token_id", json!(99)));
+    let e = GenerationConfig::load_for_vocab(dir.path(), 16).unwrap_err().to_string();
+    assert!(e.contains("config.json: eos_token_id 99 is outside"), "{e}");
+}

@@ -9,7 +9,7 @@ use ruda_runtime::{DType, Device, Tensor};
 use serde_json::Value;
 
 use crate::config::ModelConfig;
-use crate::error::{read_json, LoadError};
+use crate::error::{read_json, LlmError, LoadError};
 use crate::safetensors::{SafetensorsFile, TensorInfo};
 
 /// The name of the embedding, which tied checkpoints reuse as `lm_head.weight`.
@@ -60,6 +60,19 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
     add("model.norm.weight".into(), vec![h]);
     out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![v, h], required: !config.tie_word_embeddings });
     out
+}
+
+/// Whether `RUDA_CHECK_WEIGHTS` asks for [`Weights::check_finite`]: `on` (the default, also when
+/// unset) or `off`; anything else is an error naming the variable.
+pub(crate) fn check_weights_from_env() -> Result<bool, LlmError> {
+    match std::env::var_os("RUDA_CHECK_WEIGHTS") {
+        None => Ok(true),
+        Some(v) if v == "on" => Ok(true),
+        Some(v) if v == "off" => Ok(false),
+        Some(v) => {
+            Err(LlmError::InvalidArgument(format!("RUDA_CHECK_WEIGHTS={}: expected on or off", v.to_string_lossy())))
+        }
+    }
 }
 
 /// Where one tensor lives: its dtype, shape, and byte range in one mapped file.
@@ -185,9 +198,57 @@ impl Weights {
         self.tied
     }
 
+    /// Refuse a tensor that holds a NaN or an infinity, naming it and its first bad element: a
+    /// model with one generates garbage (token 0 forever) without any other error. Run by the
+    /// pipeline before upload unless `RUDA_CHECK_WEIGHTS=off`; one pass over the mapped bytes,
+    /// tensors spread over the CPU's threads, which leaves them in the page cache for the upload.
+    pub fn check_finite(&self) -> Result<(), LoadError> {
+        let names: Vec<&String> = self.tensors.keys().filter(|n| !(self.tied && n.as_str() == LM_HEAD)).collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(names.len().max(1));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut failures: Vec<(usize, LoadError)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut found = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(name) = names.get(i) else { break found };
+                            if let Err(e) = self.check_tensor(name) {
+                                found.push((i, e));
+                            }
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
+        // The first bad tensor in name order, whichever thread found it.
+        failures.sort_by_key(|(i, _)| *i);
+        failures.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
+    }
+
+    /// [`Weights::check_finite`] for one tensor.
+    pub fn check_tensor(&self, name: &str) -> Result<(), LoadError> {
+        let Some(t) = self.tensors.get(name) else { return Ok(()) };
+        let bytes = self.files[t.file].bytes(name).unwrap_or_default();
+        match first_non_finite(t.dtype, bytes) {
+            None => Ok(()),
+            Some((i, what)) => Err(LoadError::invalid(
+                self.files[t.file].path(),
+                format!(
+                    "tensor {name} holds {what} at element {i} (index {:?} of shape {:?}); RUDA_CHECK_WEIGHTS=off loads it anyway",
+                    unflatten(i, &t.shape),
+                    t.shape
+                ),
+            )),
+        }
+    }
+
     /// Create one device tensor per weight, each from a slice of the mapping (no copy of a
     /// whole file in host memory). With tied embeddings, `lm_head.weight` is the embedding
     /// tensor itself (one buffer), as in transformers even when the file also stores it.
+    /// Values are copied as they are: [`Weights::check_finite`] first refuses NaN and infinities.
     pub fn upload(&self, device: &Device) -> Result<HashMap<String, Tensor>, LoadError> {
         let mut out = HashMap::with_capacity(self.tensors.len() + 1);
         for (name, t) in &self.tensors {
@@ -209,6 +270,56 @@ impl Weights {
         }
         Ok(out)
     }
+}
+
+/// The index of the first NaN or infinity among the elements of `bytes` (little-endian
+/// `dtype`), and which it is. bf16, f16 and f32; other dtypes never reach the weights.
+fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, &'static str)> {
+    // An all-ones exponent is NaN or infinity; the mantissa tells which, the sign which infinity.
+    match dtype {
+        DType::BF16 => first_non_finite_of::<2>(bytes, 0x7f80, 0x007f),
+        DType::F16 => first_non_finite_of::<2>(bytes, 0x7c00, 0x03ff),
+        DType::F32 => first_non_finite_of::<4>(bytes, 0x7f80_0000, 0x007f_ffff),
+        _ => None,
+    }
+}
+
+/// [`first_non_finite`] for `SIZE`-byte floats with these exponent and mantissa masks.
+fn first_non_finite_of<const SIZE: usize>(bytes: &[u8], exponent: u32, mantissa: u32) -> Option<(usize, &'static str)> {
+    let word = |c: &[u8]| {
+        let mut w = [0u8; 4];
+        w[..SIZE].copy_from_slice(c);
+        u32::from_le_bytes(w)
+    };
+    // Blocks with a branch-free test first (it vectorises); only a bad block is searched.
+    const BLOCK: usize = 4096;
+    for (b, block) in bytes.chunks(BLOCK * SIZE).enumerate() {
+        if !block.chunks_exact(SIZE).fold(false, |any, c| any | (word(c) & exponent == exponent)) {
+            continue;
+        }
+        let (i, w) = block.chunks_exact(SIZE).map(word).enumerate().find(|(_, w)| w & exponent == exponent)?;
+        let what = if w & mantissa != 0 {
+            "NaN"
+        } else if w >> (SIZE * 8 - 1) == 1 {
+            "-inf"
+        } else {
+            "inf"
+        };
+        return Some((b * BLOCK + i, what));
+    }
+    None
+}
+
+/// The multi-dimensional index of flat element `i` of a row-major `shape`.
+fn unflatten(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (k, &d) in shape.iter().enumerate().rev() {
+        if d > 0 {
+            index[k] = i % d;
+            i /= d;
+        }
+    }
+    index
 }
 
 fn info(file: usize, t: &TensorInfo) -> WeightInfo {

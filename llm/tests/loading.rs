@@ -546,6 +546,71 @@ fn weights_that_are_not_files_say_what_they_are() {
 }
 
 #[test]
+fn non_finite_weights_are_refused_by_check_finite() {
+    let config = config_of(&qwen3_json()).unwrap();
+    let dir = TempDir::new("nan");
+    let clean = model_tensors(&config, false);
+    dir.write("model.safetensors", &safetensors(&clean));
+    Weights::load(dir.path(), &config).unwrap().check_finite().unwrap();
+    // One bad value per dtype, in the last element of its tensor's second row.
+    let f16_inf = 0x7c00u16.to_le_bytes().to_vec();
+    let f16_norm: Vec<u8> = (0..6).flat_map(|i| if i == 5 { f16_inf.clone() } else { vec![0, 0x3c] }).collect();
+    let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        ("model.norm.weight", "F16", f16_norm, "holds inf at element 5 (index [5] of shape [6])"),
+        (
+            "model.layers.1.mlp.down_proj.weight",
+            "F32",
+            f32_with(60, 19, f32::NAN),
+            "holds NaN at element 19 (index [1, 9] of shape [6, 10])",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "BF16",
+            bf16_with(48, 11, 0xff80),
+            "holds -inf at element 11 (index [1, 5] of shape [8, 6])",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "F32",
+            f32_with(48, 47, f32::NEG_INFINITY),
+            "holds -inf at element 47 (index [7, 5]",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "F32",
+            f32_with(48, 0, -f32::NAN),
+            "holds NaN at element 0 (index [0, 0]",
+        ),
+    ];
+    for (name, dtype, bytes, want) in cases {
+        let mut tensors = clean.clone();
+        let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
+        (t.1, t.3) = (dtype, bytes);
+        dir.write("model.safetensors", &safetensors(&tensors));
+        let w = Weights::load(dir.path(), &config).unwrap();
+        let e = w.check_finite().unwrap_err().to_string();
+        assert!(e.contains(&format!("tensor {name} {want}")) && e.contains("model.safetensors"), "{e}");
+        assert!(e.contains("RUDA_CHECK_WEIGHTS=off"), "{e}");
+    }
+    // The largest finite values are not infinities.
+    let mut tensors = clean;
+    let t = tensors.iter_mut().find(|t| t.0 == "model.norm.weight").unwrap();
+    t.3 = [f32::MAX, f32::MIN, f32::MIN_POSITIVE, -0.0, 1e-45, 0.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    dir.write("model.safetensors", &safetensors(&tensors));
+    Weights::load(dir.path(), &config).unwrap().check_finite().unwrap();
+}
+
+/// `n` f32 halves with `value` at `at`.
+fn f32_with(n: usize, at: usize, value: f32) -> Vec<u8> {
+    (0..n).flat_map(|i| if i == at { value } else { 0.5 }.to_le_bytes()).collect()
+}
+
+/// `n` bf16 ones with the bits `value` at `at`.
+fn bf16_with(n: usize, at: usize, value: u16) -> Vec<u8> {
+    (0..n).flat_map(|i| if i == at { value } else { 0x3f80 }.to_le_bytes()).collect()
+}
+
+#[test]
 fn eos_ids_outside_the_vocabulary() {
     let dir = TempDir::new("eos");
     dir.write_json("generation_config.json", &json!({"eos_token_id": [3, 16]}));

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use common::fixture;
 use ruda_llm::safetensors::SafetensorsFile;
-use ruda_llm::LoadError;
+use ruda_llm::{load_pipeline, LoadError, PipelineOptions};
 use serde_json::Value;
 
 /// A copy of the `qwen2-tied` fixture (bf16 weights, vocab_size 400, tokenizer ids 0..=399)
@@ -504,4 +504,23 @@ fn committed_files_read_the_same_with_the_safetensors_crate() {
         }
     }
     assert!(checked >= 5, "only {checked} committed safetensors files found");
+}
+
+/// `PipelineOptions::check_weights` decides over `RUDA_CHECK_WEIGHTS`.
+#[test]
+fn the_pipeline_option_turns_the_weight_check_off_and_on() {
+    let folder = Folder::new("option");
+    poke_bf16(&folder.model(), NORM, 7, 0x7f80);
+    let load = |check_weights| {
+        let options = PipelineOptions { device: Some(common::device()), check_weights, ..Default::default() };
+        load_pipeline(folder.model(), &options).err().map(|e| e.to_string())
+    };
+    let refused = format!("tensor {NORM} holds inf at element 7");
+    // `None` reads the variable: it refuses only when the variable leaves the default.
+    let default = std::env::var_os("RUDA_CHECK_WEIGHTS").is_none_or(|v| v == "on");
+    for check in [Some(true)].into_iter().chain(default.then_some(None)) {
+        let e = load(check).unwrap_or_else(|| panic!("check_weights {check:?}: loaded"));
+        assert!(e.contains(&refused), "{e}");
+    }
+    assert_eq!(load(Some(false)), None);
 }

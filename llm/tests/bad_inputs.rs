@@ -446,13 +446,13 @@ fn every_bad_input_is_a_clear_error_with_its_exit_status() {
 /// A tensor as both parsers see it: name, dtype, shape, byte range within the data.
 type Tensor = (String, String, Vec<usize>, (usize, usize));
 
-/// Our parser against the `safetensors` crate on one file: both accept it with the same tensor
-/// names, dtypes, shapes and byte ranges, or both refuse it (`crate_accepts`: only ours does).
-fn cross_check(path: &Path, crate_accepts: bool) -> Result<(), String> {
+/// Our parser against the `safetensors` crate on one file: `Ok(None)` when both accept it with
+/// the same tensor names, dtypes, shapes and byte ranges, or both refuse it; `Ok(Some(error))`
+/// when only ours refuses it; `Err` for any other disagreement.
+fn compare(path: &Path) -> Result<Option<LoadError>, String> {
     let bytes = std::fs::read(path).unwrap();
     let theirs = safetensors::SafeTensors::read_metadata(&bytes);
-    let ours = SafetensorsFile::open(path);
-    match (ours, theirs) {
+    match (SafetensorsFile::open(path), theirs) {
         (Ok(ours), Ok((n, meta))) => {
             let data_start = 8 + n;
             let mut theirs: Vec<Tensor> = meta
@@ -469,23 +469,23 @@ fn cross_check(path: &Path, crate_accepts: bool) -> Result<(), String> {
                     (name.clone(), t.dtype.name().to_uppercase(), t.shape.clone(), range)
                 })
                 .collect();
-            if crate_accepts {
-                return Err(format!("{}: expected our parser to refuse it", path.display()));
-            }
             (ours == theirs)
-                .then_some(())
+                .then_some(None)
                 .ok_or_else(|| format!("{}: ours {ours:?}\ntheirs {theirs:?}", path.display()))
         }
-        (Err(ours), Ok(_)) if crate_accepts => {
-            matches!(ours, LoadError::Invalid { .. }).then_some(()).ok_or_else(|| format!("ours: {ours}"))
-        }
-        (Err(_), Err(_)) if !crate_accepts => Ok(()),
-        (ours, theirs) => Err(format!(
-            "{}: the parsers disagree: ours {:?}, the crate's {:?}",
-            path.display(),
-            ours.err().map(|e| e.to_string()),
-            theirs.err().map(|e| e.to_string())
-        )),
+        (Err(_), Err(_)) => Ok(None),
+        (Err(ours), Ok(_)) => Ok(Some(ours)),
+        (Ok(_), Err(theirs)) => Err(format!("{}: ours accepts it, the crate refuses it: {theirs}", path.display())),
+    }
+}
+
+/// [`compare`], where only a file the crate is known to accept and ours refuses (a duplicate
+/// top-level key, `crate_accepts`) may differ.
+fn cross_check(path: &Path, crate_accepts: bool) -> Result<(), String> {
+    match compare(path)? {
+        None if crate_accepts => Err(format!("{}: expected only our parser to refuse it", path.display())),
+        Some(ours) if !crate_accepts => Err(format!("{}: only ours refuses it: {ours}", path.display())),
+        _ => Ok(()),
     }
 }
 
@@ -523,4 +523,65 @@ fn the_pipeline_option_turns_the_weight_check_off_and_on() {
         assert!(e.contains(&refused), "{e}");
     }
     assert_eq!(load(Some(false)), None);
+}
+
+/// A differential fuzz of the header: two thousand small corruptions of a file the crate wrote
+/// (bytes of its header changed to JSON's punctuation, digits and letters; its length field and
+/// its end changed), each read by both parsers. Neither may panic; ours may refuse beyond the
+/// crate only a duplicate key or a dtype the model layer does not hold.
+#[test]
+fn corrupted_headers_get_the_crates_verdict() {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let data: Vec<u8> = (0..=255).cycle().take(2 * 3 * 4 + 5 * 2 + 4 * 2 + 3).collect();
+    let views = [
+        ("a.weight", Dtype::F32, vec![2, 3], &data[..24]),
+        ("a.bias", Dtype::BF16, vec![5], &data[24..34]),
+        ("b.0", Dtype::F16, vec![2, 2], &data[34..42]),
+        ("b.1", Dtype::U8, vec![3], &data[42..45]),
+        ("empty", Dtype::I32, vec![0, 4], &data[45..45]),
+    ];
+    let tensors: Vec<(&str, TensorView)> =
+        views.iter().map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let metadata = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
+    let good = safetensors::serialize(tensors, metadata).unwrap();
+    let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+
+    let folder = Folder::new("fuzz");
+    let path = folder.0.join("f.safetensors");
+    std::fs::write(&path, &good).unwrap();
+    assert!(matches!(compare(&path), Ok(None)), "the crate's own file: {:?}", compare(&path));
+    let alphabet = b"{}[]\",:0123456789 .-eEaFUIBx_";
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: usize| {
+        // xorshift64*: deterministic, so a failure replays.
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+    };
+    let (mut accepted, mut failures) = (0, Vec::new());
+    for case in 0..2000 {
+        let mut bytes = good.clone();
+        match next(20) {
+            0 => bytes[next(8)] = next(256) as u8,
+            1 => bytes.truncate(next(bytes.len())),
+            2 => bytes.extend(std::iter::repeat_n(0, 1 + next(8))),
+            _ => {
+                for _ in 0..1 + next(3) {
+                    bytes[8 + next(header_len)] = alphabet[next(alphabet.len())];
+                }
+            }
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        match compare(&path) {
+            Ok(None) => accepted += usize::from(safetensors::SafeTensors::read_metadata(&bytes).is_ok()),
+            Ok(Some(e)) if e.to_string().contains("appears twice") || matches!(e, LoadError::Unsupported { .. }) => {}
+            Ok(Some(e)) => failures.push(format!("case {case}: only ours refuses: {e}")),
+            Err(e) => failures.push(format!("case {case}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{} disagreement(s):\n{}", failures.len(), failures.join("\n"));
+    // Some corruptions leave a valid file (a renamed tensor, a changed metadata value).
+    assert!(accepted > 20, "only {accepted} corrupted files were valid: the corruptions are too coarse");
 }

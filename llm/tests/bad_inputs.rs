@@ -208,7 +208,24 @@ fn rows() -> Vec<Row> {
             output: "RUDA_DTYPE=f64: expected f32, f16 or bf16",
             ..fails("", nothing, "")
         },
+        Row {
+            name: "RUDA_DEVICE=bogus",
+            env: &[("RUDA_DEVICE", "bogus")],
+            output: "RUDA_DEVICE",
+            ..fails("", nothing, "")
+        },
         // config.json and generation_config.json.
+        fails("no config.json", |d| std::fs::remove_file(d.join("config.json")).unwrap(), "config.json: No such file"),
+        fails(
+            "a quantised checkpoint",
+            |d| config(d, "quantization_config", serde_json::json!({"quant_method": "awq"})),
+            "not supported: quantization_config (quant_method \"awq\")",
+        ),
+        fails(
+            "generation_config.json with a bad value",
+            |d| edit_json(&d.join("generation_config.json"), |v| v["top_k"] = "many".into()),
+            "generation_config.json: top_k is not a non-negative integer",
+        ),
         fails("config.json is not JSON", |d| std::fs::write(d.join("config.json"), "{ not").unwrap(), "config.json: invalid JSON"),
         fails(
             "another architecture",
@@ -236,7 +253,49 @@ fn rows() -> Vec<Row> {
             |d| config(d, "vocab_size", 390.into()),
             "tokenizer.json: tokenizer: token \"<|im_end|>\" has id 399, outside the model's vocabulary (vocab_size 390 in config.json; 10 token(s) past it)",
         ),
+        fails(
+            "tokenizer.json is not a tokenizer",
+            |d| std::fs::write(d.join("tokenizer.json"), "{\"model\": 3}").unwrap(),
+            "tokenizer.json: tokenizer: cannot load",
+        ),
+        fails(
+            "a chat template that does not compile",
+            |d| edit_json(&d.join("tokenizer_config.json"), |v| v["chat_template"] = "{% if %}".into()),
+            "chat template (",
+        ),
         // The weights' files.
+        fails(
+            "the index is not JSON",
+            |d| std::fs::write(d.join("model.safetensors.index.json"), "{").unwrap(),
+            "model.safetensors.index.json: invalid JSON",
+        ),
+        fails(
+            "a shard the index names is missing",
+            |d| {
+                let (header, _) = split(&d.join("model.safetensors"));
+                let names: Value = serde_json::from_str(&header).unwrap();
+                let map: serde_json::Map<String, Value> = names
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .filter(|k| *k != "__metadata__")
+                    .map(|k| (k.clone(), "model-00001-of-00002.safetensors".into()))
+                    .collect();
+                let index = serde_json::json!({"weight_map": map});
+                std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+            },
+            "model-00001-of-00002.safetensors: No such file or directory",
+        ),
+        fails(
+            "a tensor of a dtype the model layer does not take",
+            |d| {
+                edit_header(d, |h| {
+                    let old = entry(h, NORM);
+                    h.replace(&old, &old.replace("BF16", "I16"))
+                })
+            },
+            "not supported: tensor model.layers.1.post_attention_layernorm.weight has dtype i16",
+        ),
         fails(
             "no weights",
             |d| std::fs::remove_file(d.join("model.safetensors")).unwrap(),

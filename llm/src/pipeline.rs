@@ -21,7 +21,7 @@ use crate::generate::{
 use crate::generation::GenerationConfig;
 use crate::models::{architecture, Architecture, CausalLm};
 use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
+use crate::weights::{check_weights_from_env, Weights};
 
 /// The Hugging Face-style names of the pipeline, its error and its chat types, kept for callers
 /// written against them.
@@ -66,6 +66,9 @@ pub struct PipelineOptions {
     /// `max_position_embeddings`). A longer request grows it. Decode attention is tuned for this
     /// capacity (`ruda-llm tune --context` pre-tunes the same).
     pub context: Option<usize>,
+    /// Refuse weights holding NaN or infinities ([`Weights::set_check_finite`]); `None`:
+    /// `RUDA_CHECK_WEIGHTS` (`on` unless it says `off`).
+    pub check_weights: Option<bool>,
 }
 
 /// What was loaded, and the defaults it offers.
@@ -178,10 +181,14 @@ impl Pipeline {
             None if device.is_cuda() => DType::BF16,
             None => DType::F32,
         };
+        let check_weights = options.check_weights.unwrap_or(check_weights_from_env()?);
         let tokenizer = Tokenizer::load(dir)?;
+        tokenizer.check_fits(config.vocab_size)?;
         let chat = ChatTemplate::load(dir)?;
-        let generation_config = GenerationConfig::load(dir)?;
-        let weights = Weights::load(dir, &config)?;
+        let generation_config = GenerationConfig::load_for_vocab(dir, config.vocab_size)?;
+        let mut weights = Weights::load(dir, &config)?;
+        // Checked as each tensor is read for upload, not in a pass of its own.
+        weights.set_check_finite(check_weights);
         let model = architecture(config.model_type).load(&config, &weights, &device, dtype)?;
         let mut eos = generation_config.eos_token_ids.clone();
         if eos.is_empty() {

@@ -1,5 +1,6 @@
 //! The integration tests of `ruda-llm`, one module per area, in one binary.
 
+mod bad_inputs;
 mod chat_goldens;
 mod cli;
 mod common;

@@ -75,10 +75,7 @@ fn compute_dtype(s: &str) -> Result<DType, String> {
 }
 
 fn generate(args: GenerateArgs) -> Result<(), LlmError> {
-    let prompt = args
-        .prompt
-        .into_string()
-        .map_err(|p| LlmError::InvalidArgument(format!("the prompt is not valid UTF-8: {:?}", p.to_string_lossy())))?;
+    let prompt = example::prompt_text(&args.prompt)?;
     let model_type = ruda_llm::architecture_of(&args.model_dir)?.model_type();
     let parsed =
         ExampleArgs { model_dir: args.model_dir, prompt, max_new_tokens: args.max_new_tokens, runs: args.runs };

@@ -21,7 +21,7 @@ pub use rope::{Rope, RopeSpec};
 use ruda_ops::api;
 use ruda_runtime::{DType, Device, Tensor};
 
-use crate::error::LlmError;
+use crate::error::{LlmError, LoadError};
 
 /// The dtype a layer holds a tensor in on the device (the checkpoint may store bf16, f16 or f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +55,11 @@ impl ExpectedTensor {
 pub trait TensorSource {
     /// The stored dtype, shape and bytes of tensor `name`.
     fn stored(&self, name: &str) -> Option<(DType, &[usize], &[u8])>;
+
+    /// Refuse tensor `name`'s values, naming it, when they must not reach the device (for
+    /// [`crate::Weights`]: a NaN or an infinity, unless that check is off). The [`Loader`] calls
+    /// it on every tensor it reads, as it reads it.
+    fn check(&self, name: &str) -> Result<(), LoadError>;
 }
 
 /// Uploads declared tensors to a device, converting them to the dtype their declaration asks.
@@ -73,8 +78,11 @@ impl Loader<'_> {
         }
     }
 
+    /// Tensor `name` as stored, once [`TensorSource::check`] accepts it.
     fn stored(&self, name: &str) -> Result<(DType, &[usize], &[u8]), LlmError> {
-        self.source.stored(name).ok_or_else(|| LlmError::missing_tensor(name))
+        let stored = self.source.stored(name).ok_or_else(|| LlmError::missing_tensor(name))?;
+        self.source.check(name)?;
+        Ok(stored)
     }
 
     /// The device tensor of `t`.
@@ -89,9 +97,10 @@ impl Loader<'_> {
     /// copy of these tensors only), in the dtype of the first one's declaration.
     pub(crate) fn stacked(&self, parts: &[ExpectedTensor]) -> Result<Tensor, LlmError> {
         let first = parts.first().ok_or_else(|| LlmError::InvalidArgument("stacking no tensors".into()))?;
-        let (dtype, shape, _) = self.stored(&first.name)?;
+        let (dtype, shape, _) = self.source.stored(&first.name).ok_or_else(|| LlmError::missing_tensor(&first.name))?;
         let cols = shape.get(1).copied().unwrap_or(1);
         let (mut bytes, mut rows) = (Vec::new(), 0);
+        // Each part is checked once, as it is copied.
         for part in parts {
             let (d, shape, b) = self.stored(&part.name)?;
             if d != dtype {

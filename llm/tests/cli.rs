@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::common::fixture;
 
 fn ruda_llm(args: &[OsString]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ruda-llm")).args(args).output().expect("ruda-llm runs")
+    Command::new(crate::common::ruda_llm()).args(args).output().expect("ruda-llm runs")
 }
 
 fn os(args: &[&str]) -> Vec<OsString> {
@@ -82,6 +82,16 @@ fn generate_runs_a_fixture_several_times() {
     assert_eq!(lines.len(), 3);
     assert_eq!((lines[1]["run"].as_u64(), lines[2]["run"].as_u64()), (Some(1), Some(2)));
     assert_eq!(lines[1]["generated_token_ids"], lines[2]["generated_token_ids"]);
+}
+
+/// As in the examples, a prompt that starts with `-` (even `-h`) is a prompt, not a flag.
+#[test]
+fn a_prompt_may_start_with_a_dash() {
+    let dir = fixture("qwen2-tied").display().to_string();
+    for prompt in ["-hi", "-1"] {
+        let lines = same_as_example(ModelType::Qwen2, &[&dir, prompt, "2"]);
+        assert!(lines[1]["text"].as_str().unwrap().starts_with(prompt), "{}", lines[1]);
+    }
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use ruda_llm::example::{self, ExampleArgs};
 use ruda_llm::tune::{tune_model, Progress};
@@ -38,13 +39,14 @@ enum Command {
 struct GenerateArgs {
     /// A Hugging Face model folder (config.json, safetensors, tokenizer.json)
     model_dir: PathBuf,
-    /// The prompt (UTF-8)
+    /// The prompt (UTF-8); one that starts with `-` is a prompt too, as in the examples
+    #[arg(allow_hyphen_values = true)]
     prompt: OsString,
     /// Tokens to generate at most
-    #[arg(default_value_t = 32, value_parser = positive)]
+    #[arg(default_value_t = 32, value_parser = positive(), allow_negative_numbers = true)]
     max_new_tokens: usize,
     /// Generations to run (timings of later runs exclude first-use costs)
-    #[arg(default_value_t = 1, value_parser = positive)]
+    #[arg(default_value_t = 1, value_parser = positive(), allow_negative_numbers = true)]
     runs: usize,
 }
 
@@ -64,8 +66,12 @@ struct TuneArgs {
     dtype: Option<DType>,
 }
 
-fn positive(s: &str) -> Result<usize, String> {
-    s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| "must be a positive integer".to_string())
+/// A positive count. Parsed from the OS string, so that a non-UTF-8 value is named with its
+/// argument like any other bad value (and a negative one is a value, not an unknown flag).
+fn positive() -> impl TypedValueParser<Value = usize> {
+    OsStringValueParser::new().try_map(|s| {
+        s.to_str().and_then(|s| s.parse::<usize>().ok()).filter(|&n| n > 0).ok_or("must be a positive integer")
+    })
 }
 
 fn compute_dtype(s: &str) -> Result<DType, String> {

@@ -1,6 +1,6 @@
 //! Bad input, one row each: a model folder broken one way, an argument, or an environment
-//! variable, run through the built `qwen2_generate` example (what a user runs) and held to the
-//! error it must print and the exit status it must end with. Add a row with every new loader,
+//! variable, run through the built `qwen2_generate` example or `ruda-llm generate` (what a user
+//! runs) and held to the error it must print and the exit status it must end with. Add a row with every new loader,
 //! flag and endpoint. Every safetensors file a row leaves behind, and every committed one, is
 //! also read by the `safetensors` crate, which must agree with our parser (see
 //! `docs/models.md`).
@@ -117,8 +117,18 @@ enum Arg {
 
 use Arg::{Bytes, Model, Text};
 
+/// The command a row runs.
+#[derive(Clone, Copy)]
+enum Program {
+    /// The `qwen2_generate` example.
+    Example,
+    /// `ruda-llm generate` (the row's arguments follow `generate`).
+    Generate,
+}
+
 struct Row {
     name: &'static str,
+    program: Program,
     /// What breaks the model folder (a copy of the fixture; may be left as it is).
     setup: fn(&Path),
     args: &'static [Arg],
@@ -136,7 +146,12 @@ const RUN: &[Arg] = &[Model, Text("Hello"), Text("1")];
 fn nothing(_: &Path) {}
 
 const fn fails(name: &'static str, setup: fn(&Path), output: &'static str) -> Row {
-    Row { name, setup, args: RUN, env: &[], status: 1, output, crate_accepts: false }
+    Row { name, program: Program::Example, setup, args: RUN, env: &[], status: 1, output, crate_accepts: false }
+}
+
+/// A `ruda-llm generate` row with these arguments that fails with `output`.
+const fn generate(name: &'static str, args: &'static [Arg], output: &'static str) -> Row {
+    Row { args, program: Program::Generate, ..fails(name, nothing, output) }
 }
 
 /// The table. `{dir}` in an expected message is the model folder.
@@ -193,6 +208,84 @@ fn rows() -> Vec<Row> {
             args: &[Text("/nonexistent/model"), Text("Hello")],
             output: "/nonexistent/model: not a model directory",
             ..fails("", nothing, "")
+        },
+        // `ruda-llm generate`'s arguments: the examples' rules (a path may be any bytes, the
+        // prompt and the numbers must be text), with clap's usage errors, all exit status 1.
+        Row {
+            status: 0,
+            output: "\"event\":\"generation\"",
+            ..generate("ruda-llm generate: non-UTF-8 model path works as a path", &[Bytes(b"model-\xff"), Text("Hello"), Text("1")], "")
+        },
+        generate(
+            "ruda-llm generate: non-UTF-8 path that does not exist",
+            &[Bytes(b"missing-\xff"), Text("Hello")],
+            "missing-\u{fffd}: not a model directory",
+        ),
+        generate(
+            "ruda-llm generate: non-UTF-8 prompt",
+            &[Model, Bytes(b"Hi \xff\xfe")],
+            "the prompt is not valid UTF-8 text: \"Hi \u{fffd}\u{fffd}\"",
+        ),
+        generate(
+            "ruda-llm generate: non-UTF-8 MAX_NEW_TOKENS",
+            &[Model, Text("Hello"), Bytes(b"\xff")],
+            "invalid value '\u{fffd}' for '[MAX_NEW_TOKENS]': must be a positive integer",
+        ),
+        generate(
+            "ruda-llm generate: no arguments",
+            &[],
+            "the following required arguments were not provided:\n  <MODEL_DIR>\n  <PROMPT>",
+        ),
+        generate(
+            "ruda-llm generate: no prompt",
+            &[Model],
+            "the following required arguments were not provided:\n  <PROMPT>",
+        ),
+        generate(
+            "ruda-llm generate: zero MAX_NEW_TOKENS",
+            &[Model, Text("Hello"), Text("0")],
+            "invalid value '0' for '[MAX_NEW_TOKENS]': must be a positive integer",
+        ),
+        generate(
+            "ruda-llm generate: negative MAX_NEW_TOKENS",
+            &[Model, Text("Hello"), Text("-2")],
+            "invalid value '-2' for '[MAX_NEW_TOKENS]': must be a positive integer",
+        ),
+        generate(
+            "ruda-llm generate: zero RUNS",
+            &[Model, Text("Hello"), Text("1"), Text("0")],
+            "invalid value '0' for '[RUNS]': must be a positive integer",
+        ),
+        generate(
+            "ruda-llm generate: five arguments",
+            &[Model, Text("Hello"), Text("1"), Text("1"), Text("1")],
+            "unexpected argument '1' found",
+        ),
+        generate("ruda-llm generate: empty prompt", &[Model, Text("")], "the prompt is empty"),
+        generate(
+            "ruda-llm generate: not a folder",
+            &[Text("/nonexistent/model"), Text("Hello")],
+            "/nonexistent/model: not a model directory",
+        ),
+        Row {
+            setup: |d| config(d, "model_type", "llama".into()),
+            ..generate(
+                "ruda-llm generate: an unknown model_type",
+                RUN,
+                "config.json: not supported: model_type \"llama\" (only \"qwen2\" and \"qwen3\" are implemented)",
+            )
+        },
+        Row {
+            setup: |d| poke_bf16(d, NORM, 5, 0x7fc1),
+            ..generate(
+                "ruda-llm generate: NaN in a weight",
+                RUN,
+                "tensor model.layers.1.post_attention_layernorm.weight holds NaN at element 5",
+            )
+        },
+        Row {
+            env: &[("RUDA_CHECK_WEIGHTS", "maybe")],
+            ..generate("ruda-llm generate: RUDA_CHECK_WEIGHTS=maybe", RUN, "RUDA_CHECK_WEIGHTS=maybe: expected on or off")
         },
         // Environment variables.
         Row {
@@ -470,7 +563,14 @@ fn every_bad_input_is_a_clear_error_with_its_exit_status() {
                 Bytes(b) => OsStr::from_bytes(b).to_os_string(),
             })
             .collect();
-        let mut cmd = Command::new(example("qwen2_generate"));
+        let mut cmd = match row.program {
+            Program::Example => Command::new(example("qwen2_generate")),
+            Program::Generate => {
+                let mut cmd = Command::new(common::ruda_llm());
+                cmd.arg("generate");
+                cmd
+            }
+        };
         cmd.args(&args).current_dir(&folder.0).env("RUDA_DEVICE", "cpu");
         for var in ["RUDA_CHECK_WEIGHTS", "RUDA_DTYPE"] {
             cmd.env_remove(var);

@@ -167,8 +167,8 @@ impl Weights {
 
     /// Refuse tensor `name` if it holds a NaN or an infinity, naming it and its first bad
     /// element: a model with one generates garbage (token 0 forever) without any other error.
-    /// One branch-free pass over the mapped bytes, done as the tensor is read for upload, so the
-    /// weights are read once.
+    /// One pass over the tensor's mapped bytes (branch-free per block), run just before they are
+    /// copied for upload, so no separate pass over the whole checkpoint pages it in first.
     pub fn check_tensor(&self, name: &str) -> Result<(), LoadError> {
         let Some(t) = self.tensors.get(name) else { return Ok(()) };
         let bytes = self.files[t.file].bytes(name).unwrap_or_default();

@@ -48,7 +48,17 @@ pub enum LoadError {
 }
 
 impl LoadError {
+    /// An I/O failure on `path`; a file that is missing because it is a symbolic link to
+    /// nothing says so (the OS reports only "No such file or directory").
     pub(crate) fn io(path: &Path, source: std::io::Error) -> LoadError {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            if let Some(target) = dangling_link(path) {
+                return LoadError::invalid(
+                    path,
+                    format!("is a symbolic link to {}, which does not exist", target.display()),
+                );
+            }
+        }
         LoadError::Io { path: path.to_path_buf(), source }
     }
 
@@ -63,6 +73,12 @@ impl LoadError {
     pub(crate) fn unsupported(path: &Path, message: impl Into<String>) -> LoadError {
         LoadError::Unsupported { path: path.to_path_buf(), message: message.into() }
     }
+}
+
+/// Where `path` points when it is a symbolic link whose target does not exist.
+pub(crate) fn dangling_link(path: &Path) -> Option<PathBuf> {
+    let is_link = std::fs::symlink_metadata(path).ok()?.file_type().is_symlink();
+    (is_link && std::fs::metadata(path).is_err()).then(|| std::fs::read_link(path).ok()).flatten()
 }
 
 /// Read a whole (small) text file: configs, indexes, tokenizer files.

@@ -2,6 +2,7 @@
 //! [RUNS=1]`, or no arguments for the bundled tiny model. Standard output is JSON lines only: one
 //! `load` event, then one `generation` event per run; notices go to standard error.
 
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -35,33 +36,37 @@ pub struct ExampleArgs {
 }
 
 impl ExampleArgs {
-    /// Parse `MODEL_DIR PROMPT [MAX_NEW_TOKENS] [RUNS]` (without the program name).
-    pub fn parse(model_type: ModelType, args: &[String]) -> Result<ExampleArgs, LlmError> {
+    /// Parse `MODEL_DIR PROMPT [MAX_NEW_TOKENS] [RUNS]` (without the program name), as the OS
+    /// gives them: `MODEL_DIR` may be any path (Linux paths need not be UTF-8); the prompt and
+    /// the numbers must be text.
+    pub fn parse(model_type: ModelType, args: &[impl AsRef<OsStr>]) -> Result<ExampleArgs, LlmError> {
         let usage = || {
             format!(
                 "usage: {}_generate [MODEL_DIR PROMPT [MAX_NEW_TOKENS=32] [RUNS=1]] (no arguments: the bundled tiny model)",
                 model_type.name()
             )
         };
-        let positive = |what: &str, s: &str| -> Result<usize, LlmError> {
-            match s.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
+        let positive = |what: &str, s: &OsStr| -> Result<usize, LlmError> {
+            match s.to_str().map(str::parse::<usize>) {
+                Some(Ok(n)) if n > 0 => Ok(n),
                 _ => Err(LlmError::InvalidArgument(format!(
-                    "{what} must be a positive integer, got \"{s}\"\n{}",
+                    "{what} must be a positive integer, got \"{}\"\n{}",
+                    s.to_string_lossy(),
                     usage()
                 ))),
             }
         };
-        match args {
+        let args: Vec<&OsStr> = args.iter().map(AsRef::as_ref).collect();
+        match args[..] {
             [] => Ok(ExampleArgs {
                 model_dir: bundled_model(model_type),
                 prompt: "Hello".into(),
                 max_new_tokens: 32,
                 runs: 1,
             }),
-            [dir, prompt, rest @ ..] if rest.len() <= 2 => Ok(ExampleArgs {
+            [dir, prompt, ref rest @ ..] if rest.len() <= 2 => Ok(ExampleArgs {
                 model_dir: PathBuf::from(dir),
-                prompt: prompt.clone(),
+                prompt: prompt_text(prompt)?,
                 max_new_tokens: rest.first().map(|s| positive("MAX_NEW_TOKENS", s)).transpose()?.unwrap_or(32),
                 runs: rest.get(1).map(|s| positive("RUNS", s)).transpose()?.unwrap_or(1),
             }),
@@ -70,21 +75,38 @@ impl ExampleArgs {
     }
 }
 
+/// A prompt argument as text: the examples and `ruda-llm generate` refuse one that is not
+/// UTF-8 with this error (tokenizers take text; a lossy conversion would change the prompt).
+pub fn prompt_text(prompt: &OsStr) -> Result<String, LlmError> {
+    prompt.to_str().map(str::to_string).ok_or_else(|| {
+        LlmError::InvalidArgument(format!("the prompt is not valid UTF-8 text: \"{}\"", prompt.to_string_lossy()))
+    })
+}
+
 /// One JSON object with its keys in the given order.
 fn json_line(fields: &[(&str, Value)]) -> String {
     let body: Vec<String> = fields.iter().map(|(k, v)| format!("{}:{v}", Value::from(*k))).collect();
     format!("{{{}}}", body.join(","))
 }
 
-/// Run the example for `model_type` with `args`, writing JSON lines to `out` and notices to
-/// `notices`.
+/// Run the example for `model_type` with `args` (see [`ExampleArgs::parse`]), writing JSON
+/// lines to `out` and notices to `notices`.
 pub fn run(
     model_type: ModelType,
-    args: &[String],
+    args: &[impl AsRef<OsStr>],
     out: &mut dyn Write,
     notices: &mut dyn Write,
 ) -> Result<(), LlmError> {
-    let args = ExampleArgs::parse(model_type, args)?;
+    run_parsed(model_type, &ExampleArgs::parse(model_type, args)?, out, notices)
+}
+
+/// [`run`] with the arguments already parsed (`ruda-llm generate` parses its own).
+pub fn run_parsed(
+    model_type: ModelType,
+    args: &ExampleArgs,
+    out: &mut dyn Write,
+    notices: &mut dyn Write,
+) -> Result<(), LlmError> {
     if args.prompt.is_empty() {
         return Err(LlmError::InvalidArgument("the prompt is empty".into()));
     }
@@ -136,7 +158,8 @@ pub fn run(
 
 /// `main` of an example: run, and on error print it to standard error and exit with status 1.
 pub fn main(model_type: ModelType) {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `args_os`: `std::env::args` panics on an argument that is not UTF-8, a legal Linux path.
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     if let Err(e) = run(model_type, &args, &mut std::io::stdout().lock(), &mut std::io::stderr()) {
         eprintln!("error: {e}");
         std::process::exit(1);

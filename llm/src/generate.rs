@@ -1,4 +1,4 @@
-//! Generation settings and results: the seed's `GreedyGenerationConfig` /
+//! Generation settings and results: `GreedyGenerationConfig` /
 //! `SamplingGenerationConfig`, RuvLLM-style [`GenerateParams`] (stop sequences, repetition
 //! penalty), [`GeneratedText`], and the streaming text splitter.
 

@@ -1,7 +1,7 @@
 //! `generation_config.json`: the end-of-sequence ids, and the sampling defaults the model's
 //! authors chose.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -28,18 +28,37 @@ impl GenerationConfig {
     /// Read `dir/generation_config.json`; without one, the EOS and BOS ids of `config.json`
     /// (as transformers does), and no sampling defaults.
     pub fn load(dir: impl AsRef<Path>) -> Result<GenerationConfig, LoadError> {
-        let dir = dir.as_ref();
+        Ok(GenerationConfig::read(dir.as_ref())?.1)
+    }
+
+    /// [`GenerationConfig::load`] for a model of `vocab_size` tokens: an EOS id it can never
+    /// produce is an error naming the file it came from (generation would never stop on it).
+    pub fn load_for_vocab(dir: impl AsRef<Path>, vocab_size: usize) -> Result<GenerationConfig, LoadError> {
+        let (path, config) = GenerationConfig::read(dir.as_ref())?;
+        if let Some(id) = config.eos_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(LoadError::invalid(
+                &path,
+                format!("eos_token_id {id} is outside the model's vocabulary (vocab_size {vocab_size} in config.json)"),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The config and the file it was read from.
+    fn read(dir: &Path) -> Result<(PathBuf, GenerationConfig), LoadError> {
         let path = dir.join("generation_config.json");
-        if path.exists() {
-            return GenerationConfig::parse(&path, &read_json(&path)?);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            let config = GenerationConfig::parse(&path, &read_json(&path)?)?;
+            return Ok((path, config));
         }
         let path = dir.join("config.json");
         let json = read_json(&path)?;
-        Ok(GenerationConfig {
+        let config = GenerationConfig {
             eos_token_ids: ids(&path, &json, "eos_token_id")?,
             bos_token_id: ids(&path, &json, "bos_token_id")?.first().copied(),
             ..GenerationConfig::default()
-        })
+        };
+        Ok((path, config))
     }
 
     /// Parse the JSON of a `generation_config.json`; `path` is only used in error messages.

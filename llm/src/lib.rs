@@ -1,6 +1,7 @@
 //! `ruda-llm`: RUDA's model layer. It loads a Hugging Face Qwen2 / Qwen2.5 / Qwen3 folder (never
-//! downloading anything), runs the model from `ruda_ops` kernels ([`QwenModel`]: KV cache,
-//! chunked prefill, decode) and generates text through the [`Pipeline`] API of seed 000: greedy,
+//! downloading anything), runs the model from `ruda_ops` kernels (an architecture file over shared
+//! layers behind [`CausalLm`], picked by `model_type` in [`architecture`]; a [`Cache`] per
+//! sequence, chunked prefill, decode) and generates text through the [`Pipeline`] API: greedy,
 //! sampled and streamed, with stop sequences and a repetition penalty.
 //!
 //! The files of a model folder:
@@ -8,7 +9,7 @@
 //! | file | read by | gives |
 //! | --- | --- | --- |
 //! | `config.json` | [`load_config`] | [`ModelConfig`] for `qwen2` (Qwen2, Qwen2.5) and `qwen3`, with transformers' defaults; other model types, `quantization_config`, rope scaling and enabled sliding windows are errors |
-//! | `model.safetensors`, or `model.safetensors.index.json` and its shards | [`Weights::load`] | memory-mapped tensors checked against [`expected_tensors`] (names, shapes, dtypes bf16/f16/f32), uploaded by [`Weights::upload`] from slices of the mappings |
+//! | `model.safetensors`, or `model.safetensors.index.json` and its shards | [`Weights::load`] | memory-mapped tensors checked against [`expected_tensors`] (names, shapes, dtypes bf16/f16/f32), uploaded by the layers (through [`TensorSource`]) from slices of the mappings, each tensor refused as it is read if it holds NaN or infinities (`RUDA_CHECK_WEIGHTS`) |
 //! | `tokenizer.json` | [`Tokenizer::load`] | encode / decode through the `tokenizers` crate (pure Rust) |
 //! | `generation_config.json` | [`GenerationConfig::load`] | EOS ids and sampling defaults |
 //! | `tokenizer_config.json` (or `chat_template.jinja`) | [`ChatTemplate::load`] | the model's Jinja chat template through minijinja, ChatML when there is none |
@@ -23,19 +24,22 @@
 //! assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 //! ```
 
+mod cache;
 mod chat;
 mod config;
 mod error;
 pub mod example;
 mod generate;
 mod generation;
-mod model;
+mod layers;
+mod models;
 mod pipeline;
 pub mod safetensors;
 mod tokenizer;
 pub mod tune;
 mod weights;
 
+pub use cache::{Cache, KvCache, LayerCache};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};
 pub use error::{LlmError, LoadError};
@@ -44,11 +48,12 @@ pub use generate::{
     StreamControl,
 };
 pub use generation::GenerationConfig;
-pub use model::{DecodeActivations, KvCache, QwenModel};
+pub use layers::{AttentionShape, ExpectedTensor, LinearShape, TensorSource, WeightDType, EMBED_TOKENS, LM_HEAD};
+pub use models::{architecture, Architecture, CausalLm, DecoderSpec, Workspace};
 pub use pipeline::{
-    load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError,
-    HuggingFaceQwen2Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions, Qwen2ChatMessage,
-    Qwen2ChatRole, DEFAULT_CONTEXT,
+    architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole,
+    HuggingFaceLoadError, HuggingFaceQwen2Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions,
+    Qwen2ChatMessage, Qwen2ChatRole, DEFAULT_CONTEXT,
 };
 pub use tokenizer::Tokenizer;
-pub use weights::{expected_tensors, ExpectedTensor, WeightInfo, Weights, EMBED_TOKENS, LM_HEAD};
+pub use weights::{expected_tensors, WeightInfo, Weights};

@@ -1,4 +1,4 @@
-//! The pipeline API of seed 000: load a Hugging Face Qwen2 / Qwen2.5 / Qwen3 folder, render
+//! The pipeline API: load a Hugging Face Qwen2 / Qwen2.5 / Qwen3 folder, render
 //! chats, encode and decode, and generate text greedily or by sampling, whole or streamed.
 
 use std::collections::HashSet;
@@ -10,6 +10,7 @@ use ruda_ops::api::{self, SamplingParams};
 use ruda_runtime::{DType, Device, Tensor};
 use serde_json::{Map, Value};
 
+use crate::cache::Cache;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::config::{load_config, ModelConfig, ModelType};
 use crate::error::LlmError;
@@ -18,11 +19,12 @@ use crate::generate::{
     StreamControl, TextStream,
 };
 use crate::generation::GenerationConfig;
-use crate::model::{KvCache, QwenModel};
+use crate::models::{architecture, Architecture, CausalLm};
 use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
+use crate::weights::{check_weights_from_env, Weights};
 
-/// The seed's names for the pipeline, its error and its chat types.
+/// The Hugging Face-style names of the pipeline, its error and its chat types, kept for callers
+/// written against them.
 pub type HuggingFaceQwen2Pipeline = Pipeline;
 pub type HuggingFaceQwen3Pipeline = Pipeline;
 pub type HuggingFaceLoadError = LlmError;
@@ -64,6 +66,9 @@ pub struct PipelineOptions {
     /// `max_position_embeddings`). A longer request grows it. Decode attention is tuned for this
     /// capacity (`ruda-llm tune --context` pre-tunes the same).
     pub context: Option<usize>,
+    /// Refuse weights holding NaN or infinities ([`Weights::set_check_finite`]); `None`:
+    /// `RUDA_CHECK_WEIGHTS` (`on` unless it says `off`).
+    pub check_weights: Option<bool>,
 }
 
 /// What was loaded, and the defaults it offers.
@@ -85,12 +90,12 @@ pub struct LoadedModel {
 /// `&self`; concurrent calls run one at a time (they share the KV cache).
 pub struct Pipeline {
     pub loaded: LoadedModel,
-    model: QwenModel,
+    model: Box<dyn CausalLm>,
     tokenizer: Tokenizer,
     chat: ChatTemplate,
     prefill_chunk: usize,
     context: usize,
-    cache: Mutex<Option<KvCache>>,
+    cache: Mutex<Option<Cache>>,
 }
 
 /// Load `dir`, which must hold a `qwen2` model (Qwen2 or Qwen2.5), on `device`.
@@ -111,6 +116,19 @@ fn load_expecting(dir: &Path, expected: ModelType, device: &Device) -> Result<Pi
 /// Load any supported model in `dir` (dispatching on its `model_type`).
 pub fn load_pipeline(dir: impl AsRef<Path>, options: &PipelineOptions) -> Result<Pipeline, LlmError> {
     Pipeline::load_expecting(dir.as_ref(), None, options)
+}
+
+/// The architecture of the model in `dir`: its `config.json`'s `model_type` through the table.
+pub fn architecture_of(dir: &Path) -> Result<&'static dyn Architecture, LlmError> {
+    check_model_dir(dir)?;
+    Ok(architecture(load_config(dir)?.model_type))
+}
+
+fn check_model_dir(dir: &Path) -> Result<(), LlmError> {
+    if !dir.is_dir() {
+        return Err(LlmError::InvalidArgument(format!("{}: not a model directory", dir.display())));
+    }
+    Ok(())
 }
 
 /// The dtype `RUDA_DTYPE` names, if set.
@@ -140,9 +158,7 @@ impl Pipeline {
         options: &PipelineOptions,
     ) -> Result<Pipeline, LlmError> {
         let start = Instant::now();
-        if !dir.is_dir() {
-            return Err(LlmError::InvalidArgument(format!("{}: not a model directory", dir.display())));
-        }
+        check_model_dir(dir)?;
         if let Some(expected) = expected {
             // Read model_type alone first, so a wrong architecture is named as such rather
             // than as whatever it lacks.
@@ -165,11 +181,15 @@ impl Pipeline {
             None if device.is_cuda() => DType::BF16,
             None => DType::F32,
         };
+        let check_weights = options.check_weights.unwrap_or(check_weights_from_env()?);
         let tokenizer = Tokenizer::load(dir)?;
+        tokenizer.check_fits(config.vocab_size)?;
         let chat = ChatTemplate::load(dir)?;
-        let generation_config = GenerationConfig::load(dir)?;
-        let weights = Weights::load(dir, &config)?;
-        let model = QwenModel::load(&config, &weights, &device, dtype)?;
+        let generation_config = GenerationConfig::load_for_vocab(dir, config.vocab_size)?;
+        let mut weights = Weights::load(dir, &config)?;
+        // Checked as each tensor is read for upload, not in a pass of its own.
+        weights.set_check_finite(check_weights);
+        let model = architecture(config.model_type).load(&config, &weights, &device, dtype)?;
         let mut eos = generation_config.eos_token_ids.clone();
         if eos.is_empty() {
             eos = ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_to_id(t)).collect();
@@ -196,8 +216,8 @@ impl Pipeline {
         })
     }
 
-    pub fn model(&self) -> &QwenModel {
-        &self.model
+    pub fn model(&self) -> &dyn CausalLm {
+        self.model.as_ref()
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -259,7 +279,7 @@ impl Pipeline {
         }
     }
 
-    /// Greedy generation after `prompt` (seed 000's `generate_text`).
+    /// Greedy generation after `prompt`.
     pub fn generate_text(
         &self,
         prompt: &str,
@@ -270,7 +290,7 @@ impl Pipeline {
         self.generate(prompt, &config.into(), add_special_tokens, skip_special_tokens, |_, _| StreamControl::Continue)
     }
 
-    /// Sampled generation after `prompt` (seed 000's `generate_text_sampled`).
+    /// Sampled generation after `prompt`.
     pub fn generate_text_sampled(
         &self,
         prompt: &str,
@@ -328,7 +348,7 @@ impl Pipeline {
         let device = self.device().clone();
         let mut picker = TokenPicker::new(&device, params)?;
 
-        let acts = if params.max_new_tokens > 1 { Some(self.model.decode_activations()?) } else { None };
+        let workspace = if params.max_new_tokens > 1 { Some(self.model.decode_workspace()?) } else { None };
         let start = Instant::now();
         let mut logits = self.model.forward(cache, prompt_ids, self.prefill_chunk, false)?;
         let mut history: Vec<u32> = prompt_ids.to_vec();
@@ -363,8 +383,9 @@ impl Pipeline {
             if let Some(reason) = ending.or((control == StreamControl::Stop).then_some(StopReason::Callback)) {
                 break reason;
             }
-            let acts = acts.as_ref().ok_or_else(|| LlmError::InvalidArgument("decoding without buffers".into()))?;
-            logits = self.model.decode_step(cache, id, acts)?;
+            let workspace =
+                workspace.as_ref().ok_or_else(|| LlmError::InvalidArgument("decoding without buffers".into()))?;
+            logits = self.model.decode_step(cache, id, workspace)?;
         };
         let decode_seconds = decode_start.elapsed().as_secs_f64();
         let text = if stop == StopReason::StopSequence {
@@ -398,7 +419,7 @@ impl Pipeline {
     }
 
     /// The shared cache, emptied, with room for `positions`.
-    fn cache_for(&self, positions: usize) -> Result<MutexGuard<'_, Option<KvCache>>, LlmError> {
+    fn cache_for(&self, positions: usize) -> Result<MutexGuard<'_, Option<Cache>>, LlmError> {
         let mut guard = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_mut() {
             Some(c) if c.capacity() >= positions => c.clear(),
@@ -470,8 +491,9 @@ impl TokenPicker {
             None => {
                 if self.argmax_workspace.is_none() {
                     let len = api::argmax_workspace_len(&device, 1, logits.shape()[1]);
-                    self.argmax_workspace =
-                        (len > 0).then(|| Tensor::zeros(&device, DType::U64, &[len])).transpose()?;
+                    self.argmax_workspace = (len > 0)
+                        .then(|| Tensor::zeros(&device, DType::U64, &[len]).map_err(LlmError::from))
+                        .transpose()?;
                 }
                 api::argmax_into(&stream, logits, &self.chosen, self.argmax_workspace.as_ref())
                     .map_err(|e| LlmError::op("argmax", e))?;

@@ -1,8 +1,14 @@
 //! A memory-mapped safetensors file: an 8-byte little-endian header length `n`, `n` bytes of
 //! JSON (`name -> {dtype, shape, data_offsets: [begin, end]}` plus an optional
-//! `__metadata__`), then the data, offsets relative to its start. Every offset is checked
-//! against the file's length, so a truncated or corrupt file is an error, never an
+//! `__metadata__` map of strings), then the data, offsets relative to its start. Every offset is
+//! checked against the file's length, so a truncated or corrupt file is an error, never an
 //! out-of-bounds read.
+//!
+//! The rules are the format's, as the `safetensors` crate (what transformers loads with)
+//! enforces them: the tensors cover the data exactly, without holes, overlaps or trailing
+//! bytes. Two things this parser does that the crate does not (why it is ours, see
+//! `docs/models.md`): a key written twice in the header is refused rather than resolved to its
+//! last value, and every error names the file, the tensor and what is wrong.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -11,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use ruda_runtime::DType;
-use serde_json::Value;
+use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 
 use crate::error::LoadError;
 
@@ -39,7 +46,15 @@ impl SafetensorsFile {
     /// the file and matches its shape, and no two tensors overlap.
     pub fn open(path: &Path) -> Result<SafetensorsFile, LoadError> {
         let file = File::open(path).map_err(|e| LoadError::io(path, e))?;
-        let len = file.metadata().map_err(|e| LoadError::io(path, e))?.len();
+        let meta = file.metadata().map_err(|e| LoadError::io(path, e))?;
+        // Mapping a directory fails with ENODEV ("No such device"): say what it is instead.
+        if meta.is_dir() {
+            return Err(LoadError::invalid(path, "is a directory, not a safetensors file"));
+        }
+        if !meta.is_file() {
+            return Err(LoadError::invalid(path, "is not a regular file (a safetensors file is mapped into memory)"));
+        }
+        let len = meta.len();
         if len < 8 {
             return Err(LoadError::invalid(
                 path,
@@ -99,14 +114,23 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, TensorInfo
         )));
     }
     let data_start = 8 + header_len as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..data_start])
-        .map_err(|e| bad(format!("corrupt safetensors header (not JSON: {e})")))?;
+    let header = parse_json(&bytes[8..data_start]).map_err(|e| {
+        if e.is_data() {
+            bad(format!("corrupt safetensors header: {e}"))
+        } else {
+            bad(format!("corrupt safetensors header (not JSON: {e})"))
+        }
+    })?;
     let header = header.as_object().ok_or_else(|| bad("corrupt safetensors header (not a JSON object)".into()))?;
     let data_len = bytes.len() - data_start;
 
     let mut tensors = BTreeMap::new();
     for (name, entry) in header {
         if name == "__metadata__" {
+            let strings = |m: &Map<String, Value>| m.values().all(Value::is_string);
+            if !(entry.is_null() || entry.as_object().is_some_and(strings)) {
+                return Err(bad("corrupt safetensors header: __metadata__ is not a map of strings to strings".into()));
+            }
             continue;
         }
         let field = |key: &str| entry.get(key).ok_or_else(|| bad(format!("tensor {name}: no \"{key}\" in the header")));
@@ -138,15 +162,121 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, TensorInfo
         tensors.insert(name.clone(), TensorInfo { dtype, shape, range: data_start + begin..data_start + end });
     }
 
+    // The tensors tile the data: no overlaps, no holes, nothing after the last one (bytes no
+    // tensor owns could hide another file inside this one).
     let mut ranges: Vec<(&Range<usize>, &String)> = tensors.iter().map(|(n, t)| (&t.range, n)).collect();
     ranges.sort_by_key(|(r, _)| (r.start, r.end));
-    for pair in ranges.windows(2) {
-        let ((a, an), (b, bn)) = (pair[0], pair[1]);
-        if b.start < a.end {
-            return Err(bad(format!("corrupt safetensors header: tensors {an} and {bn} overlap")));
+    let mut covered = data_start;
+    let mut previous: Option<&String> = None;
+    for (range, name) in ranges {
+        if range.start < covered {
+            let other = previous.map_or(String::new(), |p| format!("{p} and "));
+            return Err(bad(format!("corrupt safetensors header: tensors {other}{name} overlap")));
         }
+        if range.start > covered {
+            let after = previous.map_or("the header".to_string(), |p| format!("tensor {p}"));
+            return Err(bad(format!(
+                "corrupt safetensors header: data bytes {}..{} between {after} and tensor {name} belong to no tensor",
+                covered - data_start,
+                range.start - data_start
+            )));
+        }
+        covered = range.end;
+        previous = Some(name);
+    }
+    if covered < bytes.len() {
+        let after = previous.map_or("the header".to_string(), |p| format!("the last tensor, {p}"));
+        return Err(bad(format!(
+            "corrupt safetensors file: {} data bytes after {after} belong to no tensor",
+            bytes.len() - covered
+        )));
     }
     Ok(tensors)
+}
+
+/// Parse header JSON, refusing any object that writes a key twice (serde_json, and so the
+/// `safetensors` crate, keeps the last value silently). The error names the key and, inside a
+/// tensor's entry, the tensor.
+fn parse_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict { tensor: None }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// A [`Value`] seed that refuses duplicate keys; `tensor` is the top-level key it is under
+/// (a tensor's name, or `__metadata__`).
+#[derive(Clone, Copy)]
+struct Strict<'a> {
+    tensor: Option<&'a str>,
+}
+
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(self)? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(A::Error::custom(match self.tensor {
+                    None => format!("key \"{key}\" appears twice"),
+                    Some("__metadata__") => format!("__metadata__: key \"{key}\" appears twice"),
+                    Some(t) => format!("tensor {t}: key \"{key}\" appears twice"),
+                }));
+            }
+            let value = map.next_value_seed(Strict { tensor: Some(self.tensor.unwrap_or(&key)) })?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 fn usize_list(v: &Value) -> Option<Vec<usize>> {

@@ -63,6 +63,19 @@ impl Tokenizer {
         self.token_to_id(token).ok_or_else(|| self.error(format!("no token {token:?} in the vocabulary")))
     }
 
+    /// Refuse a tokenizer with token ids the model has no embedding row for (`vocab_size` in
+    /// config.json): they would pass encoding and fail deep in the forward pass.
+    pub fn check_fits(&self, vocab_size: usize) -> Result<(), LoadError> {
+        let vocab = self.inner.get_vocab(true);
+        let outside = vocab.values().filter(|&&id| id as usize >= vocab_size).count();
+        match vocab.iter().max_by_key(|(_, &id)| id) {
+            Some((token, &id)) if id as usize >= vocab_size => Err(self.error(format!(
+                "token {token:?} has id {id}, outside the model's vocabulary (vocab_size {vocab_size} in config.json; {outside} token(s) past it)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The number of tokens, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -1,53 +1,105 @@
 //! Tuning from a model folder: the op shapes a model's prefill and decode run, autotuned on the
 //! GPU ahead of time (`ruda-llm tune MODEL_DIR`), so the first generation does not pay for it.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ruda_ops::api::GEMV_MAX_M;
-use ruda_ops::tune::{progress_bar, tune_shape, DecodeShape, TuneShape};
+use ruda_ops::tune::{tune_shape, DecodeShape, TuneShape};
 use ruda_runtime::{AutotuneMode, DType, Device};
 
 use crate::config::{load_config, ModelConfig};
 use crate::error::LlmError;
+use crate::models::architecture;
 
-/// The tunable op shapes of `config` in `dtype` with a KV cache of `context` positions: each
-/// projection's GEMV at one row (decode) and, in f16/bf16, its tensor-core GEMM at
-/// `prefill_tokens` rows (prefill chunks; tuning keys bucket rows to powers of two), then decode
-/// attention.
+/// The tunable op shapes of `config` in `dtype` with a KV cache of `context` positions, as its
+/// architecture declares them: each product's GEMV at one row (decode) and, in f16/bf16, the
+/// tensor-core GEMM of each product that runs at `prefill_tokens` rows (prefill chunks; tuning
+/// keys bucket rows to powers of two), then decode attention for each attention shape.
 pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize, prefill_tokens: usize) -> Vec<TuneShape> {
-    let c = config;
-    let (h, q, kv, i) =
-        (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
-    let projections = [(q, h), (kv, h), (h, q), (2 * i, h), (h, i)];
+    let arch = architecture(config.model_type);
     let mut shapes: Vec<TuneShape> = Vec::new();
     let mut add = |shape: TuneShape| {
         if !shapes.contains(&shape) {
             shapes.push(shape);
         }
     };
-    for (n, k) in projections.into_iter().chain([(c.vocab_size, h)]) {
-        add(TuneShape::Gemv { dtype, m: 1, n, k });
+    for s in arch.linear_shapes(config, 1) {
+        add(TuneShape::Gemv { dtype, m: 1, n: s.n, k: s.k });
     }
     if matches!(dtype, DType::F16 | DType::BF16) && prefill_tokens > GEMV_MAX_M {
-        for (n, k) in projections {
-            add(TuneShape::Gemm { dtype, m: prefill_tokens, n, k });
+        for s in arch.linear_shapes(config, prefill_tokens).into_iter().filter(|s| s.m == prefill_tokens) {
+            add(TuneShape::Gemm { dtype, m: prefill_tokens, n: s.n, k: s.k });
         }
     }
-    shapes.push(TuneShape::AttentionDecode(DecodeShape {
-        dtype,
-        batch: 1,
-        q_heads: c.num_attention_heads,
-        kv_heads: c.num_key_value_heads,
-        head_dim: c.head_dim,
-        s_max: context,
-    }));
+    for a in arch.attention_shapes(config) {
+        add(TuneShape::AttentionDecode(DecodeShape {
+            dtype,
+            batch: 1,
+            q_heads: a.q_heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            s_max: context,
+        }));
+    }
     shapes
 }
 
-/// Tune every shape of the model in `dir` on `device` (see [`model_tune_shapes`]), one progress
-/// line per shape to `progress`, a summary to `out`. `Ok(false)` when some shape failed. On the
-/// CPU, or with `RUDA_AUTOTUNE=off`, it lists the shapes and tunes nothing.
+/// Where tuning reports each shape's result.
+pub enum Progress<'a> {
+    /// An indicatif bar; each result is printed above it.
+    Bar(ProgressBar),
+    /// One plain line per shape, `[n/N] shape: result` (logs, pipes, tests).
+    Lines(Box<dyn Write + 'a>),
+}
+
+impl Progress<'static> {
+    /// A bar on standard error when it is a terminal, else plain lines there (so logs of a GPU
+    /// run keep every result).
+    pub fn stderr() -> Progress<'static> {
+        if std::io::stderr().is_terminal() {
+            Progress::Bar(ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()))
+        } else {
+            Progress::Lines(Box::new(std::io::stderr()))
+        }
+    }
+}
+
+impl Progress<'_> {
+    fn start(&mut self, total: usize) {
+        if let Progress::Bar(bar) = self {
+            bar.set_length(total as u64);
+            if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}") {
+                bar.set_style(style);
+            }
+        }
+    }
+
+    fn tuning(&mut self, shape: &TuneShape) {
+        if let Progress::Bar(bar) = self {
+            bar.set_message(shape.to_string());
+        }
+    }
+
+    fn done(&mut self, n: usize, total: usize, line: &str) -> std::io::Result<()> {
+        match self {
+            Progress::Bar(bar) => {
+                bar.println(line);
+                bar.inc(1);
+                if n == total {
+                    bar.finish_and_clear();
+                }
+                Ok(())
+            }
+            Progress::Lines(out) => writeln!(out, "[{n}/{total}] {line}"),
+        }
+    }
+}
+
+/// Tune every shape of the model in `dir` on `device` (see [`model_tune_shapes`]), each result
+/// to `progress`, a summary to `out`. `Ok(false)` when some shape failed. On the CPU, or with
+/// `RUDA_AUTOTUNE=off`, it lists the shapes and tunes nothing.
 pub fn tune_model(
     dir: &Path,
     device: &Device,
@@ -55,7 +107,7 @@ pub fn tune_model(
     context: usize,
     prefill_tokens: usize,
     out: &mut dyn Write,
-    progress: &mut dyn Write,
+    mut progress: Progress,
 ) -> Result<bool, LlmError> {
     let config = load_config(dir)?;
     if context == 0 || context > config.max_position_embeddings {
@@ -78,7 +130,9 @@ pub fn tune_model(
     }
     let stream = device.default_stream();
     let mut failed = 0;
+    progress.start(shapes.len());
     for (n, shape) in shapes.iter().enumerate() {
+        progress.tuning(shape);
         let result = match tune_shape(&stream, shape) {
             Ok(Some(choice)) => format!(
                 "{}{}{}",
@@ -92,7 +146,7 @@ pub fn tune_model(
                 format!("FAILED: {e}")
             }
         };
-        writeln!(progress, "{} {shape}: {result}", progress_bar(n + 1, shapes.len())).map_err(io)?;
+        progress.done(n + 1, shapes.len(), &format!("{shape}: {result}")).map_err(io)?;
     }
     writeln!(
         out,
@@ -114,7 +168,9 @@ mod tests {
     fn a_model_folder_gives_its_decode_shapes() {
         let dir = crate::example::bundled_model(crate::ModelType::Qwen3);
         let (mut out, mut progress) = (Vec::new(), Vec::new());
-        assert!(tune_model(&dir, &Device::cpu(), DType::F32, 200, 512, &mut out, &mut progress).unwrap());
+        let lines = Progress::Lines(Box::new(&mut progress));
+        assert!(tune_model(&dir, &Device::cpu(), DType::F32, 200, 512, &mut out, lines).unwrap());
+        assert!(progress.is_empty(), "nothing is tuned on the CPU");
         let out = String::from_utf8(out).unwrap();
         // hidden 64, 4 query / 2 KV heads of 64, intermediate 96, vocabulary 402: q, k/v, o,
         // gate+up, down, lm_head, then attention.
@@ -149,7 +205,8 @@ mod tests {
                 "gemm bf16 512x64x96"
             ]
         );
-        let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, 512, &mut Vec::new(), &mut Vec::new()).unwrap_err();
+        let lines = Progress::Lines(Box::new(Vec::new()));
+        let err = tune_model(&dir, &Device::cpu(), DType::F32, 0, 512, &mut Vec::new(), lines).unwrap_err();
         assert!(err.to_string().contains("context"), "{err}");
     }
 }

@@ -9,57 +9,28 @@ use ruda_runtime::{DType, Device, Tensor};
 use serde_json::Value;
 
 use crate::config::ModelConfig;
-use crate::error::{read_json, LoadError};
+use crate::error::{read_json, LlmError, LoadError};
+use crate::layers::{ExpectedTensor, TensorSource, EMBED_TOKENS, LM_HEAD};
+use crate::models::architecture;
 use crate::safetensors::{SafetensorsFile, TensorInfo};
 
-/// The name of the embedding, which tied checkpoints reuse as `lm_head.weight`.
-pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
-/// The output projection.
-pub const LM_HEAD: &str = "lm_head.weight";
-
-/// A tensor a model needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExpectedTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    /// False only for `lm_head.weight` of a model with tied embeddings.
-    pub required: bool,
+/// Every tensor `config` needs, with its shape (PyTorch's `[out, in]` for linear weights) and
+/// device dtype: its architecture's declaration.
+pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
+    architecture(config.model_type).tensors(config)
 }
 
-/// Every tensor `config` needs, with its shape (PyTorch's `[out, in]` for linear weights).
-pub fn expected_tensors(config: &ModelConfig) -> Vec<ExpectedTensor> {
-    let (h, v, i, d) = (config.hidden_size, config.vocab_size, config.intermediate_size, config.head_dim);
-    let (q, kv) = (config.num_attention_heads * d, config.num_key_value_heads * d);
-    let mut out = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>| out.push(ExpectedTensor { name, shape, required: true });
-    add(EMBED_TOKENS.into(), vec![v, h]);
-    for l in 0..config.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        add(format!("{p}.input_layernorm.weight"), vec![h]);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![h]);
-        add(format!("{p}.self_attn.q_proj.weight"), vec![q, h]);
-        add(format!("{p}.self_attn.k_proj.weight"), vec![kv, h]);
-        add(format!("{p}.self_attn.v_proj.weight"), vec![kv, h]);
-        add(format!("{p}.self_attn.o_proj.weight"), vec![h, q]);
-        if config.qkv_bias {
-            add(format!("{p}.self_attn.q_proj.bias"), vec![q]);
-            add(format!("{p}.self_attn.k_proj.bias"), vec![kv]);
-            add(format!("{p}.self_attn.v_proj.bias"), vec![kv]);
+/// Whether `RUDA_CHECK_WEIGHTS` asks for [`Weights::set_check_finite`]: `on` (the default, also
+/// when unset) or `off`; anything else is an error naming the variable.
+pub(crate) fn check_weights_from_env() -> Result<bool, LlmError> {
+    match std::env::var_os("RUDA_CHECK_WEIGHTS") {
+        None => Ok(true),
+        Some(v) if v == "on" => Ok(true),
+        Some(v) if v == "off" => Ok(false),
+        Some(v) => {
+            Err(LlmError::InvalidArgument(format!("RUDA_CHECK_WEIGHTS={}: expected on or off", v.to_string_lossy())))
         }
-        if config.o_proj_bias {
-            add(format!("{p}.self_attn.o_proj.bias"), vec![h]);
-        }
-        if config.qk_norm {
-            add(format!("{p}.self_attn.q_norm.weight"), vec![d]);
-            add(format!("{p}.self_attn.k_norm.weight"), vec![d]);
-        }
-        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h]);
-        add(format!("{p}.mlp.up_proj.weight"), vec![i, h]);
-        add(format!("{p}.mlp.down_proj.weight"), vec![h, i]);
     }
-    add("model.norm.weight".into(), vec![h]);
-    out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![v, h], required: !config.tie_word_embeddings });
-    out
 }
 
 /// Where one tensor lives: its dtype, shape, and byte range in one mapped file.
@@ -78,6 +49,8 @@ pub struct Weights {
     files: Vec<SafetensorsFile>,
     tensors: BTreeMap<String, WeightInfo>,
     tied: bool,
+    /// Whether reading a tensor for upload refuses NaN and infinities.
+    check_finite: bool,
 }
 
 impl Weights {
@@ -86,11 +59,14 @@ impl Weights {
     pub fn load(dir: impl AsRef<Path>, config: &ModelConfig) -> Result<Weights, LoadError> {
         let dir = dir.as_ref();
         let index = dir.join("model.safetensors.index.json");
-        let (files, tensors) = if index.exists() {
+        // Whether the name is there at all, even as a symbolic link to nothing: opening it then
+        // says what it is, instead of "no model.safetensors in this folder".
+        let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+        let (files, tensors) = if present(&index) {
             load_sharded(dir, &index)?
         } else {
             let single = dir.join("model.safetensors");
-            if !single.exists() {
+            if !present(&single) {
                 return Err(LoadError::invalid(
                     dir,
                     "no model.safetensors or model.safetensors.index.json in this folder",
@@ -100,7 +76,7 @@ impl Weights {
             let tensors = file.tensors().iter().map(|(n, t)| (n.clone(), info(0, t))).collect();
             (vec![file], tensors)
         };
-        let weights = Weights { files, tensors, tied: config.tie_word_embeddings };
+        let weights = Weights { files, tensors, tied: config.tie_word_embeddings, check_finite: true };
         weights.validate(dir, config)?;
         Ok(weights)
     }
@@ -182,15 +158,44 @@ impl Weights {
         self.tied
     }
 
+    /// Whether each tensor read for upload ([`TensorSource::check`], [`Weights::upload`]) is
+    /// first refused when it holds a NaN or an infinity ([`Weights::check_tensor`]); on unless
+    /// turned off (the pipeline follows `RUDA_CHECK_WEIGHTS` / `PipelineOptions::check_weights`).
+    pub fn set_check_finite(&mut self, on: bool) {
+        self.check_finite = on;
+    }
+
+    /// Refuse tensor `name` if it holds a NaN or an infinity, naming it and its first bad
+    /// element: a model with one generates garbage (token 0 forever) without any other error.
+    /// One pass over the tensor's mapped bytes (branch-free per block), run just before they are
+    /// copied for upload, so no separate pass over the whole checkpoint pages it in first.
+    pub fn check_tensor(&self, name: &str) -> Result<(), LoadError> {
+        let Some(t) = self.tensors.get(name) else { return Ok(()) };
+        let bytes = self.files[t.file].bytes(name).unwrap_or_default();
+        match first_non_finite(t.dtype, bytes) {
+            None => Ok(()),
+            Some((i, what)) => Err(LoadError::invalid(
+                self.files[t.file].path(),
+                format!(
+                    "tensor {name} holds {what} at element {i} (index {:?} of shape {:?}); RUDA_CHECK_WEIGHTS=off loads it anyway",
+                    unflatten(i, &t.shape),
+                    t.shape
+                ),
+            )),
+        }
+    }
+
     /// Create one device tensor per weight, each from a slice of the mapping (no copy of a
     /// whole file in host memory). With tied embeddings, `lm_head.weight` is the embedding
     /// tensor itself (one buffer), as in transformers even when the file also stores it.
+    /// Each tensor is first checked as [`Weights::set_check_finite`] says.
     pub fn upload(&self, device: &Device) -> Result<HashMap<String, Tensor>, LoadError> {
         let mut out = HashMap::with_capacity(self.tensors.len() + 1);
         for (name, t) in &self.tensors {
             if self.tied && name == LM_HEAD {
                 continue;
             }
+            self.check(name)?;
             let bytes = &self.files[t.file].bytes(name).unwrap_or_default();
             let tensor = Tensor::from_bytes(device, t.dtype, &t.shape, bytes).map_err(|source| LoadError::Upload {
                 name: name.clone(),
@@ -206,6 +211,71 @@ impl Weights {
         }
         Ok(out)
     }
+}
+
+impl TensorSource for Weights {
+    fn stored(&self, name: &str) -> Option<(DType, &[usize], &[u8])> {
+        let info = self.get(name)?;
+        Some((info.dtype, &info.shape, self.bytes(name)?))
+    }
+
+    fn check(&self, name: &str) -> Result<(), LoadError> {
+        if self.check_finite {
+            self.check_tensor(name)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The index of the first NaN or infinity among the elements of `bytes` (little-endian
+/// `dtype`), and which it is. bf16, f16 and f32; other dtypes never reach the weights.
+fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, &'static str)> {
+    // An all-ones exponent is NaN or infinity; the mantissa tells which, the sign which infinity.
+    match dtype {
+        DType::BF16 => first_non_finite_of::<2>(bytes, 0x7f80, 0x007f),
+        DType::F16 => first_non_finite_of::<2>(bytes, 0x7c00, 0x03ff),
+        DType::F32 => first_non_finite_of::<4>(bytes, 0x7f80_0000, 0x007f_ffff),
+        _ => None,
+    }
+}
+
+/// [`first_non_finite`] for `SIZE`-byte floats with these exponent and mantissa masks.
+fn first_non_finite_of<const SIZE: usize>(bytes: &[u8], exponent: u32, mantissa: u32) -> Option<(usize, &'static str)> {
+    let word = |c: &[u8]| {
+        let mut w = [0u8; 4];
+        w[..SIZE].copy_from_slice(c);
+        u32::from_le_bytes(w)
+    };
+    // Blocks with a branch-free test first (it vectorises); only a bad block is searched.
+    const BLOCK: usize = 4096;
+    for (b, block) in bytes.chunks(BLOCK * SIZE).enumerate() {
+        if !block.chunks_exact(SIZE).fold(false, |any, c| any | (word(c) & exponent == exponent)) {
+            continue;
+        }
+        let (i, w) = block.chunks_exact(SIZE).map(word).enumerate().find(|(_, w)| w & exponent == exponent)?;
+        let what = if w & mantissa != 0 {
+            "NaN"
+        } else if w >> (SIZE * 8 - 1) == 1 {
+            "-inf"
+        } else {
+            "inf"
+        };
+        return Some((b * BLOCK + i, what));
+    }
+    None
+}
+
+/// The multi-dimensional index of flat element `i` of a row-major `shape`.
+fn unflatten(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (k, &d) in shape.iter().enumerate().rev() {
+        if d > 0 {
+            index[k] = i % d;
+            i /= d;
+        }
+    }
+    index
 }
 
 fn info(file: usize, t: &TensorInfo) -> WeightInfo {

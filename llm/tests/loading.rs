@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ruda_llm::{
-    expected_tensors, load_config, GenerationConfig, LoadError, ModelConfig, ModelType, Weights, EMBED_TOKENS, LM_HEAD,
+    architecture, expected_tensors, load_config, GenerationConfig, LoadError, ModelConfig, ModelType, Weights,
+    EMBED_TOKENS, LM_HEAD,
 };
 use ruda_runtime::{DType, Device};
 use serde_json::{json, Value};
@@ -445,4 +446,200 @@ fn generation_config() {
     dir.write_json("config.json", &qwen3_json());
     let g = GenerationConfig::load(dir.path()).unwrap();
     assert_eq!((g.eos_token_ids, g.bos_token_id, g.temperature), (vec![15], Some(14), None));
+}
+
+/// A header of hand-written JSON text and `data` zero bytes.
+fn raw_file(header: &str, data: usize) -> Vec<u8> {
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend(header.as_bytes());
+    b.extend(vec![0u8; data]);
+    b
+}
+
+/// The format's rules as the `safetensors` crate enforces them, plus the duplicate keys it lets
+/// through: each file is refused by ours with a message naming the problem, and by the crate
+/// too, except where it keeps the last of two equal keys.
+#[test]
+fn header_rules_match_the_safetensors_crate() {
+    let dir = TempDir::new("rules");
+    let a = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
+    let cases: Vec<(&str, String, usize, &str, bool)> = vec![
+        (
+            "hole",
+            format!(r#"{{{a},"b":{{"dtype":"F32","shape":[1],"data_offsets":[12,16]}}}}"#),
+            16,
+            "data bytes 8..12 between tensor a and tensor b belong to no tensor",
+            false,
+        ),
+        (
+            "leading hole",
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#.into(),
+            8,
+            "data bytes 0..4 between the header and tensor a",
+            false,
+        ),
+        ("trailing", format!("{{{a}}}"), 9, "1 data bytes after the last tensor, a belong to no tensor", false),
+        ("no tensors, data", "{}".into(), 4, "4 data bytes after the header belong to no tensor", false),
+        ("metadata", format!(r#"{{"__metadata__":{{"n":1}},{a}}}"#), 8, "__metadata__ is not a map of strings", false),
+        ("duplicate tensor", format!("{{{a},{a}}}"), 8, "key \"a\" appears twice", true),
+        (
+            "duplicate field",
+            r#"{"a":{"dtype":"F32","shape":[2],"shape":[2],"data_offsets":[0,8]}}"#.into(),
+            8,
+            "tensor a: key \"shape\" appears twice",
+            false,
+        ),
+        (
+            "duplicate metadata",
+            format!(r#"{{"__metadata__":{{"x":"1","x":"2"}},{a}}}"#),
+            8,
+            "corrupt safetensors header: __metadata__: key \"x\" appears twice",
+            true,
+        ),
+    ];
+    for (what, header, data, want, crate_accepts) in cases {
+        let bytes = raw_file(&header, data);
+        dir.write("model.safetensors", &bytes);
+        let ours = ruda_llm::safetensors::SafetensorsFile::open(&dir.path().join("model.safetensors"));
+        let e = ours.err().unwrap_or_else(|| panic!("{what}: accepted")).to_string();
+        assert!(e.contains(want) && e.contains("model.safetensors"), "{what}: expected {want:?} in: {e}");
+        let theirs = safetensors::SafeTensors::deserialize(&bytes);
+        assert_eq!(theirs.is_ok(), crate_accepts, "{what}: the crate's verdict: {:?}", theirs.err());
+    }
+    // Zero-sized tensors anywhere, metadata of strings, and no tensors at all: accepted by both.
+    for (header, data) in [
+        (
+            format!(
+                r#"{{"__metadata__":{{"format":"pt"}},"e":{{"dtype":"F32","shape":[0],"data_offsets":[8,8]}},{a}}}"#
+            ),
+            8,
+        ),
+        ("{}".to_string(), 0),
+    ] {
+        let bytes = raw_file(&header, data);
+        dir.write("model.safetensors", &bytes);
+        ruda_llm::safetensors::SafetensorsFile::open(&dir.path().join("model.safetensors")).unwrap();
+        safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    }
+}
+
+#[test]
+fn weights_that_are_not_files_say_what_they_are() {
+    let config = config_of(&qwen3_json()).unwrap();
+    let dir = TempDir::new("not-files");
+    std::fs::create_dir(dir.path().join("model.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.ends_with("model.safetensors: is a directory, not a safetensors file"), "{e}");
+    std::fs::remove_dir(dir.path().join("model.safetensors")).unwrap();
+    std::os::unix::fs::symlink("elsewhere/model.safetensors", dir.path().join("model.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.contains("is a symbolic link to elsewhere/model.safetensors, which does not exist"), "{e}");
+    // A shard named by the index, the same way.
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    dir.write_json("model.safetensors.index.json", &json!({"weight_map": {EMBED_TOKENS: "a.safetensors"}}));
+    std::os::unix::fs::symlink("b.safetensors", dir.path().join("a.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.contains("a.safetensors: is a symbolic link to b.safetensors, which does not exist"), "{e}");
+    // A real file that is missing is still the OS's error.
+    std::fs::remove_file(dir.path().join("a.safetensors")).unwrap();
+    let e = weights_err(&dir, &config);
+    assert!(e.contains("a.safetensors: No such file or directory"), "{e}");
+}
+
+/// NaN and infinities are refused as each tensor is read for upload, by the model's loader and
+/// by `Weights::upload` alike, naming the tensor, its file and its first bad element;
+/// `set_check_finite(false)` (what `RUDA_CHECK_WEIGHTS=off` sets) lets them through.
+#[test]
+fn non_finite_weights_are_refused_as_they_are_uploaded() {
+    let config = config_of(&qwen3_json()).unwrap();
+    let cpu = Device::cpu();
+    let load = |w: &Weights| -> Vec<Result<(), String>> {
+        let model = architecture(config.model_type).load(&config, w, &cpu, DType::F32).map(|_| ());
+        vec![model.map_err(|e| e.to_string()), w.upload(&cpu).map(|_| ()).map_err(|e| e.to_string())]
+    };
+    let loads = |w: &Weights| {
+        for r in load(w) {
+            r.unwrap();
+        }
+    };
+    let dir = TempDir::new("nan");
+    let clean = model_tensors(&config, false);
+    dir.write("model.safetensors", &safetensors(&clean));
+    loads(&Weights::load(dir.path(), &config).unwrap());
+    // One bad value per dtype, in the last element of its tensor's second row.
+    let f16_inf = 0x7c00u16.to_le_bytes().to_vec();
+    let f16_norm: Vec<u8> = (0..6).flat_map(|i| if i == 5 { f16_inf.clone() } else { vec![0, 0x3c] }).collect();
+    let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        ("model.norm.weight", "F16", f16_norm, "holds inf at element 5 (index [5] of shape [6])"),
+        (
+            "model.layers.1.mlp.down_proj.weight",
+            "F32",
+            f32_with(60, 19, f32::NAN),
+            "holds NaN at element 19 (index [1, 9] of shape [6, 10])",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "BF16",
+            bf16_with(48, 11, 0xff80),
+            "holds -inf at element 11 (index [1, 5] of shape [8, 6])",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "F32",
+            f32_with(48, 47, f32::NEG_INFINITY),
+            "holds -inf at element 47 (index [7, 5]",
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "F32",
+            f32_with(48, 0, -f32::NAN),
+            "holds NaN at element 0 (index [0, 0]",
+        ),
+    ];
+    for (name, dtype, bytes, want) in cases {
+        let mut tensors = clean.clone();
+        let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
+        (t.1, t.3) = (dtype, bytes);
+        dir.write("model.safetensors", &safetensors(&tensors));
+        let mut w = Weights::load(dir.path(), &config).unwrap();
+        for r in load(&w) {
+            let e = r.unwrap_err();
+            assert!(e.contains(&format!("tensor {name} {want}")) && e.contains("model.safetensors"), "{e}");
+            assert!(e.contains("RUDA_CHECK_WEIGHTS=off"), "{e}");
+        }
+        w.set_check_finite(false);
+        loads(&w);
+    }
+    // The largest finite values are not infinities.
+    let mut tensors = clean;
+    let t = tensors.iter_mut().find(|t| t.0 == "model.norm.weight").unwrap();
+    t.3 = [f32::MAX, f32::MIN, f32::MIN_POSITIVE, -0.0, 1e-45, 0.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    dir.write("model.safetensors", &safetensors(&tensors));
+    loads(&Weights::load(dir.path(), &config).unwrap());
+}
+
+/// `n` f32 halves with `value` at `at`.
+fn f32_with(n: usize, at: usize, value: f32) -> Vec<u8> {
+    (0..n).flat_map(|i| if i == at { value } else { 0.5 }.to_le_bytes()).collect()
+}
+
+/// `n` bf16 ones with the bits `value` at `at`.
+fn bf16_with(n: usize, at: usize, value: u16) -> Vec<u8> {
+    (0..n).flat_map(|i| if i == at { value } else { 0x3f80 }.to_le_bytes()).collect()
+}
+
+#[test]
+fn eos_ids_outside_the_vocabulary() {
+    let dir = TempDir::new("eos");
+    dir.write_json("generation_config.json", &json!({"eos_token_id": [3, 16]}));
+    let e = GenerationConfig::load_for_vocab(dir.path(), 16).unwrap_err().to_string();
+    assert!(
+        e.contains("generation_config.json: eos_token_id 16 is outside the model's vocabulary (vocab_size 16"),
+        "{e}"
+    );
+    assert_eq!(GenerationConfig::load_for_vocab(dir.path(), 17).unwrap().eos_token_ids, vec![3, 16]);
+    std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
+    dir.write_json("config.json", &with(qwen3_json(), "eos_token_id", json!(99)));
+    let e = GenerationConfig::load_for_vocab(dir.path(), 16).unwrap_err().to_string();
+    assert!(e.contains("config.json: eos_token_id 99 is outside"), "{e}");
 }

@@ -1,9 +1,7 @@
 //! The forward pass and greedy generation against what Hugging Face `transformers` computed for
 //! the tiny fixture models (`scripts/fixtures/make_fixtures.py`), through the interpreter device.
 
-mod common;
-
-use common::{device, fixture};
+use crate::common::{device, fixture};
 use ruda_llm::{load_pipeline, GenerateParams, Pipeline, PipelineOptions, StreamControl};
 use ruda_runtime::DType;
 use serde_json::Value;

@@ -1,12 +1,10 @@
 //! The pipeline API on the fixture models through the interpreter: streaming, stop sequences,
 //! sampling, the examples' output, and clear errors for bad input.
 
-mod common;
-
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{device, fixture};
+use crate::common::{device, fixture};
 
 use ruda_llm::example::{self, ExampleArgs};
 use ruda_llm::{
@@ -288,4 +286,31 @@ fn examples_print_the_json_contract_for_the_bundled_models() {
         let err = example::run(wrong, &args, &mut Vec::new(), &mut Vec::new()).unwrap_err().to_string();
         assert!(err.contains("model_type"), "{err}");
     }
+}
+
+/// The model behind a pipeline through its `CausalLm` trait: a decode step gives the logits a
+/// prefill of the same tokens gives, a cache is refused by a model it was not made for, and a
+/// full cache is an error.
+#[test]
+fn the_causal_lm_trait_decodes_as_it_prefills() {
+    let p = pipeline("qwen2-tied");
+    let m = p.model();
+    let ids = p.encode("Hello world!", false).unwrap();
+    let mut whole = m.new_cache(ids.len()).unwrap();
+    let want = m.forward(&mut whole, &ids, 4, false).unwrap().to_f32_vec().unwrap();
+    assert_eq!(whole.len(), ids.len());
+
+    let mut cache = m.new_cache(ids.len()).unwrap();
+    m.forward(&mut cache, &ids[..ids.len() - 1], 4, false).unwrap();
+    let workspace = m.decode_workspace().unwrap();
+    let got = m.decode_step(&mut cache, ids[ids.len() - 1], &workspace).unwrap().to_f32_vec().unwrap();
+    let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "decode and prefill logits differ by {worst}");
+    let full = m.decode_step(&mut cache, 1, &workspace).unwrap_err().to_string();
+    assert!(full.contains("full"), "{full}");
+
+    let other = pipeline("qwen2-untied");
+    let mut foreign = other.model().new_cache(8).unwrap();
+    let err = m.forward(&mut foreign, &ids, 4, false).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
 }

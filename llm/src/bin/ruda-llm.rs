@@ -1,68 +1,139 @@
-//! `ruda-llm tune MODEL_DIR [--context N] [--prefill-tokens N] [--dtype f32|f16|bf16]`: autotune
-//! the op shapes of a model folder on the `RUDA_DEVICE` GPU ahead of generation (see
-//! `ruda_llm::tune`).
+//! `ruda-llm`: the model layer's command line.
+//!
+//! - `ruda-llm generate MODEL_DIR PROMPT [MAX_NEW_TOKENS=32] [RUNS=1]`: greedy generation with any
+//!   supported architecture (dispatched on `config.json`'s `model_type`), printing exactly the
+//!   `qwen2_generate` / `qwen3_generate` examples' JSON lines; exit status 1 on any error.
+//! - `ruda-llm tune MODEL_DIR [--context N] [--prefill-tokens N] [--dtype f32|f16|bf16]`:
+//!   autotune the op shapes of a model folder on the `RUDA_DEVICE` GPU ahead of generation (see
+//!   `ruda_llm::tune`); exit status 1 when a shape failed, 2 on any other error.
 
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::{OsStringValueParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand};
+use ruda_llm::example::{self, ExampleArgs};
+use ruda_llm::tune::{tune_model, Progress};
 use ruda_llm::LlmError;
 use ruda_runtime::{DType, Device};
 
-const USAGE: &str = "usage: ruda-llm tune MODEL_DIR [--context N (the KV cache capacity; default 4096 as a pipeline's, at most max_position_embeddings)] \
-[--prefill-tokens N (rows of a prefill chunk, default 512)] [--dtype f32|f16|bf16 (default bf16 on CUDA, f32 on the CPU)]";
+#[derive(Parser)]
+#[command(name = "ruda-llm", about = "Run and tune Hugging Face Qwen models on RUDA's kernels")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn run(args: &[String]) -> Result<bool, LlmError> {
-    let bad = |m: String| LlmError::InvalidArgument(format!("{m}\n{USAGE}"));
-    let [command, dir, rest @ ..] = args else { return Err(bad("missing arguments".into())) };
-    if command != "tune" {
-        return Err(bad(format!("unknown command `{command}`")));
-    }
-    let (mut context, mut prefill_tokens, mut dtype) = (None, 512, None);
-    let mut options = rest.iter();
-    while let Some(flag) = options.next() {
-        let value = options.next().ok_or_else(|| bad(format!("`{flag}` needs a value")))?;
-        match flag.as_str() {
-            "--context" => {
-                context = Some(value.parse::<usize>().map_err(|_| bad(format!("--context {value}: not a number")))?)
-            }
-            "--prefill-tokens" => {
-                prefill_tokens =
-                    value.parse::<usize>().map_err(|_| bad(format!("--prefill-tokens {value}: not a number")))?
-            }
-            "--dtype" => {
-                dtype = Some(
-                    DType::from_name(value)
-                        .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
-                        .ok_or_else(|| bad(format!("--dtype {value}: expected f32, f16 or bf16")))?,
-                )
-            }
-            other => return Err(bad(format!("unknown option `{other}`"))),
-        }
-    }
+#[derive(Subcommand)]
+enum Command {
+    /// Greedy generation after PROMPT (encoded as is, no chat template), printing JSON lines: one
+    /// `load` event, then one `generation` event per run
+    Generate(GenerateArgs),
+    /// Autotune the op shapes of a model's prefill and decode on the RUDA_DEVICE GPU (on the CPU,
+    /// or with RUDA_AUTOTUNE=off, list them)
+    Tune(TuneArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// A Hugging Face model folder (config.json, safetensors, tokenizer.json)
+    model_dir: PathBuf,
+    /// The prompt (UTF-8); one that starts with `-` is a prompt too, as in the examples
+    #[arg(allow_hyphen_values = true)]
+    prompt: OsString,
+    /// Tokens to generate at most
+    #[arg(default_value_t = 32, value_parser = positive(), allow_negative_numbers = true)]
+    max_new_tokens: usize,
+    /// Generations to run (timings of later runs exclude first-use costs)
+    #[arg(default_value_t = 1, value_parser = positive(), allow_negative_numbers = true)]
+    runs: usize,
+}
+
+#[derive(Args)]
+struct TuneArgs {
+    /// A Hugging Face model folder
+    model_dir: PathBuf,
+    /// The KV cache capacity to tune decode attention for [default: 4096, as a pipeline's, at
+    /// most max_position_embeddings]
+    #[arg(long, value_name = "N")]
+    context: Option<usize>,
+    /// Rows of a prefill chunk
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    prefill_tokens: usize,
+    /// The compute dtype [default: bf16 on CUDA, f32 on the CPU]
+    #[arg(long, value_name = "f32|f16|bf16", value_parser = compute_dtype)]
+    dtype: Option<DType>,
+}
+
+/// A positive count. Parsed from the OS string, so that a non-UTF-8 value is named with its
+/// argument like any other bad value (and a negative one is a value, not an unknown flag).
+fn positive() -> impl TypedValueParser<Value = usize> {
+    OsStringValueParser::new().try_map(|s| {
+        s.to_str().and_then(|s| s.parse::<usize>().ok()).filter(|&n| n > 0).ok_or("must be a positive integer")
+    })
+}
+
+fn compute_dtype(s: &str) -> Result<DType, String> {
+    DType::from_name(s)
+        .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
+        .ok_or_else(|| "expected f32, f16 or bf16".to_string())
+}
+
+fn generate(args: GenerateArgs) -> Result<(), LlmError> {
+    let prompt = example::prompt_text(&args.prompt)?;
+    let model_type = ruda_llm::architecture_of(&args.model_dir)?.model_type();
+    let parsed =
+        ExampleArgs { model_dir: args.model_dir, prompt, max_new_tokens: args.max_new_tokens, runs: args.runs };
+    example::run_parsed(model_type, &parsed, &mut std::io::stdout().lock(), &mut std::io::stderr())
+}
+
+fn tune(args: TuneArgs) -> Result<bool, LlmError> {
     let device = Device::from_env()?;
-    let dtype = dtype.unwrap_or(if device.is_cuda() { DType::BF16 } else { DType::F32 });
-    let dir = PathBuf::from(dir);
-    let max = ruda_llm::load_config(&dir)?.max_position_embeddings;
-    let context = context.unwrap_or(ruda_llm::DEFAULT_CONTEXT.min(max));
-    ruda_llm::tune::tune_model(
-        &dir,
+    let dtype = args.dtype.unwrap_or(if device.is_cuda() { DType::BF16 } else { DType::F32 });
+    let max = ruda_llm::load_config(&args.model_dir)?.max_position_embeddings;
+    let context = args.context.unwrap_or(ruda_llm::DEFAULT_CONTEXT.min(max));
+    tune_model(
+        &args.model_dir,
         &device,
         dtype,
         context,
-        prefill_tokens,
+        args.prefill_tokens,
         &mut std::io::stdout(),
-        &mut std::io::stderr(),
+        Progress::stderr(),
     )
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
         Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
+            // `--help` prints to standard output with status 0; usage errors exit 1 under
+            // `generate` (as the examples), 2 elsewhere (as `tune` always has).
+            let _ = e.print();
+            return match e.exit_code() {
+                0 => ExitCode::SUCCESS,
+                _ if argv.get(1).map(OsString::as_os_str) == Some(OsStr::new("generate")) => ExitCode::from(1),
+                _ => ExitCode::from(2),
+            };
         }
+    };
+    match cli.command {
+        Command::Generate(args) => match generate(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Tune(args) => match tune(args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }

@@ -1,0 +1,248 @@
+//! Causal self-attention with grouped-query heads over a contiguous KV cache. Its variants are
+//! values of the spec (a bias on q/k/v or on o, per-head q/k norms), not flags of a decoder.
+
+use ruda_ops::api::{self, DecodeWorkspace};
+use ruda_runtime::{DType, Device, Stream, Tensor};
+
+use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader, RmsNorm, RmsNormSpec, Rope};
+use crate::cache::KvCache;
+use crate::error::LlmError;
+
+/// The heads of one attention layer, which decode attention is tuned for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// `{prefix}.{q,k,v,o}_proj` and, with q/k norms, `{prefix}.{q,k}_norm`.
+#[derive(Clone, Debug)]
+pub struct AttentionSpec {
+    pub shape: AttentionShape,
+    pub q: LinearSpec,
+    pub k: LinearSpec,
+    pub v: LinearSpec,
+    pub o: LinearSpec,
+    /// RMS norms of each head of q and of k before RoPE (Qwen3).
+    pub qk_norm: Option<(RmsNormSpec, RmsNormSpec)>,
+}
+
+impl AttentionSpec {
+    /// Without biases or q/k norms (add them with [`AttentionSpec::with_bias`] and
+    /// [`AttentionSpec::with_qk_norm`]).
+    pub fn new(prefix: &str, hidden: usize, shape: AttentionShape) -> AttentionSpec {
+        let (q, kv) = (shape.q_heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+        AttentionSpec {
+            shape,
+            q: LinearSpec::new("q_proj", &format!("{prefix}.q_proj"), q, hidden, false),
+            k: LinearSpec::new("k_proj", &format!("{prefix}.k_proj"), kv, hidden, false),
+            v: LinearSpec::new("v_proj", &format!("{prefix}.v_proj"), kv, hidden, false),
+            o: LinearSpec::new("o_proj", &format!("{prefix}.o_proj"), hidden, q, false),
+            qk_norm: None,
+        }
+    }
+
+    /// Biases (`{name}.bias [out]` beside each `{name}.weight`) on q, k and v, and with `o` on the
+    /// output projection too.
+    pub fn with_bias(mut self, qkv: bool, o: bool) -> AttentionSpec {
+        for (lin, on) in [(&mut self.q, qkv), (&mut self.k, qkv), (&mut self.v, qkv), (&mut self.o, o)] {
+            let weight = &lin.weights[0];
+            let prefix = weight.name.strip_suffix(".weight").unwrap_or(&weight.name);
+            lin.bias = on.then(|| ExpectedTensor::compute(format!("{prefix}.bias"), vec![weight.shape[0]]));
+        }
+        self
+    }
+
+    /// Per-head RMS norms of q and k (`{prefix}.q_norm.weight`, `{prefix}.k_norm.weight`).
+    pub fn with_qk_norm(mut self, prefix: &str, eps: f64) -> AttentionSpec {
+        let d = self.shape.head_dim;
+        self.qk_norm = Some((
+            RmsNormSpec::new(&format!("{prefix}.q_norm"), d, eps),
+            RmsNormSpec::new(&format!("{prefix}.k_norm"), d, eps),
+        ));
+        self
+    }
+
+    /// The projections' weights, then their biases, then the norms (the order of a checkpoint).
+    pub fn declare(&self, out: &mut Vec<ExpectedTensor>) {
+        let linears = [&self.q, &self.k, &self.v, &self.o];
+        out.extend(linears.iter().flat_map(|l| l.weights.iter().cloned()));
+        out.extend(linears.iter().filter_map(|l| l.bias.clone()));
+        if let Some((q, k)) = &self.qk_norm {
+            out.extend([q.weight.clone(), k.weight.clone()]);
+        }
+    }
+
+    pub fn linear_shapes(&self, tokens: usize) -> [LinearShape; 4] {
+        [&self.q, &self.k, &self.v, &self.o].map(|l| l.linear_shape(tokens))
+    }
+
+    pub fn load(&self, ld: &Loader) -> Result<Attention, LlmError> {
+        let qk_norm = match &self.qk_norm {
+            Some((q, k)) => Some((q.load(ld)?, k.load(ld)?)),
+            None => None,
+        };
+        Ok(Attention {
+            shape: self.shape,
+            q: self.q.load(ld)?,
+            k: self.k.load(ld)?,
+            v: self.v.load(ld)?,
+            o: self.o.load(ld)?,
+            qk_norm,
+        })
+    }
+}
+
+pub struct Attention {
+    shape: AttentionShape,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+}
+
+/// What one attention layer needs per chunk of `tokens` rows; shared by every layer of a shape.
+pub struct AttentionScratch {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    /// A projection before its bias is added, or (q, k) the per-head norms of them.
+    q_scratch: Tensor,
+    k_scratch: Tensor,
+    v_scratch: Tensor,
+    q_rot: Tensor,
+    attn: Tensor,
+    /// The output projection before its bias is added.
+    out_scratch: Tensor,
+}
+
+impl AttentionScratch {
+    pub fn new(
+        device: &Device,
+        dtype: DType,
+        tokens: usize,
+        hidden: usize,
+        shape: AttentionShape,
+    ) -> Result<AttentionScratch, LlmError> {
+        let AttentionShape { q_heads, kv_heads, head_dim } = shape;
+        let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(device, dtype, shape)?) };
+        let (q, kv) = ([tokens, q_heads * head_dim], [tokens, kv_heads * head_dim]);
+        Ok(AttentionScratch {
+            q: empty(&q)?,
+            k: empty(&kv)?,
+            v: empty(&kv)?,
+            q_scratch: empty(&q)?,
+            k_scratch: empty(&kv)?,
+            v_scratch: empty(&kv)?,
+            q_rot: empty(&[tokens, q_heads, head_dim])?,
+            attn: empty(&q)?,
+            out_scratch: empty(&[tokens, hidden])?,
+        })
+    }
+}
+
+/// The device copies of a chunk's token positions and sequence bookkeeping, written once per
+/// chunk and read by every attention layer.
+pub struct StepInputs {
+    positions: Tensor,
+    /// The cache slot of each token's sequence (all 0: one sequence).
+    slots: Tensor,
+    /// Positions filled after the chunk `[1]`.
+    seq_lens: Tensor,
+    /// `[0, tokens]`.
+    cu_seqlens: Tensor,
+}
+
+impl StepInputs {
+    pub fn new(device: &Device, tokens: usize) -> Result<StepInputs, LlmError> {
+        let u32s = |n: usize| -> Result<Tensor, LlmError> { Ok(Tensor::zeros(device, DType::U32, &[n])?) };
+        Ok(StepInputs { positions: u32s(tokens)?, slots: u32s(tokens)?, seq_lens: u32s(1)?, cu_seqlens: u32s(2)? })
+    }
+
+    /// The chunk of `tokens` rows at positions `start..start + tokens` of one sequence.
+    pub fn write(&self, start: usize, tokens: usize) -> Result<(), LlmError> {
+        let positions: Vec<u32> = (start..start + tokens).map(|p| p as u32).collect();
+        self.positions.copy_from_slice(&positions)?;
+        self.seq_lens.copy_from_slice(&[(start + tokens) as u32])?;
+        self.cu_seqlens.copy_from_slice(&[0, tokens as u32])?;
+        Ok(())
+    }
+}
+
+impl Attention {
+    pub fn shape(&self) -> AttentionShape {
+        self.shape
+    }
+
+    pub fn linears(&self) -> [&Linear; 4] {
+        [&self.q, &self.k, &self.v, &self.o]
+    }
+
+    /// `out = attention(x)·Woᵀ (+ b)` for the `tokens` rows of `x`, appending their keys and
+    /// values to `cache` (prefill continues a cache; one row is a decode step through the
+    /// split-KV kernel and its workspace `decode`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        s: &Stream,
+        plan: &LinearPlan,
+        rope: &Rope,
+        step: &StepInputs,
+        x: &Tensor,
+        cache: &KvCache,
+        decode: &DecodeWorkspace,
+        a: &AttentionScratch,
+        out: &Tensor,
+    ) -> Result<(), LlmError> {
+        let t = x.shape()[0];
+        let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+        self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
+        self.k.forward(s, plan, x, &a.k, &a.k_scratch).map_err(op("projection"))?;
+        self.v.forward(s, plan, x, &a.v, &a.v_scratch).map_err(op("projection"))?;
+        let (q, k) = match &self.qk_norm {
+            Some((qn, kn)) => {
+                qn.forward(s, &a.q.reshape(&[t * hq, d])?, &a.q_scratch.reshape(&[t * hq, d])?)
+                    .map_err(op("q norm"))?;
+                kn.forward(s, &a.k.reshape(&[t * hkv, d])?, &a.k_scratch.reshape(&[t * hkv, d])?)
+                    .map_err(op("k norm"))?;
+                (&a.q_scratch, &a.k_scratch)
+            }
+            None => (&a.q, &a.k),
+        };
+        let (q3, k3, v3) = (q.reshape(&[t, hq, d])?, k.reshape(&[t, hkv, d])?, a.v.reshape(&[t, hkv, d])?);
+        rope.forward(s, &q3, &step.positions, &a.q_rot).map_err(op("rope"))?;
+        rope.forward_into_cache(s, &k3, &v3, &step.positions, &step.slots, cache.k(), cache.v())
+            .map_err(op("rope + cache append"))?;
+        let attn = a.attn.reshape(&[t, hq, d])?;
+        match t {
+            1 => api::attention_decode_into(
+                s,
+                &a.q_rot.reshape(&[1, hq, d])?,
+                cache.k(),
+                cache.v(),
+                &step.seq_lens,
+                None,
+                decode,
+                &attn.reshape(&[1, hq, d])?,
+            )
+            .map_err(op("decode attention"))?,
+            _ => api::attention_prefill_cache_into(
+                s,
+                &a.q_rot,
+                &step.cu_seqlens,
+                t,
+                cache.k(),
+                cache.v(),
+                &step.seq_lens,
+                None,
+                true,
+                &attn,
+            )
+            .map_err(op("prefill attention"))?,
+        }
+        self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection"))
+    }
+}

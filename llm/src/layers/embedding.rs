@@ -1,0 +1,66 @@
+//! The token embedding and the output projection (`lm_head`), which tied checkpoints share.
+
+use ruda_ops::api::{self, OpError};
+use ruda_runtime::{Stream, Tensor};
+
+use super::{ExpectedTensor, Linear, LinearShape, LinearSpec, Loader};
+use crate::error::LlmError;
+
+/// The name of the embedding, which tied checkpoints reuse as `lm_head.weight`.
+pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
+/// The output projection.
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// `model.embed_tokens.weight [vocab, hidden]`.
+#[derive(Clone, Debug)]
+pub struct EmbeddingSpec {
+    pub weight: ExpectedTensor,
+}
+
+impl EmbeddingSpec {
+    pub fn new(vocab: usize, hidden: usize) -> EmbeddingSpec {
+        EmbeddingSpec { weight: ExpectedTensor::compute(EMBED_TOKENS.into(), vec![vocab, hidden]) }
+    }
+
+    pub fn load(&self, ld: &Loader) -> Result<Embedding, LlmError> {
+        Ok(Embedding { weight: ld.tensor(&self.weight)? })
+    }
+}
+
+pub struct Embedding {
+    weight: Tensor,
+}
+
+impl Embedding {
+    /// `out[i] = weight[ids[i]]`.
+    pub fn forward(&self, s: &Stream, ids: &Tensor, out: &Tensor) -> Result<(), OpError> {
+        api::embedding_into(s, ids, &self.weight, out)
+    }
+}
+
+/// `lm_head.weight [vocab, hidden]`, or the embedding itself when tied (the file may still store
+/// a copy, which is then not read).
+#[derive(Clone, Debug)]
+pub struct LmHeadSpec {
+    pub weight: ExpectedTensor,
+    pub tied: bool,
+}
+
+impl LmHeadSpec {
+    pub fn new(vocab: usize, hidden: usize, tied: bool) -> LmHeadSpec {
+        let weight = ExpectedTensor { required: !tied, ..ExpectedTensor::compute(LM_HEAD.into(), vec![vocab, hidden]) };
+        LmHeadSpec { weight, tied }
+    }
+
+    /// The logits of the last row only: a one-row product whatever the chunk.
+    pub fn linear_shape(&self) -> LinearShape {
+        LinearShape { name: "lm_head", m: 1, n: self.weight.shape[0], k: self.weight.shape[1] }
+    }
+
+    pub fn load(&self, ld: &Loader, embedding: &Embedding) -> Result<Linear, LlmError> {
+        if self.tied {
+            return Ok(Linear::Dense { weight: embedding.weight.clone(), bias: None });
+        }
+        LinearSpec { name: "lm_head", weights: vec![self.weight.clone()], bias: None }.load(ld)
+    }
+}

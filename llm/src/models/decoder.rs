@@ -1,0 +1,447 @@
+//! The decoder stack every architecture here is built from: embedding, a list of layers (each a
+//! token mixer and a feed-forward block between RMS norms), the final norm and `lm_head`:
+//!
+//! ```text
+//! h = embed(ids)
+//! per layer:  n = rms_norm(h);  h = h + mixer(n)        (mixer: attention over the layer's cache)
+//!             n' = rms_norm(h); h = h + ffn(n')          (ffn: the SwiGLU MLP)
+//! logits = rms_norm(h)·Wlmᵀ
+//! ```
+//!
+//! Each residual add is fused with the norm after it (`rms_norm_residual`, transformers'
+//! rounding order). A layer's mixer and feed-forward block are enums, so hybrid models (full or
+//! linear attention per layer) and MoE models (dense MLP or routed experts per layer) are new
+//! variants here, not new copies of the decoder.
+
+use ruda_ops::{api, tune};
+use ruda_runtime::{DType, Device, Tensor};
+
+use crate::cache::{Cache, KvCache, LayerCache};
+use crate::config::ModelConfig;
+use crate::error::LlmError;
+use crate::layers::{
+    Attention, AttentionScratch, AttentionShape, AttentionSpec, Embedding, EmbeddingSpec, ExpectedTensor, Linear,
+    LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, RmsNorm, RmsNormSpec, Rope, RopeSpec,
+    StepInputs, TensorSource,
+};
+use crate::models::CausalLm;
+
+/// What mixes information across positions in one layer.
+#[derive(Clone, Debug)]
+pub enum MixerSpec {
+    /// Causal softmax attention over a KV cache.
+    Attention(AttentionSpec),
+}
+
+/// The per-position feed-forward block of one layer.
+#[derive(Clone, Debug)]
+pub enum FfnSpec {
+    Mlp(MlpSpec),
+}
+
+/// One decoder layer: `input_layernorm`, the mixer, `post_attention_layernorm`, the ffn.
+#[derive(Clone, Debug)]
+pub struct LayerSpec {
+    pub input_norm: RmsNormSpec,
+    pub mixer: MixerSpec,
+    pub post_norm: RmsNormSpec,
+    pub ffn: FfnSpec,
+}
+
+impl LayerSpec {
+    /// The usual layer of `model.layers.{index}`: `self_attn` (as `attention` makes it from its
+    /// prefix) and `mlp`.
+    pub fn standard(config: &ModelConfig, index: usize, attention: impl Fn(&str) -> AttentionSpec) -> LayerSpec {
+        let p = format!("model.layers.{index}");
+        let (h, eps) = (config.hidden_size, config.rms_norm_eps);
+        LayerSpec {
+            input_norm: RmsNormSpec::new(&format!("{p}.input_layernorm"), h, eps),
+            mixer: MixerSpec::Attention(attention(&format!("{p}.self_attn"))),
+            post_norm: RmsNormSpec::new(&format!("{p}.post_attention_layernorm"), h, eps),
+            ffn: FfnSpec::Mlp(MlpSpec::new(&format!("{p}.mlp"), h, config.intermediate_size)),
+        }
+    }
+}
+
+/// A whole decoder as `config` implies it: what an architecture file builds.
+#[derive(Clone, Debug)]
+pub struct DecoderSpec {
+    pub config: ModelConfig,
+    pub embedding: EmbeddingSpec,
+    pub rope: RopeSpec,
+    pub layers: Vec<LayerSpec>,
+    pub norm: RmsNormSpec,
+    pub lm_head: LmHeadSpec,
+}
+
+impl DecoderSpec {
+    /// The embedding, rotary table, final norm and `lm_head` of `config`, around `layers`.
+    pub fn new(config: &ModelConfig, layers: Vec<LayerSpec>) -> DecoderSpec {
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        DecoderSpec {
+            config: config.clone(),
+            embedding: EmbeddingSpec::new(v, h),
+            rope: RopeSpec {
+                theta: config.rope_theta,
+                head_dim: config.head_dim,
+                max_positions: config.max_position_embeddings,
+            },
+            layers,
+            norm: RmsNormSpec::new("model.norm", h, config.rms_norm_eps),
+            lm_head: LmHeadSpec::new(v, h, config.tie_word_embeddings),
+        }
+    }
+
+    /// Every tensor of the checkpoint, in the order transformers writes them.
+    pub fn tensors(&self) -> Vec<ExpectedTensor> {
+        let mut out = vec![self.embedding.weight.clone()];
+        for layer in &self.layers {
+            out.extend([layer.input_norm.weight.clone(), layer.post_norm.weight.clone()]);
+            match &layer.mixer {
+                MixerSpec::Attention(a) => a.declare(&mut out),
+            }
+            match &layer.ffn {
+                FfnSpec::Mlp(m) => m.declare(&mut out),
+            }
+        }
+        out.extend([self.norm.weight.clone(), self.lm_head.weight.clone()]);
+        out
+    }
+
+    /// The products of a forward over `tokens` rows, each distinct one once, in the order they
+    /// run (`lm_head` last, over the last row).
+    pub fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape> {
+        let mut out: Vec<LinearShape> = Vec::new();
+        for layer in &self.layers {
+            let mut shapes = Vec::new();
+            match &layer.mixer {
+                MixerSpec::Attention(a) => shapes.extend(a.linear_shapes(tokens)),
+            }
+            match &layer.ffn {
+                FfnSpec::Mlp(m) => shapes.extend(m.linear_shapes(tokens)),
+            }
+            for s in shapes {
+                if !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+        }
+        out.push(self.lm_head.linear_shape());
+        out
+    }
+
+    /// The distinct attention shapes of the layers.
+    pub fn attention_shapes(&self) -> Vec<AttentionShape> {
+        let mut out = Vec::new();
+        for layer in &self.layers {
+            let MixerSpec::Attention(a) = &layer.mixer;
+            if !out.contains(&a.shape) {
+                out.push(a.shape);
+            }
+        }
+        out
+    }
+
+    /// Upload the layers from `source` (validated against [`DecoderSpec::tensors`]) to `device`
+    /// in `dtype` (f32, f16 or bf16).
+    pub fn load(self, source: &dyn TensorSource, device: &Device, dtype: DType) -> Result<Decoder, LlmError> {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(LlmError::InvalidArgument(format!("the compute dtype must be f32, f16 or bf16, not {dtype}")));
+        }
+        let ld = Loader { source, device, dtype };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            layers.push(Layer {
+                input_norm: layer.input_norm.load(&ld)?,
+                mixer: match &layer.mixer {
+                    MixerSpec::Attention(a) => Mixer::Attention(a.load(&ld)?),
+                },
+                post_norm: layer.post_norm.load(&ld)?,
+                ffn: match &layer.ffn {
+                    FfnSpec::Mlp(m) => Ffn::Mlp(m.load(&ld)?),
+                },
+            });
+        }
+        let embedding = self.embedding.load(&ld)?;
+        let lm_head = self.lm_head.load(&ld, &embedding)?;
+        // A tied checkpoint may store `lm_head.weight` too; it is the embedding, counted once.
+        let parameters = self.tensors().iter().filter(|t| t.required).map(|t| t.shape.iter().product::<usize>()).sum();
+        Ok(Decoder {
+            device: device.clone(),
+            dtype,
+            embedding,
+            rope: self.rope.load(device)?,
+            layers,
+            norm: self.norm.load(&ld)?,
+            lm_head,
+            parameters,
+            spec: self,
+        })
+    }
+}
+
+enum Mixer {
+    Attention(Attention),
+}
+
+enum Ffn {
+    Mlp(Mlp),
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    mixer: Mixer,
+    post_norm: RmsNorm,
+    ffn: Ffn,
+}
+
+impl Layer {
+    fn linears(&self) -> impl Iterator<Item = &Linear> + Clone {
+        let Mixer::Attention(a) = &self.mixer;
+        let Ffn::Mlp(m) = &self.ffn;
+        a.linears().into_iter().chain(m.linears())
+    }
+}
+
+/// A loaded decoder on one device.
+pub struct Decoder {
+    spec: DecoderSpec,
+    device: Device,
+    dtype: DType,
+    embedding: Embedding,
+    rope: Rope,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    parameters: usize,
+}
+
+/// The buffers of a forward over `tokens` rows, made once per chunk size and reused (decode runs
+/// every step with the same ones, so a step allocates nothing).
+pub struct Workspace {
+    tokens: usize,
+    ids: Tensor,
+    step: StepInputs,
+    /// The residual stream alternates between two buffers (the CPU device forbids an op writing
+    /// a tensor it also reads).
+    residual: [Tensor; 2],
+    normed: Tensor,
+    /// A mixer's or ffn's output, before the residual add.
+    block_out: Tensor,
+    attention: AttentionScratch,
+    mlp: MlpScratch,
+    /// The last row's logits `[1, vocab]`.
+    logits: Tensor,
+    plan: LinearPlan,
+}
+
+impl Decoder {
+    fn workspace(&self, tokens: usize) -> Result<Workspace, LlmError> {
+        let c = &self.spec.config;
+        let (dev, dt) = (&self.device, self.dtype);
+        let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(dev, dt, shape)?) };
+        let first =
+            self.spec.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
+        let (MixerSpec::Attention(attention), FfnSpec::Mlp(mlp)) = (&first.mixer, &first.ffn);
+        let shapes = self.spec.linear_shapes(tokens);
+        let linears = self.layers.iter().flat_map(Layer::linears).chain([&self.lm_head]);
+        Ok(Workspace {
+            tokens,
+            ids: Tensor::zeros(dev, DType::U32, &[tokens])?,
+            step: StepInputs::new(dev, tokens)?,
+            residual: [empty(&[tokens, c.hidden_size])?, empty(&[tokens, c.hidden_size])?],
+            normed: empty(&[tokens, c.hidden_size])?,
+            block_out: empty(&[tokens, c.hidden_size])?,
+            attention: AttentionScratch::new(dev, dt, tokens, c.hidden_size, attention.shape)?,
+            mlp: MlpScratch::new(dev, dt, tokens, mlp.intermediate())?,
+            logits: empty(&[1, c.vocab_size])?,
+            plan: LinearPlan::new(dev, dt, tokens, &shapes, linears)?,
+        })
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), LlmError> {
+        let vocab = self.spec.config.vocab_size;
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(bad) => {
+                Err(LlmError::InvalidArgument(format!("token id {bad} is outside the vocabulary ({vocab} ids)")))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn forward_chunk(
+        &self,
+        cache: &mut Cache,
+        ids: &[u32],
+        w: &Workspace,
+        all_logits: bool,
+    ) -> Result<Tensor, LlmError> {
+        if cache.layers().len() != self.layers.len() {
+            return Err(LlmError::InvalidArgument(format!(
+                "the cache has {} layers, the model {}: it was made by another model",
+                cache.layers().len(),
+                self.layers.len()
+            )));
+        }
+        let stream = self.device.default_stream();
+        let s = &stream;
+        let t = ids.len();
+        let start = cache.len();
+        w.ids.copy_from_slice(ids)?;
+        w.step.write(start, t)?;
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+
+        let mut cur = 0;
+        self.embedding.forward(s, &w.ids, &w.residual[cur]).map_err(op("embedding"))?;
+        let first = self.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
+        first.input_norm.forward(s, &w.residual[cur], &w.normed).map_err(op("input norm"))?;
+        for (l, (layer, layer_cache)) in self.layers.iter().zip(cache.layers()).enumerate() {
+            match &layer.mixer {
+                Mixer::Attention(a) => a.forward(
+                    s,
+                    &w.plan,
+                    &self.rope,
+                    &w.step,
+                    &w.normed,
+                    layer_cache.kv()?,
+                    cache.decode_workspace(),
+                    &w.attention,
+                    &w.block_out,
+                )?,
+            }
+            layer
+                .post_norm
+                .forward_residual(s, &w.block_out, &w.residual[cur], &w.normed, &w.residual[1 - cur])
+                .map_err(op("residual + post-attention norm"))?;
+            cur = 1 - cur;
+            match &layer.ffn {
+                Ffn::Mlp(m) => m.forward(s, &w.plan, &w.normed, &w.mlp, &w.block_out)?,
+            }
+            let next_norm = self.layers.get(l + 1).map_or(&self.norm, |n| &n.input_norm);
+            next_norm
+                .forward_residual(s, &w.block_out, &w.residual[cur], &w.normed, &w.residual[1 - cur])
+                .map_err(op("residual + norm"))?;
+            cur = 1 - cur;
+        }
+        cache.advance(t);
+        let vocab = self.spec.config.vocab_size;
+        let (rows, logits) = if all_logits {
+            (w.normed.clone(), Tensor::empty(&self.device, self.dtype, &[t, vocab])?)
+        } else {
+            (w.normed.narrow(0, t - 1, 1)?, w.logits.clone())
+        };
+        self.lm_head.forward(s, &w.plan, &rows, &logits, &logits).map_err(op("lm_head"))?;
+        Ok(logits)
+    }
+}
+
+impl CausalLm for Decoder {
+    fn config(&self) -> &ModelConfig {
+        &self.spec.config
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn parameters(&self) -> usize {
+        self.parameters
+    }
+
+    fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape> {
+        self.spec.linear_shapes(tokens)
+    }
+
+    fn new_cache(&self, capacity: usize) -> Result<Cache, LlmError> {
+        let max = self.spec.config.max_position_embeddings;
+        if capacity == 0 || capacity > max {
+            return Err(LlmError::InvalidArgument(format!(
+                "a KV cache of {capacity} positions: the model supports 1 to {max} (max_position_embeddings)"
+            )));
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let Mixer::Attention(a) = &layer.mixer;
+            let shape = a.shape();
+            layers.push(LayerCache::Kv(KvCache::new(
+                &self.device,
+                self.dtype,
+                shape.kv_heads,
+                capacity,
+                shape.head_dim,
+            )?));
+        }
+        // Decode attention's split count is measured here on a GPU (once per shape; cached), so
+        // that no decode step pays for it.
+        let (Some(LayerCache::Kv(kv)), Some(Layer { mixer: Mixer::Attention(a), .. })) =
+            (layers.first(), self.layers.first())
+        else {
+            return Err(LlmError::InvalidArgument("a model without layers".into()));
+        };
+        let shape = a.shape();
+        let q = Tensor::zeros(&self.device, self.dtype, &[1, shape.q_heads, shape.head_dim])?;
+        let stream = self.device.default_stream();
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+        let splits = tune::tuned_decode_splits(&stream, &q, kv.k(), kv.v()).map_err(op("tuning decode attention"))?;
+        let decode = api::DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?;
+        Ok(Cache::new(layers, capacity, decode))
+    }
+
+    fn forward(&self, cache: &mut Cache, ids: &[u32], chunk: usize, all_logits: bool) -> Result<Tensor, LlmError> {
+        if ids.is_empty() {
+            return Err(LlmError::InvalidArgument("forward needs at least one token".into()));
+        }
+        if cache.len() + ids.len() > cache.capacity() {
+            return Err(LlmError::InvalidArgument(format!(
+                "{} tokens after {} cached exceed the cache's {} positions",
+                ids.len(),
+                cache.len(),
+                cache.capacity()
+            )));
+        }
+        self.check_ids(ids)?;
+        let chunk = chunk.max(1);
+        let gather = all_logits && ids.len() > chunk;
+        let (mut scratch, mut gathered, mut last) = (None::<Workspace>, Vec::new(), None);
+        for part in ids.chunks(chunk) {
+            let w = match scratch.take() {
+                Some(w) if w.tokens == part.len() => w,
+                _ => self.workspace(part.len())?,
+            };
+            let logits = self.forward_chunk(cache, part, &w, all_logits)?;
+            if gather {
+                // Every position's logits of several chunks: gathered on the host (tests and
+                // scoring only).
+                gathered.extend(logits.to_bytes()?);
+            }
+            last = Some(logits);
+            scratch = Some(w);
+        }
+        if gather {
+            let shape = [ids.len(), self.spec.config.vocab_size];
+            return Ok(Tensor::from_bytes(&self.device, self.dtype, &shape, &gathered)?);
+        }
+        last.ok_or_else(|| LlmError::InvalidArgument("forward needs at least one token".into()))
+    }
+
+    fn decode_workspace(&self) -> Result<Workspace, LlmError> {
+        self.workspace(1)
+    }
+
+    fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError> {
+        if cache.len() + 1 > cache.capacity() {
+            return Err(LlmError::InvalidArgument(format!("the KV cache is full ({} positions)", cache.capacity())));
+        }
+        if id as usize >= self.spec.config.vocab_size {
+            return Err(LlmError::InvalidArgument(format!("token id {id} is outside the vocabulary")));
+        }
+        if workspace.tokens != 1 {
+            return Err(LlmError::InvalidArgument("a decode step needs the decode workspace (one row)".into()));
+        }
+        self.forward_chunk(cache, &[id], workspace, false)
+    }
+}

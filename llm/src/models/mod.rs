@@ -1,0 +1,172 @@
+//! One file per architecture, behind two traits: [`Architecture`] (what a config implies: its
+//! tensors, its products' shapes for tuning, and loading) and [`CausalLm`] (a loaded model:
+//! caches, prefill, decode steps). [`architecture`] is the one `model_type` → architecture
+//! table that the pipeline, the examples, `ruda-llm` and tuning use.
+//!
+//! Adding an architecture is a file here whose [`Architecture::spec`] composes the shared
+//! layers into a [`DecoderSpec`], and one line in [`architecture`] (with its `model_type` in
+//! `config.rs`).
+
+mod decoder;
+mod qwen2;
+mod qwen3;
+
+pub use decoder::{DecoderSpec, LayerSpec, Workspace};
+
+use ruda_runtime::{DType, Device, Tensor};
+
+use crate::cache::Cache;
+use crate::config::{ModelConfig, ModelType};
+use crate::error::LlmError;
+use crate::layers::{AttentionShape, ExpectedTensor, LinearShape, TensorSource};
+
+/// The architecture of `model_type`: the table.
+pub fn architecture(model_type: ModelType) -> &'static dyn Architecture {
+    match model_type {
+        ModelType::Qwen2 => &qwen2::Qwen2,
+        ModelType::Qwen3 => &qwen3::Qwen3,
+    }
+}
+
+/// An architecture: how a config becomes a decoder. Only [`Architecture::spec`] is its own;
+/// the rest reads that spec.
+pub trait Architecture: Sync {
+    fn model_type(&self) -> ModelType;
+
+    /// The layers `config` implies, with every tensor's name, shape and dtype.
+    fn spec(&self, config: &ModelConfig) -> DecoderSpec;
+
+    /// Every tensor a checkpoint of `config` holds (what loading validates against).
+    fn tensors(&self, config: &ModelConfig) -> Vec<ExpectedTensor> {
+        self.spec(config).tensors()
+    }
+
+    /// The distinct products of a forward over `tokens` rows (what tuning measures).
+    fn linear_shapes(&self, config: &ModelConfig, tokens: usize) -> Vec<LinearShape> {
+        self.spec(config).linear_shapes(tokens)
+    }
+
+    /// The distinct shapes of the attention layers (decode attention is tuned for each).
+    fn attention_shapes(&self, config: &ModelConfig) -> Vec<AttentionShape> {
+        self.spec(config).attention_shapes()
+    }
+
+    /// Upload the model from `weights` (validated against [`Architecture::tensors`]) to
+    /// `device` in `dtype` (f32, f16 or bf16).
+    fn load(
+        &self,
+        config: &ModelConfig,
+        weights: &dyn TensorSource,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Box<dyn CausalLm>, LlmError> {
+        Ok(Box::new(self.spec(config).load(weights, device, dtype)?))
+    }
+}
+
+/// A loaded causal language model on one device.
+pub trait CausalLm: Send + Sync {
+    fn config(&self) -> &ModelConfig;
+
+    fn device(&self) -> &Device;
+
+    /// The compute dtype.
+    fn dtype(&self) -> DType;
+
+    /// Parameters in the checkpoint (a tied `lm_head` counted once).
+    fn parameters(&self) -> usize;
+
+    /// The distinct products of a forward over `tokens` rows.
+    fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape>;
+
+    /// An empty cache for up to `capacity` positions (at most `max_position_embeddings`).
+    fn new_cache(&self, capacity: usize) -> Result<Cache, LlmError>;
+
+    /// Run `ids` at positions `cache.len()..` (appending them to the cache) and return the
+    /// logits `[rows, vocab]` in the compute dtype: of the last token only, or of every token
+    /// with `all_logits`. Long inputs run in chunks of `chunk` tokens.
+    fn forward(&self, cache: &mut Cache, ids: &[u32], chunk: usize, all_logits: bool) -> Result<Tensor, LlmError>;
+
+    /// The buffers of [`CausalLm::decode_step`], made once per generation: on a GPU the first
+    /// ones for a model measure the decode GEMVs' split counts.
+    fn decode_workspace(&self) -> Result<Workspace, LlmError>;
+
+    /// One decode step: the logits `[1, vocab]` after appending `id`, in `workspace`'s buffer
+    /// (valid until the next step). Allocates nothing.
+    fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::parse_config;
+    use crate::layers::WeightDType;
+
+    /// A two-layer config of `model_type` with GQA 2:1 and head_dim 16 (not hidden / heads for
+    /// qwen3).
+    fn config(model_type: &str, extra: serde_json::Value) -> ModelConfig {
+        let mut j = json!({
+            "model_type": model_type, "vocab_size": 40, "hidden_size": 24, "intermediate_size": 20,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "tie_word_embeddings": false,
+        });
+        j.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        parse_config(Path::new("config.json"), &j).unwrap()
+    }
+
+    #[test]
+    fn every_model_type_has_its_own_architecture() {
+        for t in [ModelType::Qwen2, ModelType::Qwen3] {
+            assert_eq!(architecture(t).model_type(), t);
+        }
+    }
+
+    #[test]
+    fn tuning_shapes_are_the_declared_weights() {
+        for c in [config("qwen2", json!({})), config("qwen3", json!({"attention_bias": true}))] {
+            let arch = architecture(c.model_type);
+            let tensors = arch.tensors(&c);
+            let shape = |name: &str| tensors.iter().find(|t| t.name == name).map(|t| (t.shape[0], t.shape[1]));
+            let nk = |s: &LinearShape| (s.n, s.k);
+            let shapes = arch.linear_shapes(&c, 7);
+            let by_name = |n: &str| shapes.iter().find(|s| s.name == n).copied().unwrap();
+            let p = "model.layers.1";
+            assert_eq!(Some(nk(&by_name("q_proj"))), shape(&format!("{p}.self_attn.q_proj.weight")));
+            assert_eq!(Some(nk(&by_name("o_proj"))), shape(&format!("{p}.self_attn.o_proj.weight")));
+            assert_eq!(Some(nk(&by_name("down_proj"))), shape(&format!("{p}.mlp.down_proj.weight")));
+            let (gate, up) = (shape(&format!("{p}.mlp.gate_proj.weight")), shape(&format!("{p}.mlp.up_proj.weight")));
+            assert_eq!(nk(&by_name("gate_up_proj")), (gate.unwrap().0 + up.unwrap().0, gate.unwrap().1));
+            assert_eq!(by_name("q_proj").m, 7);
+            assert_eq!((by_name("lm_head").m, nk(&by_name("lm_head"))), (1, shape("lm_head.weight").unwrap()));
+            // Each projection once for both layers, then lm_head.
+            assert_eq!(shapes.len(), 7, "{shapes:?}");
+            assert_eq!(arch.attention_shapes(&c), [AttentionShape { q_heads: 4, kv_heads: 2, head_dim: 16 }]);
+            for t in &tensors {
+                let norm = t.name.ends_with("norm.weight");
+                assert_eq!(t.dtype, if norm { WeightDType::F32 } else { WeightDType::Compute }, "{}", t.name);
+            }
+        }
+    }
+
+    #[test]
+    fn attention_variants_are_values_of_the_architecture() {
+        let names = |c: &ModelConfig| -> Vec<String> {
+            architecture(c.model_type)
+                .tensors(c)
+                .into_iter()
+                .filter(|t| t.name.starts_with("model.layers.0.self_attn.") && !t.name.ends_with("_proj.weight"))
+                .map(|t| t.name["model.layers.0.self_attn.".len()..].to_string())
+                .collect()
+        };
+        assert_eq!(names(&config("qwen2", json!({}))), ["q_proj.bias", "k_proj.bias", "v_proj.bias"]);
+        assert_eq!(names(&config("qwen3", json!({}))), ["q_norm.weight", "k_norm.weight"]);
+        assert_eq!(
+            names(&config("qwen3", json!({"attention_bias": true}))),
+            ["q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias", "q_norm.weight", "k_norm.weight"]
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! The `ruda-llm` command, run as a built binary: `generate` prints exactly the examples' JSON
+//! lines for every architecture, `tune` keeps its flags, and errors exit with their statuses.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ruda_llm::example;
+use ruda_llm::ModelType;
+use serde_json::{Map, Value};
+
+use crate::common::fixture;
+
+fn ruda_llm(args: &[OsString]) -> Output {
+    Command::new(crate::common::ruda_llm()).args(args).output().expect("ruda-llm runs")
+}
+
+fn os(args: &[&str]) -> Vec<OsString> {
+    args.iter().map(OsString::from).collect()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The keys of a JSON line in the order they are printed (serde_json's map sorts them).
+fn keys(line: &str) -> Vec<String> {
+    let v: Map<String, Value> = serde_json::from_str(line).unwrap();
+    let mut ks: Vec<(usize, String)> =
+        v.keys().map(|k| (line.find(&format!("\"{k}\":")).unwrap(), k.clone())).collect();
+    ks.sort();
+    ks.into_iter().map(|(_, k)| k).collect()
+}
+
+/// A JSON line without its timings (they differ from run to run).
+fn untimed(line: &str) -> Value {
+    let mut v: Value = serde_json::from_str(line).unwrap();
+    for timing in ["load_seconds", "prefill_ms", "decode_tokens_per_second"] {
+        v.as_object_mut().unwrap().remove(timing);
+    }
+    v
+}
+
+/// `ruda-llm generate` with `args` against the example of `model_type` with the same arguments:
+/// the same lines, keys in the same order, the same values but for timings.
+fn same_as_example(model_type: ModelType, args: &[&str]) -> Vec<Value> {
+    let out = ruda_llm(&[os(&["generate"]), os(args)].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (mut want, mut notices) = (Vec::new(), Vec::new());
+    let owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    example::run(model_type, &owned, &mut want, &mut notices).unwrap();
+    let (got, want) = (stdout(&out), String::from_utf8(want).unwrap());
+    assert_eq!(got.lines().count(), want.lines().count(), "{got}");
+    for (g, w) in got.lines().zip(want.lines()) {
+        assert_eq!(keys(g), keys(w));
+        assert_eq!(untimed(g), untimed(w));
+    }
+    got.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn generate_prints_the_examples_lines_with_32_tokens_by_default() {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3] {
+        let dir = example::bundled_model(model_type).display().to_string();
+        let lines = same_as_example(model_type, &[&dir, "Hello"]);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["model_type"], model_type.name());
+        let generated = lines[1]["generated_token_ids"].as_array().unwrap().len();
+        assert!(generated == 32 || lines[1]["stop_reason"] == "eos", "{generated} tokens: {}", lines[1]);
+    }
+}
+
+#[test]
+fn generate_runs_a_fixture_several_times() {
+    let dir = fixture("qwen2-untied").display().to_string();
+    let lines = same_as_example(ModelType::Qwen2, &[&dir, "Hello world", "3", "2"]);
+    assert_eq!(lines.len(), 3);
+    assert_eq!((lines[1]["run"].as_u64(), lines[2]["run"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(lines[1]["generated_token_ids"], lines[2]["generated_token_ids"]);
+}
+
+/// As in the examples, a prompt that starts with `-` (even `-h`) is a prompt, not a flag.
+#[test]
+fn a_prompt_may_start_with_a_dash() {
+    let dir = fixture("qwen2-tied").display().to_string();
+    for prompt in ["-hi", "-1"] {
+        let lines = same_as_example(ModelType::Qwen2, &[&dir, prompt, "2"]);
+        assert!(lines[1]["text"].as_str().unwrap().starts_with(prompt), "{}", lines[1]);
+    }
+}
+
+#[test]
+fn a_non_utf8_model_path_is_a_path() {
+    let dir = std::env::temp_dir().join(format!("ruda-llm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join(OsString::from_vec(b"model-\xff".to_vec()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(fixture("qwen3"), &link).unwrap();
+    let out = ruda_llm(&[os(&["generate"]), vec![link.into_os_string()], os(&["Hi", "2"])].concat());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 2);
+}
+
+#[test]
+fn generate_errors_exit_1() {
+    let dir = fixture("qwen2-tied").display().to_string();
+    let cases: Vec<(Vec<OsString>, &str)> = vec![
+        (os(&["generate"]), "MODEL_DIR"),
+        (os(&["generate", &dir]), "PROMPT"),
+        (os(&["generate", &dir, "Hi", "0"]), "MAX_NEW_TOKENS"),
+        (os(&["generate", &dir, "Hi", "2", "x"]), "RUNS"),
+        (os(&["generate", &dir, "Hi", "2", "1", "extra"]), "extra"),
+        (os(&["generate", "/nonexistent/model", "Hi"]), "not a model directory"),
+        (os(&["generate", &dir, ""]), "empty"),
+        (vec!["generate".into(), dir.clone().into(), OsString::from_vec(b"bad \xff".to_vec())], "not valid UTF-8"),
+    ];
+    for (args, want) in cases {
+        let out = ruda_llm(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: expected {want:?} in {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn help_for_every_subcommand() {
+    for (args, want) in [
+        (os(&["--help"]), "generate"),
+        (os(&["generate", "--help"]), "[MAX_NEW_TOKENS]"),
+        (os(&["tune", "--help"]), "--prefill-tokens"),
+        (os(&["help", "tune"]), "--context"),
+    ] {
+        let out = ruda_llm(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(stdout(&out).contains(want), "{args:?}: {}", stdout(&out));
+    }
+}
+
+fn bundled(model_type: ModelType) -> PathBuf {
+    example::bundled_model(model_type)
+}
+
+fn tune(dir: &Path, flags: &[&str]) -> Output {
+    ruda_llm(&[os(&["tune"]), vec![dir.as_os_str().to_owned()], os(flags)].concat())
+}
+
+#[test]
+fn tune_keeps_its_flags_and_statuses() {
+    let dir = bundled(ModelType::Qwen3);
+    // Both spellings of a flag, on the interpreter (or a GPU when RUDA_DEVICE names one).
+    for flags in [&["--context", "200", "--dtype", "f32"][..], &["--context=200", "--dtype=f32", "--prefill-tokens=64"]]
+    {
+        let out = tune(&dir, flags);
+        assert_eq!(out.status.code(), Some(0), "{flags:?}: {}", stderr(&out));
+        let text = stdout(&out);
+        if text.starts_with("autotuning is off") {
+            assert!(text.lines().any(|l| l == "attention_decode f32 1x4x2x64x200"), "{text}");
+        }
+    }
+    for (flags, want) in [
+        (&["--context", "x"][..], "--context"),
+        (&["--dtype", "f64"], "f32, f16 or bf16"),
+        (&["--prefill-tokens"], "--prefill-tokens"),
+        (&["--bogus", "1"], "--bogus"),
+        (&["--context", "0"], "context"),
+    ] {
+        let out = tune(&dir, flags);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{flags:?}: expected {want:?} in {}", stderr(&out));
+    }
+    for args in [os(&[]), os(&["tune"]), os(&["serve"])] {
+        assert_eq!(ruda_llm(&args).status.code(), Some(2), "{args:?}");
+    }
+}

@@ -1,0 +1,11 @@
+//! The integration tests of `ruda-llm`, one module per area, in one binary.
+
+mod bad_inputs;
+mod chat_goldens;
+mod cli;
+mod common;
+mod loading;
+mod model_goldens;
+mod pipeline;
+mod text;
+mod tokenizer_goldens;

@@ -1,6 +1,6 @@
 //! Attention against a plain f64 reference (Hugging Face Qwen2 / SDPA semantics: GQA, causal
 //! mask aligned to the end, additive bias, boolean mask), on the device `RUDA_DEVICE` names:
-//! flash prefill over packed variable-length batches, split-KV decode, and the contract's
+//! flash prefill over packed variable-length batches, split-KV decode, and the general
 //! `attention` with each strategy; then the errors.
 //!
 //! Tolerances: the kernels compute in f32 from inputs already rounded to the dtype (the
@@ -357,7 +357,7 @@ type MaskCase<'a> = (&'a [u8], &'a [usize], &'a dyn Fn(usize, usize, usize, usiz
 /// A bias for [`check_dense`]: its data, its shape, and its value at `(batch, head, query, key)`.
 type BiasCase<'a> = (&'a [f32], &'a [usize], &'a dyn Fn(usize, usize, usize, usize) -> f64);
 
-/// The contract entry point on `[B, H, T, D]` data for one strategy, compared with the reference.
+/// The general entry point on `[B, H, T, D]` data for one strategy, compared with the reference.
 #[allow(clippy::too_many_arguments)]
 fn check_dense(
     dev: &Device,
@@ -634,6 +634,9 @@ fn varlen_and_decode_errors() {
     assert!(msg(e).contains("finite"));
 }
 
+/// `(dtype, d, dv, hq, hkv, (q_len, kv_len) per sequence)`.
+type HeadDimCase = (DType, usize, usize, usize, usize, &'static [(usize, usize)]);
+
 #[test]
 fn flash_at_every_head_dim() {
     let dev = device();
@@ -641,7 +644,7 @@ fn flash_at_every_head_dim() {
     // (dtype, d, dv, hq, hkv, lengths): head dims that are not 64, 128 or 256 (scalar loads at
     // d = 1, padded groups at 80, 112, 200, one lane per row at 16, one row per lane at 1024),
     // value head dims of their own, GQA ratios 1 to 3.
-    let cases: [(DType, usize, usize, usize, usize, &[(usize, usize)]); 10] = [
+    let cases: [HeadDimCase; 10] = [
         (DType::F32, 1, 1, 3, 1, &[(5, 9), (3, 2)]),
         (DType::BF16, 16, 16, 2, 2, &[(9, 17)]),
         (DType::F16, 48, 48, 3, 1, &[(7, 12), (1, 5)]),
@@ -668,7 +671,7 @@ fn flash_at_every_head_dim() {
     check_decode(&dev, &mut rng, DType::F32, &[9], 12, 2, 1, (1024, 1024), Some(2));
     check_prefill_cache(&dev, &mut rng, DType::F32, (112, 112), (3, 1), 24, &[(5, 20), (1, 7)]);
     check_prefill_cache(&dev, &mut rng, DType::BF16, (48, 32), (2, 2), 16, &[(4, 16), (3, 3)]);
-    // The contract's entry point: the flash kernels at other head dims, with and without a mask.
+    // The general entry point: the flash kernels at other head dims, with and without a mask.
     let flash = AttentionStrategy::FlashUnit;
     check_dense(&dev, &mut rng, DType::F32, (2, 2, 1, 7, 9, 16), true, flash, None, None);
     check_dense_dv(&dev, &mut rng, DType::BF16, (1, 3, 1, 5, 11, 48, 80), false, flash, None, None);

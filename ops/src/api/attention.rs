@@ -1,4 +1,5 @@
-//! Attention (the ruDNN contract, seed 002 section 2), packed variable-length prefill and
+//! Attention: the general entry point ([`attention`]: batched or unbatched, optional mask and
+//! bias, a choice of strategy), packed variable-length prefill, prefill over a KV cache and
 //! split-KV decode.
 //!
 //! Semantics are those of Hugging Face Qwen2 attention (`eager_attention_forward`, SDPA):
@@ -26,7 +27,7 @@ pub struct AttentionOptions {
     pub scale: Option<f32>,
 }
 
-/// The ruDNN contract's name for [`AttentionOptions`].
+/// Another name for [`AttentionOptions`], kept for callers that use it.
 pub type AttentionModuleOptions = AttentionOptions;
 
 /// How [`attention`] computes.
@@ -41,8 +42,8 @@ pub enum AttentionStrategy {
     /// score matrix (twice).
     Fallback,
     /// Chooses per call. RUDA has no attention autotuning yet, so this is `FlashUnit` where it
-    /// applies and `Fallback` elsewhere (head dims past 1024, misaligned tensors). The contract's
-    /// default with autotuning available, which RUDA always compiles in.
+    /// applies and `Fallback` elsewhere (head dims past 1024, misaligned tensors). The default
+    /// (autotuning is always compiled in).
     #[default]
     Autotune,
 }
@@ -797,7 +798,7 @@ pub fn attention_decode(
     crate::tune::attention_decode_tuned(q, k_cache, v_cache, seq_lens, scale)
 }
 
-// ---- the contract's entry point --------------------------------------------------------------
+// ---- the general entry point ----------------------------------------------------------------
 
 type SetupResult<T> = std::result::Result<T, AttentionSetupError>;
 
@@ -821,7 +822,7 @@ fn broadcast_strides(name: &'static str, t: &Tensor, scores: [usize; 4]) -> Setu
     Ok(strides)
 }
 
-/// Attention after the ruDNN contract: `softmax(query · keyᵀ · scale + attn_bias, masked) ·
+/// Attention: `softmax(query · keyᵀ · scale + attn_bias, masked) ·
 /// value`.
 ///
 /// Layouts: `query` `[B, Hq, T, D]`, `key` `[B, Hkv, S, D]` and `value` `[B, Hkv, S, Dv]` (the

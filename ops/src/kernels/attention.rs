@@ -5,14 +5,16 @@
 //! # The flash kernels
 //!
 //! One block of [`THREADS`] threads handles a tile of `BR` query rows of one head of one
-//! sequence (decode: the query heads of one GQA group, for one split of the keys). Each pair of
-//! query rows belongs to a group of `G = D / 16` consecutive lanes; each lane keeps 16 of each
-//! row's dimensions of `q` (pre-scaled by `scale · log2 e`) and of the output accumulator in
-//! registers, as 4 runs of 4 dimensions strided by `4 G` (so a group reads 16-byte runs side by
-//! side and the other groups of the warp read the same addresses, a broadcast). Keys and values
-//! are staged through shared memory as `f32` in tiles of `BC` rows (`BC · D = 2048`: 16 KiB for
-//! both); every element a lane reads from there feeds both of its rows, which halves the
-//! shared-memory traffic that bounds a SIMT attention. A tile is consumed in chunks of
+//! sequence (decode: the query heads of one GQA group, for one split of the keys). Queries and
+//! keys have head dim `D`, values and the output `Dv` (each 1 to 1024; see [`Geometry`]). Each
+//! pair of query rows (one row for large head dims) belongs to a group of `G` consecutive
+//! lanes (`G = D / 16` at D = Dv = 64, 128, 256); each lane keeps its runs of 4 dimensions,
+//! strided by `4 G`, of `q` (pre-scaled by `scale · log2 e`) and of the output accumulator in
+//! registers (so a group reads 16-byte runs side by side and the other groups of the warp read
+//! the same addresses, a broadcast). Keys and values are staged through shared memory as `f32`
+//! in tiles of `BC` rows (`BC · D = 2048` at those dims: 16 KiB for both); every element a lane
+//! reads from there feeds both of its rows, which halves the shared-memory traffic that bounds
+//! a SIMT attention. A tile is consumed in chunks of
 //! [`CHUNK`] keys: partial dot products, a butterfly sum over the group's lanes (so every lane
 //! holds the same scores bit for bit), masking, then the online softmax update in the log2
 //! domain (running max `m`, running sum `l`, accumulator rescaled by `ex2(m_old - m_new)`) and
@@ -22,7 +24,8 @@
 //! tolerances.
 //!
 //! Tiles and chunks are sized so that every configuration stays within 128 registers without
-//! spills (`rudac check`), i.e. four blocks of 128 threads per SM.
+//! spills (`rudac check`), i.e. four blocks of 128 threads per SM (three for some; see
+//! [`Geometry::min_blocks`]).
 //!
 //! A row without any key to attend (all masked, an empty sequence, a decode split past the
 //! sequence's end) has `l = 0` and produces zeros.
@@ -112,7 +115,7 @@ impl Geometry {
     /// power-of-two width, as at D = 64, 128, 256, which ptxas gives 128 registers unasked;
     /// else 4 (128 registers), which left to itself ptxas cuts to 96 and spills; 3 for groups
     /// of 16 or more lanes, whose butterflies need more than 128 there.
-    fn min_blocks(&self) -> Option<u32> {
+    pub fn min_blocks(&self) -> Option<u32> {
         let (wk, wv) = (self.width_k(), self.width_v());
         if wk == wv && wk.is_power_of_two() {
             None

@@ -680,6 +680,11 @@ fn flash_at_every_head_dim() {
     let pattern_ok = |_b: usize, _h: usize, i: usize, j: usize| !((i * s + j) * 7).is_multiple_of(3);
     let mask = Some((&pattern[..], &[t, s][..], &pattern_ok as &dyn Fn(usize, usize, usize, usize) -> bool));
     check_dense_dv(&dev, &mut rng, DType::F32, (1, 2, 2, t, s, 200, 200), true, flash, mask, None);
+    // A per-head bias with a value head dim of its own.
+    let bias: Vec<f32> = (0..2 * t * s).map(|x| ((x * 5 % 11) as f32) * 0.2 - 1.0).collect();
+    let bias_at = |_b: usize, h: usize, i: usize, j: usize| bias[(h * t + i) * s + j] as f64;
+    let bias_case = Some((&bias[..], &[1, 2, t, s][..], &bias_at as &dyn Fn(usize, usize, usize, usize) -> f64));
+    check_dense_dv(&dev, &mut rng, DType::F32, (1, 2, 1, t, s, 16, 48), false, flash, mask, bias_case);
 }
 
 #[test]

@@ -699,6 +699,7 @@ fn head_dim_errors_name_the_shape() {
     for (d, dv, want) in [(0, 64, "head dim 0"), (1025, 64, "head dim 1025"), (64, 1025, "value head dim 1025")] {
         let e = msg(api::attention_supports(DType::BF16, 4, 2, d, dv).unwrap_err());
         assert!(e.contains(want), "{e}");
+        assert!(e.contains(&format!("4 query heads, 2 key/value heads, head dim {d}, value head dim {dv}")), "{e}");
     }
     assert!(msg(api::attention_supports(DType::BF16, 6, 4, 64, 64).unwrap_err()).contains("multiple"));
     assert!(api::attention_supports(DType::BF16, 6, 0, 64, 64).is_err());

@@ -128,14 +128,24 @@ pub fn attention_supports(
     v_head_dim: usize,
 ) -> Result<()> {
     let op = "attention";
+    let shape = format!(
+        "{dtype}, {q_heads} query heads, {kv_heads} key/value heads, head dim {head_dim}, value head dim {v_head_dim}"
+    );
+    let named = |e: OpError| match e {
+        OpError::Shape { op, message } => OpError::Shape { op, message: format!("{message} (shapes: {shape})") },
+        OpError::InvalidArgument { op, message } => {
+            OpError::InvalidArgument { op, message: format!("{message} (shapes: {shape})") }
+        }
+        other => other,
+    };
     if !dtype.is_float() {
         return Err(OpError::DType { op, message: format!("{dtype} (expected f32, f16 or bf16)") });
     }
     if q_heads == 0 {
-        return Err(OpError::Shape { op, message: "0 query heads".into() });
+        return Err(named(OpError::Shape { op, message: "no query heads".into() }));
     }
-    gqa_group(op, q_heads, kv_heads)?;
-    flash_head_dims(op, head_dim, v_head_dim)?;
+    gqa_group(op, q_heads, kv_heads).map_err(named)?;
+    flash_head_dims(op, head_dim, v_head_dim).map_err(named)?;
     Ok(())
 }
 

@@ -85,24 +85,36 @@ pub fn registry() -> Vec<Registered> {
     for cfg in gemm_tc::registered_configs() {
         out.push(Registered::new(cfg.id(), "gemm", move || gemm_tc(&cfg)));
     }
-    // Attention: flash prefill (every dtype, head dim, causal or not; packed with or without
-    // mask and bias, or over a KV cache), split-KV decode with its combine, and the fallback's f32 masked softmax.
-    for dtype in common::FLOAT_DTYPES {
-        for head_dim in attention::FLASH_HEAD_DIMS {
-            for causal in [false, true] {
-                for (masked, kv) in [(false, KvSource::Packed), (true, KvSource::Packed), (false, KvSource::Cache)] {
-                    let cfg = AttentionPrefillConfig { dtype, head_dim, causal, masked, kv };
-                    out.push(Registered::new(cfg.id(), "attention_prefill", move || attention_prefill(&cfg)));
-                }
+    // Attention: flash prefill (every dtype, common head dim, causal or not; packed with or
+    // without mask and bias, or over a KV cache), split-KV decode with its combine, the general
+    // path's head dims (f32: the dtypes share its code), and the fallback's f32 masked softmax.
+    let variants = [(false, KvSource::Packed), (true, KvSource::Packed), (false, KvSource::Cache)];
+    let prefill = |out: &mut Vec<Registered>, dtype, (head_dim, v_head_dim)| {
+        for causal in [false, true] {
+            for (masked, kv) in variants {
+                let cfg = AttentionPrefillConfig { dtype, head_dim, v_head_dim, causal, masked, kv };
+                out.push(Registered::new(cfg.id(), "attention_prefill", move || attention_prefill(&cfg)));
             }
+        }
+    };
+    let decode = |out: &mut Vec<Registered>, dtype, (head_dim, v_head_dim)| {
+        let cfg = AttentionDecodeConfig { dtype, head_dim, v_head_dim };
+        out.push(Registered::new(cfg.id(), "attention_decode", move || attention_decode(&cfg)));
+        out.push(Registered::new(cfg.combine_id(), "attention_decode", move || attention_decode_combine(&cfg)));
+    };
+    for dtype in common::FLOAT_DTYPES {
+        for d in attention::FLASH_HEAD_DIMS {
+            prefill(&mut out, dtype, (d, d));
         }
     }
     for dtype in common::FLOAT_DTYPES {
-        for head_dim in attention::FLASH_HEAD_DIMS {
-            let cfg = AttentionDecodeConfig { dtype, head_dim };
-            out.push(Registered::new(cfg.id(), "attention_decode", move || attention_decode(&cfg)));
-            out.push(Registered::new(cfg.combine_id(), "attention_decode", move || attention_decode_combine(&cfg)));
+        for d in attention::FLASH_HEAD_DIMS {
+            decode(&mut out, dtype, (d, d));
         }
+    }
+    for dims in attention::FLASH_GENERAL_HEAD_DIMS {
+        prefill(&mut out, F32, dims);
+        decode(&mut out, F32, dims);
     }
     for causal in [false, true] {
         for masked in [false, true] {

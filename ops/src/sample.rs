@@ -226,8 +226,9 @@ fn case(family: &str, id: &str) -> Option<Case> {
         }
         "attention_prefill" => {
             // Two sequences of 5 and 12 queries over 9 and 21 keys, two heads, group 1,
-            // token-major `[tokens, heads, d]` layouts.
-            let d = id_number(id, 'd')? as u64;
+            // token-major `[tokens, heads, d]` layouts (`[tokens, heads, dv]` for v and out).
+            let (d, dv) = crate::kernels::attention::head_dims_of_id(id)?;
+            let (d, dv) = (d as u64, dv as u64);
             c.indices.insert("cu_q", vec![0, 5, 17]);
             c.indices.insert("cu_k", vec![0, 9, 30]);
             // The KV-cache variant's key counts.
@@ -241,6 +242,8 @@ fn case(family: &str, id: &str) -> Option<Case> {
                 ("k_head", d),
                 ("k_batch", 0),
             ]);
+            s.extend([("v_token", 2 * dv), ("v_head", dv), ("v_batch", 0)]);
+            s.extend([("o_token", 2 * dv), ("o_head", dv), ("o_batch", 0)]);
             s.extend([("mask_batch", 0), ("mask_head", 0), ("mask_query", 32), ("mask_key", 1)]);
             s.extend([("bias_batch", 0), ("bias_head", 0), ("bias_query", 32), ("bias_key", 1)]);
             c.grid = [1, 2, 2];
@@ -250,8 +253,12 @@ fn case(family: &str, id: &str) -> Option<Case> {
                 s.insert("splits", 2);
                 c.grid = [4, 1, 1];
             } else {
-                c.indices.insert("seq_lens", vec![37, 64]);
-                s.extend([("s_max", 64), ("kv_heads", 2), ("group", 2), ("split_len", 32)]);
+                // Two sequences, two KV heads: a cache of 64 positions, fewer past head dim 256
+                // so that it fits the buffers (in f32).
+                let (d, dv) = crate::kernels::attention::head_dims_of_id(id)?;
+                let s_max = (16384 / d.max(dv)).min(64);
+                c.indices.insert("seq_lens", vec![s_max * 37 / 64, s_max]);
+                s.extend([("s_max", s_max as u64), ("kv_heads", 2), ("group", 2), ("split_len", s_max as u64 / 2)]);
                 c.grid = [2, 2, 2];
             }
         }

@@ -72,9 +72,9 @@ fn every_candidate_failing_is_an_error_listing_them() {
 
 #[test]
 fn short_caches_try_only_splits_that_keep_a_key_tile_each() {
-    let keys = Geometry::new(64).keys as usize;
+    let keys = Geometry::new(64, 64).keys as usize;
     let s_max = 4 * keys; // four tiles (a power of two, as keys bucket it): at most 4 useful splits
-    let set = decode_candidates(DType::F32, [4, 8, 8, 64, s_max]).unwrap();
+    let set = decode_candidates(DType::F32, [4, 8, 8, 64, s_max], 64).unwrap();
     let names: Vec<&str> = set.candidates.iter().map(|c| c.name.as_str()).collect();
     let first = format!("splits={}", api::decode_splits(4, 8, 8, 64, s_max));
     assert_eq!(names[0], first);
@@ -84,12 +84,17 @@ fn short_caches_try_only_splits_that_keep_a_key_tile_each() {
     }
     assert!(names.contains(&"splits=2"), "{names:?}");
     // The kernels' IR hashes are part of the set: another head dim is another checksum.
-    let other = decode_candidates(DType::F32, [4, 8, 8, 128, s_max]).unwrap();
+    let other = decode_candidates(DType::F32, [4, 8, 8, 128, s_max], 128).unwrap();
     assert_ne!(set.ir_hash, other.ir_hash);
     // Shapes the kernel does not take are errors naming the op.
-    let e = decode_candidates(DType::F32, [1, 2, 2, 96, 64]).unwrap_err().to_string();
-    assert!(e.contains("attention_decode") && e.contains("head dim 96"), "{e}");
-    assert!(decode_candidates(DType::U32, [1, 2, 2, 64, 64]).is_err());
+    let e = decode_candidates(DType::F32, [1, 2, 2, 1025, 64], 1025).unwrap_err().to_string();
+    assert!(e.contains("attention_decode") && e.contains("head dim 1025"), "{e}");
+    let e = decode_candidates(DType::F32, [1, 2, 2, 64, 64], 0).unwrap_err().to_string();
+    assert!(e.contains("value head dim 0"), "{e}");
+    // Any head dim up to 1024 is served, with a value head dim of its own.
+    let d96 = decode_candidates(DType::F32, [1, 2, 2, 96, 64], 96).unwrap();
+    assert_ne!(d96.ir_hash, decode_candidates(DType::F32, [1, 2, 2, 96, 64], 32).unwrap().ir_hash);
+    assert!(decode_candidates(DType::U32, [1, 2, 2, 64, 64], 64).is_err());
 }
 
 #[test]
@@ -106,6 +111,9 @@ fn decode_keys_carry_dtype_and_alignment() {
         .unwrap();
     assert_eq!(decode_key(&q_off, &k, &v).unwrap().alignment, 4);
     assert!(decode_key(&Tensor::zeros(&dev, DType::F32, &[4, 64]).unwrap(), &k, &v).is_none());
+    // A V cache of another head dim is another key (the same one's dims stay five).
+    let v32 = Tensor::zeros(&dev, DType::F32, &[3, 2, 100, 32]).unwrap();
+    assert_eq!(decode_key(&q, &k, &v32).unwrap().to_string(), "attention_decode f32 4x4x2x64x128x32 align16");
 }
 
 fn filled(dev: &Device, dtype: DType, shape: &[usize], seed: usize) -> Tensor {
@@ -177,7 +185,7 @@ fn shapes_files_take_attention_decode_lines() {
             "attention_decode bf16 batch=1 q_heads=14 kv_heads=4 head_dim=64 s_max=8",
             "s.txt:1: q_heads=14 is not a multiple of kv_heads=4",
         ),
-        ("\nattention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8", "s.txt:2: attention_decode"),
+        ("\nattention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=1025 s_max=8", "s.txt:2: attention_decode"),
         ("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64", "s.txt:1: missing `s_max=`"),
         (
             "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=64 s_max=8 m=1",
@@ -198,15 +206,20 @@ fn shapes_files_take_attention_decode_lines() {
         assert!(e.contains("attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S"), "{e}");
     }
     let e =
-        parse_shapes("s.txt", "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=96 s_max=8").unwrap_err();
-    assert!(e.contains("head dim 96"), "{e}");
+        parse_shapes("s.txt", "attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim=1025 s_max=8").unwrap_err();
+    assert!(e.contains("head dim 1025") && e.contains("D 1 to 1024"), "{e}");
+    // Every head dim up to 1024 is a decode shape.
+    for d in [1, 48, 96, 1024] {
+        let line = format!("attention_decode bf16 batch=1 q_heads=2 kv_heads=1 head_dim={d} s_max=8");
+        parse_shapes("s.txt", &line).unwrap();
+    }
 }
 
 /// Capacities of one bucket (a pipeline's 768 and 1024) get one candidate set.
 #[test]
 fn capacities_of_one_bucket_share_a_candidate_set() {
-    let a = decode_candidates(DType::BF16, [1, 16, 8, 128, 768]).unwrap();
-    let b = decode_candidates(DType::BF16, [1, 16, 8, 128, 1024]).unwrap();
+    let a = decode_candidates(DType::BF16, [1, 16, 8, 128, 768], 128).unwrap();
+    let b = decode_candidates(DType::BF16, [1, 16, 8, 128, 1024], 128).unwrap();
     assert_eq!(a, b);
-    assert_ne!(a, decode_candidates(DType::BF16, [1, 16, 8, 128, 4096]).unwrap());
+    assert_ne!(a, decode_candidates(DType::BF16, [1, 16, 8, 128, 4096], 128).unwrap());
 }

@@ -1,4 +1,5 @@
-//! Attention (the ruDNN contract, seed 002 section 2), packed variable-length prefill and
+//! Attention: the general entry point ([`attention`]: batched or unbatched, optional mask and
+//! bias, a choice of strategy), packed variable-length prefill, prefill over a KV cache and
 //! split-KV decode.
 //!
 //! Semantics are those of Hugging Face Qwen2 attention (`eager_attention_forward`, SDPA):
@@ -14,7 +15,7 @@ use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
 use super::*;
 use crate::kernels::attention::{
     self as kern, decode_workspace_len, AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig,
-    Geometry, KvSource, FLASH_HEAD_DIMS, SOFTMAX_THREADS, THREADS,
+    Geometry, KvSource, FLASH_HEAD_DIM_RANGE, SOFTMAX_THREADS, THREADS,
 };
 
 /// Options of [`attention`].
@@ -26,22 +27,23 @@ pub struct AttentionOptions {
     pub scale: Option<f32>,
 }
 
-/// The ruDNN contract's name for [`AttentionOptions`].
+/// Another name for [`AttentionOptions`], kept for callers that use it.
 pub type AttentionModuleOptions = AttentionOptions;
 
 /// How [`attention`] computes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum AttentionStrategy {
-    /// One fused flash kernel (online softmax, no score matrix in memory). Head dims 64, 128
-    /// and 256; tensors starting at a multiple of 4 elements.
+    /// One fused flash kernel (online softmax, no score matrix in memory). Head dims (of
+    /// `query`/`key` and of `value`) 1 to 1024; where both are multiples of 4, tensors starting
+    /// at a multiple of 4 elements.
     FlashUnit,
     /// Several kernels on the same device: in `f32`, per (sequence, head) the scores through the
     /// GEMM, a masked softmax, then the GEMM with `v`. Any head dim; memory for one `[T, S]`
     /// score matrix (twice).
     Fallback,
     /// Chooses per call. RUDA has no attention autotuning yet, so this is `FlashUnit` where it
-    /// applies and `Fallback` elsewhere (other head dims, misaligned tensors). The contract's
-    /// default with autotuning available, which RUDA always compiles in.
+    /// applies and `Fallback` elsewhere (head dims past 1024, misaligned tensors). The default
+    /// (autotuning is always compiled in).
     #[default]
     Autotune,
 }
@@ -57,8 +59,8 @@ pub enum AttentionSetupError {
     Device(String),
     #[error("attention: the scale must be finite, got {0}")]
     Scale(f32),
-    #[error("attention: head dim {head_dim} is not supported by {strategy:?} (it supports {supported:?}; Fallback takes any)")]
-    UnsupportedHeadDim { head_dim: usize, strategy: AttentionStrategy, supported: &'static [u32] },
+    #[error("attention: head dims {head_dim} (query/key) and {v_head_dim} (value) are not supported by {strategy:?} (it takes 1 to 1024 each; Fallback takes any)")]
+    UnsupportedHeadDim { head_dim: usize, v_head_dim: usize, strategy: AttentionStrategy },
     #[error("attention: `{name}` of shape {shape:?} does not broadcast to the scores' [batch, heads, queries, keys] = {scores:?}")]
     MaskShape { name: &'static str, shape: Vec<usize>, scores: [usize; 4] },
     #[error("attention: {0}")]
@@ -95,23 +97,66 @@ fn resolve_scale(op: &'static str, scale: Option<f32>, head_dim: usize) -> Resul
     Ok(s)
 }
 
-fn flash_head_dim(op: &'static str, d: usize) -> Result<u32> {
-    match FLASH_HEAD_DIMS.iter().find(|&&x| x as usize == d) {
-        Some(&x) => Ok(x),
-        None => Err(OpError::InvalidArgument {
-            op,
-            message: format!("head dim {d} is not supported by the flash kernels (supported: {FLASH_HEAD_DIMS:?})"),
-        }),
-    }
+/// Whether the flash kernels take a head dim (of `q`/`k`, or of `v`).
+fn flash_takes(d: usize) -> bool {
+    u32::try_from(d).is_ok_and(|d| FLASH_HEAD_DIM_RANGE.contains(&d))
 }
 
-/// The flash kernels read and write 4 elements at a time.
+/// `(D, Dv)` as u32 when the flash kernels take them.
+fn flash_head_dims(op: &'static str, d: usize, dv: usize) -> Result<(u32, u32)> {
+    let (lo, hi) = (FLASH_HEAD_DIM_RANGE.start(), FLASH_HEAD_DIM_RANGE.end());
+    for (what, x) in [("head dim", d), ("value head dim", dv)] {
+        if !flash_takes(x) {
+            return Err(OpError::InvalidArgument {
+                op,
+                message: format!("{what} {x} is not supported by the flash kernels (they take {lo} to {hi})"),
+            });
+        }
+    }
+    Ok((d as u32, dv as u32))
+}
+
+/// Whether the attention kernels can serve a model's shapes: `dtype` a float type, `q_heads`
+/// a multiple of `kv_heads` (both nonzero), `head_dim` (of queries and keys) and `v_head_dim`
+/// (of values) each 1 to 1024. For the model layer to refuse a model at load rather than at
+/// its first forward; the error names the shape.
+pub fn attention_supports(
+    dtype: DType,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    v_head_dim: usize,
+) -> Result<()> {
+    let op = "attention";
+    let shape = format!(
+        "{dtype}, {q_heads} query heads, {kv_heads} key/value heads, head dim {head_dim}, value head dim {v_head_dim}"
+    );
+    let named = |e: OpError| match e {
+        OpError::Shape { op, message } => OpError::Shape { op, message: format!("{message} (shapes: {shape})") },
+        OpError::InvalidArgument { op, message } => {
+            OpError::InvalidArgument { op, message: format!("{message} (shapes: {shape})") }
+        }
+        other => other,
+    };
+    if !dtype.is_float() {
+        return Err(OpError::DType { op, message: format!("{dtype} (expected f32, f16 or bf16)") });
+    }
+    if q_heads == 0 {
+        return Err(named(OpError::Shape { op, message: "no query heads".into() }));
+    }
+    gqa_group(op, q_heads, kv_heads).map_err(named)?;
+    flash_head_dims(op, head_dim, v_head_dim).map_err(named)?;
+    Ok(())
+}
+
+/// The flash kernels read and write 4 elements at a time where both head dims are multiples
+/// of 4 (else one at a time, from any offset).
 fn vector_aligned(t: &Tensor) -> bool {
     t.offset().is_multiple_of(4)
 }
 
 /// The flash kernels' checks of `tensors`: contiguous and non-empty, `q`'s dtype, `rank`
-/// dimensions (`layout` names them in the error), 4-element aligned.
+/// dimensions (`layout` names them in the error).
 fn expect_flash_operands(
     op: &'static str,
     q: &Tensor,
@@ -123,7 +168,16 @@ fn expect_flash_operands(
         contiguous_nonempty(op, name, t)?;
         expect_dtype(op, name, t, q.dtype())?;
         expect_rank(op, name, t, rank, layout)?;
-        expect_aligned(op, name, t)?;
+    }
+    Ok(())
+}
+
+/// 4-element alignment of `tensors` where the geometry of `(D, Dv)` reads 4 at a time.
+fn expect_flash_aligned(op: &'static str, (d, dv): (u32, u32), tensors: &[(&str, &Tensor)]) -> Result<()> {
+    if Geometry::new(d, dv).vector() {
+        for &(name, t) in tensors {
+            expect_aligned(op, name, t)?;
+        }
     }
     Ok(())
 }
@@ -203,11 +257,15 @@ struct PrefillLaunch<'a> {
     q_heads: u32,
     group: u32,
     head_dim: u32,
+    v_head_dim: u32,
     max_q: usize,
     total_q: u32,
     total_k: u32,
     q_strides: [u64; 3],
     k_strides: [u64; 3],
+    /// Strides of `v` and `out`, which with `Dv = D` are `k`'s and `q`'s.
+    v_strides: [u64; 3],
+    o_strides: [u64; 3],
     scale: f32,
     causal: bool,
     mask_bias: Option<MaskBias<'a>>,
@@ -218,7 +276,14 @@ struct PrefillLaunch<'a> {
 fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> Result<()> {
     let dtype = p.q.dtype().scalar_type();
     let masked = p.mask_bias.is_some();
-    let cfg = AttentionPrefillConfig { dtype, head_dim: p.head_dim, causal: p.causal, masked, kv: p.kv };
+    let cfg = AttentionPrefillConfig {
+        dtype,
+        head_dim: p.head_dim,
+        v_head_dim: p.v_head_dim,
+        causal: p.causal,
+        masked,
+        kv: p.kv,
+    };
     let geo = cfg.geometry();
     let tiles = grid_limit(op, "query tiles", p.max_q.div_ceil(geo.rows as usize), i32::MAX as usize)?;
     let heads = grid_limit(op, "query heads", p.q_heads as usize, 65535)?;
@@ -232,6 +297,10 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
     args.extend([Arg::scalar(p.scale), Arg::scalar(p.total_q), Arg::scalar(p.total_k), Arg::scalar(p.group)]);
     args.extend(p.q_strides.map(Arg::scalar));
     args.extend(p.k_strides.map(Arg::scalar));
+    if p.v_head_dim != p.head_dim {
+        args.extend(p.v_strides.map(Arg::scalar));
+        args.extend(p.o_strides.map(Arg::scalar));
+    }
     if let Some(mb) = &p.mask_bias {
         mb.push_strides(&mut args);
     }
@@ -240,8 +309,9 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
     Ok(())
 }
 
-/// Checks of the query side shared by the prefill entry points: `q`, `out` `[T, Hq, D]`,
-/// `cu_seqlens_q` u32 `[batch + 1]`, `max_seqlen_q >= 1`. Returns `(T, Hq, D, batch)`.
+/// Checks of the query side shared by the prefill entry points: `q` `[T, Hq, D]`, `out`
+/// `[T, Hq, Dv]` (its shape is checked once `Dv` is known), `cu_seqlens_q` u32 `[batch + 1]`,
+/// `max_seqlen_q >= 1`. Returns `(T, Hq, D, batch)`.
 fn check_queries(
     op: &'static str,
     q: &Tensor,
@@ -251,7 +321,6 @@ fn check_queries(
 ) -> Result<(usize, usize, usize, usize)> {
     float_dtype(op, q)?;
     expect_flash_operands(op, q, &[("q", q), ("out", out)], 3, "[tokens, heads, head_dim]")?;
-    expect_shape(op, "out", out, q.shape())?;
     check_cu_tensor(op, "cu_seqlens_q", cu_q)?;
     if max_q == 0 {
         return Err(OpError::InvalidArgument { op, message: "max_seqlen_q must be at least 1".into() });
@@ -289,11 +358,13 @@ fn check_varlen<'a>(
 ) -> Result<PrefillLaunch<'a>> {
     let (total_q, q_heads, d, batch) = check_queries(op, q, cu_q, max_q, out)?;
     expect_flash_operands(op, q, &[("k", k), ("v", v)], 3, "[tokens, kv_heads, head_dim]")?;
-    let (total_k, kv_heads) = (k.shape()[0], k.shape()[1]);
+    let (total_k, kv_heads, dv) = (k.shape()[0], k.shape()[1], v.shape()[2]);
     expect_shape(op, "k", k, &[total_k, kv_heads, d])?;
-    expect_shape(op, "v", v, k.shape())?;
+    expect_shape(op, "v", v, &[total_k, kv_heads, dv])?;
+    expect_shape(op, "out", out, &[total_q, q_heads, dv])?;
     let group = gqa_group(op, q_heads, kv_heads)?;
-    let head_dim = flash_head_dim(op, d)?;
+    let (head_dim, v_head_dim) = flash_head_dims(op, d, dv)?;
+    expect_flash_aligned(op, (head_dim, v_head_dim), &[("q", q), ("out", out), ("k", k), ("v", v)])?;
     check_cu_tensor(op, "cu_seqlens_k", cu_k)?;
     if cu_k.numel() != batch + 1 {
         return Err(OpError::Shape {
@@ -308,6 +379,7 @@ fn check_varlen<'a>(
     )?;
     let scale = resolve_scale(op, scale, d)?;
     let (hq, hkv) = (q_heads * d, kv_heads * d);
+    let (hq_v, hkv_v) = (q_heads * dv, kv_heads * dv);
     Ok(PrefillLaunch {
         q,
         k,
@@ -319,11 +391,14 @@ fn check_varlen<'a>(
         q_heads: to_u32(op, "query heads", q_heads)?,
         group,
         head_dim,
+        v_head_dim,
         max_q,
         total_q: to_u32(op, "query tokens", total_q)?,
         total_k: to_u32(op, "key tokens", total_k)?,
         q_strides: u64s([hq, d, 0]),
         k_strides: u64s([hkv, d, 0]),
+        v_strides: u64s([hkv_v, dv, 0]),
+        o_strides: u64s([hq_v, dv, 0]),
         scale,
         causal,
         mask_bias: None,
@@ -332,12 +407,13 @@ fn check_varlen<'a>(
 }
 
 /// Flash attention over a packed variable-length batch (flash-attn's varlen layout): `q`
-/// `[T, Hq, D]`, `k`, `v` `[S, Hkv, D]`, sequence `b` owning query rows
+/// `[T, Hq, D]`, `k` `[S, Hkv, D]`, `v` `[S, Hkv, Dv]`, sequence `b` owning query rows
 /// `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` and key rows `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`
 /// (u32 tensors of `batch + 1` entries, on the device). `max_seqlen_q` must be at least every
-/// sequence's query count (rows past it are not computed). Head dims 64, 128, 256; `Hq` a
-/// multiple of `Hkv`; `scale` `None` means `1 / sqrt(D)`; `out` `[T, Hq, D]` in the input
-/// dtype. Tensors must start at a multiple of 4 elements.
+/// sequence's query count (rows past it are not computed). Head dims `D` and `Dv` 1 to 1024;
+/// `Hq` a multiple of `Hkv`; `scale` `None` means `1 / sqrt(D)`; `out` `[T, Hq, Dv]` in the
+/// input dtype. Where `D` and `Dv` are multiples of 4, tensors must start at a multiple of 4
+/// elements.
 ///
 /// Neither allocates nor synchronises, so it can be captured; the cumulative lengths are not
 /// read on the host (the kernel clamps them to `T` and `S`, so bad values give wrong rows but
@@ -392,7 +468,7 @@ pub fn attention_prefill_varlen(
     causal: bool,
 ) -> Result<Tensor> {
     let op = "attention_prefill_varlen";
-    let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
+    let out = Tensor::empty(q.device(), q.dtype(), &out_shape(q, v))?;
     let stream = q.device().default_stream();
     // Shapes and dtypes first, so that reading the lengths back cannot fail obscurely.
     check_varlen(op, &stream, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.unwrap_or(1), scale, causal, &out)?;
@@ -401,6 +477,16 @@ pub fn attention_prefill_varlen(
     let max_q = resolve_max_q(op, max_seqlen_q, longest_q)?;
     attention_prefill_varlen_into(&stream, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, scale, causal, &out)?;
     Ok(out)
+}
+
+/// The output shape `[.., Dv]` of queries `q` `[.., D]` and values `v` `[.., Dv]` (`q`'s
+/// shape when either is a scalar: the checks then report the ranks).
+fn out_shape(q: &Tensor, v: &Tensor) -> Vec<usize> {
+    let mut shape = q.shape().to_vec();
+    if let (Some(last), Some(&dv)) = (shape.last_mut(), v.shape().last()) {
+        *last = dv;
+    }
+    shape
 }
 
 /// Checks of the cache prefill entry point that need no device data; returns the launch.
@@ -426,14 +512,17 @@ fn check_prefill_cache<'a>(
         4,
         "[batch, kv_heads, max_seq_len, head_dim]",
     )?;
-    let (kv_heads, s_max) = (k_cache.shape()[1], k_cache.shape()[2]);
+    let (kv_heads, s_max, dv) = (k_cache.shape()[1], k_cache.shape()[2], v_cache.shape()[3]);
     expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
-    expect_shape(op, "v_cache", v_cache, k_cache.shape())?;
+    expect_shape(op, "v_cache", v_cache, &[batch, kv_heads, s_max, dv])?;
+    expect_shape(op, "out", out, &[total_q, q_heads, dv])?;
     contiguous_nonempty(op, "seq_lens", seq_lens)?;
     expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
     expect_shape(op, "seq_lens", seq_lens, &[batch])?;
     let group = gqa_group(op, q_heads, kv_heads)?;
-    let head_dim = flash_head_dim(op, d)?;
+    let (head_dim, v_head_dim) = flash_head_dims(op, d, dv)?;
+    let operands = [("q", q), ("out", out), ("k_cache", k_cache), ("v_cache", v_cache)];
+    expect_flash_aligned(op, (head_dim, v_head_dim), &operands)?;
     same_device(op, stream, &[("q", q), ("out", out), ("cu_seqlens_q", cu_q)])?;
     same_device(op, stream, &[("k_cache", k_cache), ("v_cache", v_cache), ("seq_lens", seq_lens)])?;
     let scale = resolve_scale(op, scale, d)?;
@@ -448,11 +537,14 @@ fn check_prefill_cache<'a>(
         q_heads: to_u32(op, "query heads", q_heads)?,
         group,
         head_dim,
+        v_head_dim,
         max_q,
         total_q: to_u32(op, "query tokens", total_q)?,
         total_k: to_u32(op, "max_seq_len", s_max)?,
         q_strides: u64s([q_heads * d, d, 0]),
         k_strides: u64s([d, s_max * d, kv_heads * s_max * d]),
+        v_strides: u64s([dv, s_max * dv, kv_heads * s_max * dv]),
+        o_strides: u64s([q_heads * dv, dv, 0]),
         scale,
         causal,
         mask_bias: None,
@@ -462,7 +554,7 @@ fn check_prefill_cache<'a>(
 
 /// Flash attention of packed new queries against a KV cache: `q` `[T, Hq, D]` with sequence
 /// `b` owning rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]`, attending keys `0..seq_lens[b]` of
-/// `k_cache`, `v_cache` `[B, Hkv, S_max, D]` (the layout `rope_kv_cache_into` appends to;
+/// `k_cache` `[B, Hkv, S_max, D]` and `v_cache` `[B, Hkv, S_max, Dv]` (the layout `rope_kv_cache_into` appends to;
 /// `seq_lens` u32 `[B]` counts the cached keys including the new ones, clamped to `S_max`).
 /// With `causal`, the queries are the last `q_len` positions (aligned to the end), so this is
 /// both a first prefill and a chunked prefill continuing a cache. Other rules as
@@ -501,7 +593,7 @@ pub fn attention_prefill_cache(
     causal: bool,
 ) -> Result<Tensor> {
     let op = "attention_prefill_cache";
-    let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
+    let out = Tensor::empty(q.device(), q.dtype(), &out_shape(q, v_cache))?;
     let stream = q.device().default_stream();
     let launch = check_prefill_cache(
         op,
@@ -547,21 +639,29 @@ fn resolve_max_q(op: &'static str, given: Option<usize>, longest_q: usize) -> Re
 pub const MAX_DECODE_SPLITS: usize = 128;
 
 /// Scratch of split-KV decode: per (sequence, query head, split) an `f32` partial accumulator
-/// and its `(max, sum)`. Sized for one query shape `[B, Hq, D]` and a number of splits; reuse
-/// it for every decode step of that shape (contents are overwritten each time).
+/// and its `(max, sum)`. Sized for one query shape `[B, Hq, D]`, a value head dim and a number
+/// of splits; reuse it for every decode step of that shape (contents are overwritten each time).
 #[derive(Clone)]
 pub struct DecodeWorkspace {
     tensor: Tensor,
     batch: usize,
     q_heads: usize,
     head_dim: usize,
+    v_head_dim: usize,
     splits: usize,
 }
 
 impl DecodeWorkspace {
-    /// A workspace for queries shaped like `q` (`[B, Hq, D]`, on `q`'s device) with `splits`
-    /// key splits (1 to [`MAX_DECODE_SPLITS`]; see [`crate::tune::tuned_decode_splits`]).
+    /// A workspace for queries shaped like `q` (`[B, Hq, D]`, on `q`'s device) and a V cache
+    /// of `q`'s head dim, with `splits` key splits (1 to [`MAX_DECODE_SPLITS`]; see
+    /// [`crate::tune::tuned_decode_splits`]).
     pub fn new(q: &Tensor, splits: usize) -> Result<DecodeWorkspace> {
+        let d = q.shape().last().copied().unwrap_or(0);
+        Self::with_value_head_dim(q, d, splits)
+    }
+
+    /// A workspace as [`DecodeWorkspace::new`] for a V cache of head dim `v_head_dim`.
+    pub fn with_value_head_dim(q: &Tensor, v_head_dim: usize, splits: usize) -> Result<DecodeWorkspace> {
         let op = "DecodeWorkspace::new";
         expect_rank(op, "q", q, 3, "[batch, heads, head_dim]")?;
         if !(1..=MAX_DECODE_SPLITS).contains(&splits) {
@@ -571,12 +671,15 @@ impl DecodeWorkspace {
             });
         }
         let (batch, q_heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-        let len = decode_workspace_len(batch, q_heads, head_dim, splits);
-        if len == 0 {
-            return Err(OpError::Shape { op, message: format!("`q` is empty (shape {:?})", q.shape()) });
+        let len = decode_workspace_len(batch, q_heads, v_head_dim, splits);
+        if len == 0 || head_dim == 0 {
+            return Err(OpError::Shape {
+                op,
+                message: format!("`q` (shape {:?}) or the value head dim ({v_head_dim}) is empty", q.shape()),
+            });
         }
         let tensor = Tensor::empty(q.device(), DType::F32, &[len])?;
-        Ok(DecodeWorkspace { tensor, batch, q_heads, head_dim, splits })
+        Ok(DecodeWorkspace { tensor, batch, q_heads, head_dim, v_head_dim, splits })
     }
 
     pub fn splits(&self) -> usize {
@@ -592,7 +695,8 @@ impl DecodeWorkspace {
 /// A number of key splits for decode: enough blocks to fill a large GPU (about 256 in all),
 /// without splits shorter than 256 keys of the cache capacity `s_max`.
 pub fn decode_splits(batch: usize, q_heads: usize, kv_heads: usize, head_dim: usize, s_max: usize) -> usize {
-    let rows = Geometry::new(head_dim.clamp(32, 1024) as u32).rows as usize;
+    let d = head_dim.clamp(1, 1024) as u32;
+    let rows = Geometry::new(d, d).rows as usize;
     let group = q_heads.checked_div(kv_heads).unwrap_or(1).max(1);
     let blocks = batch.max(1) * kv_heads.max(1) * group.div_ceil(rows);
     let wanted = 256usize.div_ceil(blocks);
@@ -601,8 +705,9 @@ pub fn decode_splits(batch: usize, q_heads: usize, kv_heads: usize, head_dim: us
 }
 
 /// Decode attention: one new query per sequence against a contiguous KV cache. `q` `[B, Hq,
-/// D]`, `k_cache`, `v_cache` `[B, Hkv, S_max, D]`, `seq_lens` u32 `[B]` (keys `0..seq_lens[b]`
-/// of sequence `b`, clamped to `S_max`; a length of 0 gives zeros), `out` `[B, Hq, D]`. Each
+/// D]`, `k_cache` `[B, Hkv, S_max, D]`, `v_cache` `[B, Hkv, S_max, Dv]` (head dims 1 to 1024),
+/// `seq_lens` u32 `[B]` (keys `0..seq_lens[b]` of sequence `b`, clamped to `S_max`; a length of
+/// 0 gives zeros), `out` `[B, Hq, Dv]`. Each
 /// block reads a split of one (sequence, KV head)'s keys once for all query heads of that GQA
 /// group; a combine kernel merges the splits' `f32` partials. The split count is the
 /// workspace's; each split covers `ceil(S_max / splits)` keys rounded up to the tile. Neither
@@ -620,40 +725,44 @@ pub fn attention_decode_into(
 ) -> Result<()> {
     let op = "attention_decode";
     float_dtype(op, q)?;
-    for (name, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)] {
+    let operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)];
+    for (name, t) in operands {
         contiguous_nonempty(op, name, t)?;
         expect_dtype(op, name, t, q.dtype())?;
-        expect_aligned(op, name, t)?;
     }
     expect_rank(op, "q", q, 3, "[batch, heads, head_dim]")?;
     expect_rank(op, "k_cache", k_cache, 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
+    expect_rank(op, "v_cache", v_cache, 4, "[batch, kv_heads, max_seq_len, v_head_dim]")?;
     let (batch, q_heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-    let (kv_heads, s_max) = (k_cache.shape()[1], k_cache.shape()[2]);
+    let (kv_heads, s_max, dv) = (k_cache.shape()[1], k_cache.shape()[2], v_cache.shape()[3]);
     expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
-    expect_shape(op, "v_cache", v_cache, k_cache.shape())?;
-    expect_shape(op, "out", out, q.shape())?;
+    expect_shape(op, "v_cache", v_cache, &[batch, kv_heads, s_max, dv])?;
+    expect_shape(op, "out", out, &[batch, q_heads, dv])?;
     contiguous_nonempty(op, "seq_lens", seq_lens)?;
     expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
     expect_shape(op, "seq_lens", seq_lens, &[batch])?;
     let group = gqa_group(op, q_heads, kv_heads)?;
-    let head_dim = flash_head_dim(op, d)?;
+    let (head_dim, v_head_dim) = flash_head_dims(op, d, dv)?;
+    expect_flash_aligned(op, (head_dim, v_head_dim), &operands)?;
     let ws = workspace;
-    if (ws.batch, ws.q_heads, ws.head_dim) != (batch, q_heads, d) {
+    if (ws.batch, ws.q_heads, ws.head_dim, ws.v_head_dim) != (batch, q_heads, d, dv) {
         return Err(OpError::Shape {
             op,
             message: format!(
-                "the workspace was made for queries [{}, {}, {}], `q` is {:?}",
+                "the workspace was made for queries [{}, {}, {}] and a value head dim of {}, `q` is {:?} and `v_cache` {:?}",
                 ws.batch,
                 ws.q_heads,
                 ws.head_dim,
-                q.shape()
+                ws.v_head_dim,
+                q.shape(),
+                v_cache.shape()
             ),
         });
     }
     same_device(op, stream, &[("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("seq_lens", seq_lens)])?;
     same_device(op, stream, &[("out", out), ("workspace", &ws.tensor)])?;
     let scale = resolve_scale(op, scale, d)?;
-    let cfg = AttentionDecodeConfig { dtype: q.dtype().scalar_type(), head_dim };
+    let cfg = AttentionDecodeConfig { dtype: q.dtype().scalar_type(), head_dim, v_head_dim };
     let geo = cfg.geometry();
     let keys = geo.keys as usize;
     let split_len = s_max.div_ceil(ws.splits).div_ceil(keys) * keys;
@@ -679,7 +788,7 @@ pub fn attention_decode_into(
     let launch = LaunchConfig { grid: [splits, y, z], block: [THREADS, 1, 1], dynamic_shared_bytes: 0 };
     stream.launch(&*partial, launch, &args)?;
     let args = [Arg::Tensor(&ws.tensor), Arg::Tensor(out), Arg::scalar(splits)];
-    stream.launch(&*combine, LaunchConfig::linear(rows, head_dim), &args)?;
+    stream.launch(&*combine, LaunchConfig::linear(rows, v_head_dim), &args)?;
     Ok(())
 }
 
@@ -699,7 +808,7 @@ pub fn attention_decode(
     crate::tune::attention_decode_tuned(q, k_cache, v_cache, seq_lens, scale)
 }
 
-// ---- the contract's entry point --------------------------------------------------------------
+// ---- the general entry point ----------------------------------------------------------------
 
 type SetupResult<T> = std::result::Result<T, AttentionSetupError>;
 
@@ -723,12 +832,13 @@ fn broadcast_strides(name: &'static str, t: &Tensor, scores: [usize; 4]) -> Setu
     Ok(strides)
 }
 
-/// Attention after the ruDNN contract: `softmax(query · keyᵀ · scale + attn_bias, masked) ·
+/// Attention: `softmax(query · keyᵀ · scale + attn_bias, masked) ·
 /// value`.
 ///
-/// Layouts: `query` `[B, Hq, T, D]`, `key` and `value` `[B, Hkv, S, D]` (the layout of SDPA
-/// and of Hugging Face's attention), or the same without the batch axis (`[Hq, T, D]`,
-/// `[Hkv, S, D]`); the result has `query`'s shape and dtype. F32, F16 or BF16, one dtype for
+/// Layouts: `query` `[B, Hq, T, D]`, `key` `[B, Hkv, S, D]` and `value` `[B, Hkv, S, Dv]` (the
+/// layout of SDPA and of Hugging Face's attention), or the same without the batch axis
+/// (`[Hq, T, D]`, `[Hkv, S, D]`, `[Hkv, S, Dv]`); the result is `[B, Hq, T, Dv]` (or
+/// `[Hq, T, Dv]`) in `query`'s dtype. F32, F16 or BF16, one dtype for
 /// the three, contiguous and non-empty, on one device; `Hq` a multiple of `Hkv` (GQA).
 ///
 /// `mask`: U8, nonzero where a query may attend a key (PyTorch's boolean mask), and `attn_bias`:
@@ -770,9 +880,9 @@ pub fn attention(
     };
     let (q, k, v) = (as4(query)?, as4(key)?, as4(value)?);
     let [b, hq, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
-    let [hkv, s] = [k.shape()[1], k.shape()[2]];
+    let [hkv, s, dv] = [k.shape()[1], k.shape()[2], v.shape()[3]];
     expect_shape(op, "key", &k, &[b, hkv, s, d])?;
-    expect_shape(op, "value", &v, k.shape())?;
+    expect_shape(op, "value", &v, &[b, hkv, s, dv])?;
     let group = gqa_group(op, hq, hkv)?;
     let stream = query.device().default_stream();
     same_device(op, &stream, &[("query", query), ("key", key), ("value", value)])?;
@@ -828,16 +938,13 @@ pub fn attention(
         _ => None,
     };
 
-    let flash_ok = FLASH_HEAD_DIMS.contains(&(d as u32));
-    let aligned = [&q, &k, &v].iter().all(|t| vector_aligned(t));
+    let flash_ok = flash_takes(d) && flash_takes(dv);
+    let aligned =
+        !flash_ok || !Geometry::new(d as u32, dv as u32).vector() || [&q, &k, &v].iter().all(|t| vector_aligned(t));
     let use_flash = match strategy {
         AttentionStrategy::FlashUnit => {
             if !flash_ok {
-                return Err(AttentionSetupError::UnsupportedHeadDim {
-                    head_dim: d,
-                    strategy,
-                    supported: &FLASH_HEAD_DIMS,
-                });
+                return Err(AttentionSetupError::UnsupportedHeadDim { head_dim: d, v_head_dim: dv, strategy });
             }
             if !aligned {
                 return Err(AttentionSetupError::Unsupported(
@@ -849,14 +956,14 @@ pub fn attention(
         AttentionStrategy::Fallback => false,
         AttentionStrategy::Autotune => flash_ok && aligned,
     };
-    let out = Tensor::empty(dev, q.dtype(), q.shape())?;
-    let ctx = Dense { q: &q, k: &k, v: &v, out: &out, b, hq, hkv, t, s, d, group, scale, causal: options.causal };
+    let out = Tensor::empty(dev, q.dtype(), &[b, hq, t, dv])?;
+    let ctx = Dense { q: &q, k: &k, v: &v, out: &out, b, hq, hkv, t, s, d, dv, group, scale, causal: options.causal };
     if use_flash {
         flash_dense(&stream, &ctx, mask_bias)?;
     } else {
         fallback_dense(&stream, &ctx, mask_bias.as_ref())?;
     }
-    Ok(if query.rank() == 3 { out.reshape(query.shape())? } else { out })
+    Ok(if query.rank() == 3 { out.reshape(&[hq, t, dv])? } else { out })
 }
 
 /// A validated batched attention problem in the `[B, H, T, D]` layout.
@@ -871,6 +978,8 @@ struct Dense<'a> {
     t: usize,
     s: usize,
     d: usize,
+    /// The head dim of `v` and `out`.
+    dv: usize,
     group: u32,
     scale: f32,
     causal: bool,
@@ -897,11 +1006,14 @@ fn flash_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<MaskBias<'_>>) 
         q_heads: to_u32(op, "query heads", c.hq)?,
         group: c.group,
         head_dim: c.d as u32,
+        v_head_dim: c.dv as u32,
         max_q: c.t,
         total_q: to_u32(op, "batch × queries", c.b * c.t)?,
         total_k: to_u32(op, "batch × keys", c.b * c.s)?,
         q_strides: u64s([c.d, c.t * c.d, (c.hq - 1) * c.t * c.d]),
         k_strides: u64s([c.d, c.s * c.d, (c.hkv - 1) * c.s * c.d]),
+        v_strides: u64s([c.dv, c.s * c.dv, (c.hkv - 1) * c.s * c.dv]),
+        o_strides: u64s([c.dv, c.t * c.dv, (c.hq - 1) * c.t * c.dv]),
         scale: c.scale,
         causal: c.causal,
         mask_bias,
@@ -925,10 +1037,12 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
     let probs = Tensor::empty(dev, DType::F32, &[c.t, c.s])?;
     let q3 = q.reshape(&[c.b * c.hq, c.t, c.d])?;
     let k3 = k.reshape(&[c.b * c.hkv, c.s, c.d])?;
-    let v3 = v.reshape(&[c.b * c.hkv, c.s, c.d])?;
-    let o3 = out.reshape(&[c.b * c.hq, c.t, c.d])?;
-    let slice =
-        |x: &Tensor, i: usize, rows: usize| -> SetupResult<Tensor> { Ok(x.narrow(0, i, 1)?.reshape(&[rows, c.d])?) };
+    let v3 = v.reshape(&[c.b * c.hkv, c.s, c.dv])?;
+    let o3 = out.reshape(&[c.b * c.hq, c.t, c.dv])?;
+    let slice = |x: &Tensor, i: usize, rows: usize| -> SetupResult<Tensor> {
+        let cols = x.shape()[2];
+        Ok(x.narrow(0, i, 1)?.reshape(&[rows, cols])?)
+    };
     let cfg = AttentionSoftmaxConfig { causal: c.causal, masked: mask_bias.is_some() };
     let softmax = kernel(cfg.id(), || kern::attention_softmax(&cfg))?;
     let (q_len, kv_len) = (to_u32(op, "queries", c.t)?, to_u32(op, "keys", c.s)?);

@@ -1,8 +1,8 @@
 //! Decode attention's split-KV count, tuned per GPU and shape like GEMV's split-K (see the
 //! parent module): the heuristic ([`decode_splits`]) first, then [`DECODE_SPLIT_CANDIDATES`].
 //!
-//! The key is the dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed, and the
-//! alignment class. Candidates are timed with every sequence at the cache's capacity `s_max`
+//! The key is the dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed (with the V
+//! cache's head dim appended where it differs from `head_dim`), and the alignment class. Candidates are timed with every sequence at the cache's capacity `s_max`
 //! (the workspace is sized per capacity, not per step, so its split count must suit the longest
 //! context it will see).
 
@@ -16,7 +16,7 @@ use ruda_runtime::{
 
 use super::{split_name, tuner_for, TUNE_ITERS};
 use crate::api::{self, attention_decode_into, decode_splits, DecodeWorkspace, OpError, Result, MAX_DECODE_SPLITS};
-use crate::kernels::attention::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIMS};
+use crate::kernels::attention::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIM_RANGE};
 
 /// The split counts decode attention tries besides its heuristic's (those that leave every
 /// split at least one key tile of the cache are kept).
@@ -31,10 +31,17 @@ pub fn decode_dims(q: &Tensor, k_cache: &Tensor) -> Option<[usize; 5]> {
         .then(|| [q.shape()[0], q.shape()[1], k_cache.shape()[1], q.shape()[2], k_cache.shape()[2]])
 }
 
-/// The tuning key of a decode: dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed,
-/// and the alignment class of `q`'s and the caches' first elements and rows in bytes.
+/// The V cache's head dim (`Dv`, the last dimension of `v_cache`), when it has one.
+fn v_head_dim(v_cache: &Tensor) -> Option<usize> {
+    (v_cache.rank() == 4).then(|| v_cache.shape()[3])
+}
+
+/// The tuning key of a decode: dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed
+/// (then `v_head_dim` where it is not `head_dim`), and the alignment class of `q`'s and the
+/// caches' first elements and rows in bytes.
 pub fn decode_key(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<TuneKey> {
     let dims = decode_dims(q, k_cache)?;
+    let dv = v_head_dim(v_cache)?;
     let size = q.dtype().size() as u64;
     let align = alignment_class(&[
         q.offset() as u64 * size,
@@ -42,7 +49,11 @@ pub fn decode_key(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<Tune
         v_cache.offset() as u64 * size,
         dims[3] as u64 * size,
     ]);
-    Some(TuneKey::new(OP, q.dtype().name(), &dims.map(|d| d as u64), align))
+    let mut key_dims = dims.map(|d| d as u64).to_vec();
+    if dv != dims[3] {
+        key_dims.push(dv as u64);
+    }
+    Some(TuneKey::new(OP, q.dtype().name(), &key_dims, align))
 }
 
 /// The split count a decode candidate stands for.
@@ -59,25 +70,28 @@ pub fn decode_splits_of(choice: &Choice) -> Result<usize> {
         })
 }
 
-fn decode_config(op: &'static str, dtype: DType, head_dim: usize) -> Result<AttentionDecodeConfig> {
+fn decode_config(op: &'static str, dtype: DType, head_dim: usize, v_head_dim: usize) -> Result<AttentionDecodeConfig> {
     if !dtype.is_float() {
         return Err(OpError::DType { op, message: format!("{dtype} (expected f32, f16 or bf16)") });
     }
-    let head_dim =
-        FLASH_HEAD_DIMS.into_iter().find(|&d| d as usize == head_dim).ok_or_else(|| OpError::InvalidArgument {
+    let (lo, hi) = (FLASH_HEAD_DIM_RANGE.start(), FLASH_HEAD_DIM_RANGE.end());
+    let dim = |what: &str, d: usize| {
+        u32::try_from(d).ok().filter(|d| FLASH_HEAD_DIM_RANGE.contains(d)).ok_or_else(|| OpError::InvalidArgument {
             op,
-            message: format!("head dim {head_dim} is not supported (decode takes {FLASH_HEAD_DIMS:?})"),
-        })?;
-    Ok(AttentionDecodeConfig { dtype: dtype.scalar_type(), head_dim })
+            message: format!("{what} {d} is not supported (decode takes {lo} to {hi})"),
+        })
+    };
+    let (head_dim, v_head_dim) = (dim("head dim", head_dim)?, dim("value head dim", v_head_dim)?);
+    Ok(AttentionDecodeConfig { dtype: dtype.scalar_type(), head_dim, v_head_dim })
 }
 
-/// Decode's candidates for `dims` = `[batch, q_heads, kv_heads, head_dim, s_max]`, bucketed as
-/// the key is: the heuristic's split count first (the choice when tuning is off), then those of
-/// [`DECODE_SPLIT_CANDIDATES`] that give every split at least one key tile; the two kernels'
-/// IR hashes are folded in.
-pub fn decode_candidates(dtype: DType, dims: [usize; 5]) -> Result<CandidateSet> {
+/// Decode's candidates for `dims` = `[batch, q_heads, kv_heads, head_dim, s_max]` and the V
+/// cache's head dim, bucketed as the key is: the heuristic's split count first (the choice when
+/// tuning is off), then those of [`DECODE_SPLIT_CANDIDATES`] that give every split at least one
+/// key tile; the two kernels' IR hashes are folded in.
+pub fn decode_candidates(dtype: DType, dims: [usize; 5], v_head_dim: usize) -> Result<CandidateSet> {
     let [batch, q_heads, kv_heads, head_dim, s_max] = dims;
-    let cfg = decode_config(OP, dtype, head_dim)?;
+    let cfg = decode_config(OP, dtype, head_dim, v_head_dim)?;
     let partial = api::kernel(cfg.id(), || kern::attention_decode(&cfg))?.ir_hash();
     let combine = api::kernel(cfg.combine_id(), || kern::attention_decode_combine(&cfg))?.ir_hash();
     // The key's bucketed shape, so every shape of one key gets the same set.
@@ -101,7 +115,9 @@ pub fn tune_decode_with(
     v_cache: &Tensor,
     mut measure: impl FnMut(usize) -> std::result::Result<f64, String>,
 ) -> Result<Choice> {
-    let (Some(key), Some(dims)) = (decode_key(q, k_cache, v_cache), decode_dims(q, k_cache)) else {
+    let (Some(key), Some(dims), Some(dv)) =
+        (decode_key(q, k_cache, v_cache), decode_dims(q, k_cache), v_head_dim(v_cache))
+    else {
         return Err(OpError::Shape {
             op: OP,
             message: format!(
@@ -111,7 +127,7 @@ pub fn tune_decode_with(
             ),
         });
     };
-    let set = decode_candidates(q.dtype(), dims)?;
+    let set = decode_candidates(q.dtype(), dims, dv)?;
     Ok(tuner.tune(&key, &set, |c| {
         let splits = c.name.strip_prefix("splits=").and_then(|s| s.parse().ok()).ok_or("not a split count")?;
         measure(splits)
@@ -122,14 +138,17 @@ pub fn tune_decode_with(
 /// reports the error, instead of every candidate failing to measure.
 fn tunable(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<[usize; 5]> {
     let dims @ [batch, q_heads, kv_heads, head_dim, s_max] = decode_dims(q, k_cache)?;
+    let dv = v_head_dim(v_cache)?;
+    let takes = |d: usize| u32::try_from(d).is_ok_and(|d| FLASH_HEAD_DIM_RANGE.contains(&d));
     let ok = q.dtype().is_float()
         && k_cache.dtype() == q.dtype()
         && v_cache.dtype() == q.dtype()
         && k_cache.shape() == [batch, kv_heads, s_max, head_dim]
-        && v_cache.shape() == k_cache.shape()
+        && v_cache.shape() == [batch, kv_heads, s_max, dv]
         && kv_heads > 0
         && q_heads.is_multiple_of(kv_heads)
-        && FLASH_HEAD_DIMS.iter().any(|&d| d as usize == head_dim)
+        && takes(head_dim)
+        && takes(dv)
         && [q, k_cache, v_cache].iter().all(|t| t.is_contiguous() && t.numel() > 0 && t.device() == q.device());
     ok.then_some(dims)
 }
@@ -147,8 +166,9 @@ fn measure_decode(
     let err = |e: OpError| e.to_string();
     let full = u32::try_from(s_max).map_err(|_| format!("max_seq_len {s_max} exceeds u32"))?;
     let lens = Tensor::from_slice(stream.device(), &vec![full; batch], &[batch]).map_err(|e| e.to_string())?;
-    let ws = DecodeWorkspace::new(q, splits).map_err(err)?;
-    let out = Tensor::empty(stream.device(), q.dtype(), q.shape()).map_err(|e| e.to_string())?;
+    let dv = v_head_dim(v_cache).ok_or("wrong ranks")?;
+    let ws = DecodeWorkspace::with_value_head_dim(q, dv, splits).map_err(err)?;
+    let out = Tensor::empty(stream.device(), q.dtype(), &[batch, q.shape()[1], dv]).map_err(|e| e.to_string())?;
     measure_on_stream(stream, TUNE_ITERS, || {
         attention_decode_into(stream, q, k_cache, v_cache, &lens, None, &ws, &out).map_err(err)
     })
@@ -197,8 +217,9 @@ pub fn attention_decode_tuned(
 ) -> Result<Tensor> {
     let stream = q.device().default_stream();
     let run = |splits: usize| -> Result<Tensor> {
-        let ws = DecodeWorkspace::new(q, splits)?;
-        let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
+        let dv = v_head_dim(v_cache).unwrap_or(q.shape()[2]);
+        let ws = DecodeWorkspace::with_value_head_dim(q, dv, splits)?;
+        let out = Tensor::empty(q.device(), q.dtype(), &[q.shape()[0], q.shape()[1], dv])?;
         attention_decode_into(&stream, q, k_cache, v_cache, seq_lens, scale, &ws, &out)?;
         Ok(out)
     };
@@ -209,7 +230,7 @@ pub fn attention_decode_tuned(
             Err(first) if choice.cached => {
                 let (key, dims) =
                     (decode_key(q, k_cache, v_cache).ok_or(first)?, decode_dims(q, k_cache).unwrap_or_default());
-                let set = decode_candidates(q.dtype(), dims)?;
+                let set = decode_candidates(q.dtype(), dims, v_head_dim(v_cache).unwrap_or(dims[3]))?;
                 let next = tuner.evict_and_fall_back(&key, &set, &choice.candidate.name)?;
                 run(decode_splits_of(&next)?)
             }
@@ -235,7 +256,7 @@ impl DecodeShape {
         if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(format!("q_heads={} is not a multiple of kv_heads={}", self.q_heads, self.kv_heads));
         }
-        decode_config(OP, self.dtype, self.head_dim).map(|_| ()).map_err(|e| e.to_string())
+        decode_config(OP, self.dtype, self.head_dim, self.head_dim).map(|_| ()).map_err(|e| e.to_string())
     }
 }
 

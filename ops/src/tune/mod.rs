@@ -227,7 +227,7 @@ impl std::fmt::Display for TuneShape {
 
 /// The format of a shapes file, for messages and `rudac` help.
 pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 ≤ M ≤ 16), `gemm DTYPE m=M n=N k=K` \
-(M > 16, DTYPE f16 or bf16) or `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 64, 128 or 256; S the KV cache capacity); DTYPE \
+(M > 16, DTYPE f16 or bf16) or `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 1 to 1024; S the KV cache capacity); DTYPE \
 f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and `#` comments are ignored";
 
 /// The dimension names of each tunable op's shape-file line.

@@ -148,6 +148,12 @@ impl DecoderSpec {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(LlmError::InvalidArgument(format!("the compute dtype must be f32, f16 or bf16, not {dtype}")));
         }
+        // A model whose shapes no kernel serves is refused here, naming the shape, rather than
+        // at its first forward.
+        for shape in self.attention_shapes() {
+            api::attention_supports(dtype, shape.q_heads, shape.kv_heads, shape.head_dim, shape.head_dim)
+                .map_err(|e| LlmError::op("the model's attention shape", e))?;
+        }
         let ld = Loader { source, device, dtype };
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {

@@ -152,6 +152,29 @@ mod tests {
         }
     }
 
+    /// A source that holds nothing: loading must fail before it reads a tensor.
+    struct NoTensors;
+
+    impl TensorSource for NoTensors {
+        fn stored(&self, _: &str) -> Option<(DType, &[usize], &[u8])> {
+            None
+        }
+        fn check(&self, _: &str) -> Result<(), crate::LoadError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_model_no_attention_kernel_serves_is_refused_at_load_naming_the_shape() {
+        // Even (so the config passes) but above the kernels' 1024.
+        let c = config("qwen3", json!({"head_dim": 1026}));
+        let err = match architecture(c.model_type).load(&c, &NoTensors, &Device::cpu(), DType::F32) {
+            Ok(_) => panic!("head dim 1026 loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("head dim 1026") && err.contains("4 query heads"), "{err}");
+    }
+
     #[test]
     fn attention_variants_are_values_of_the_architecture() {
         let names = |c: &ModelConfig| -> Vec<String> {

@@ -1,0 +1,5 @@
+//! Repetition penalty over logits, in place (Hugging Face's `RepetitionPenaltyLogitsProcessor`).
+//! Builders in [`kernel`], entry points in [`api`].
+
+pub mod api;
+pub mod kernel;

@@ -8,16 +8,19 @@
 //! - [`blocks`]: kernel building blocks (reductions, conversions, index arithmetic, packing);
 //! - [`host`] and [`error`]: the host-side checks and the error of every entry point;
 //! - [`api`] and [`kernels`]: every family's entry points and builders in one namespace;
-//! - [`registry`]: every registered configuration (`rudac list`);
+//! - [`family`]: the trait each family implements, and [`registry`], the list of families
+//!   (every registered configuration, `rudac list`);
 //! - [`problem`]: a small valid problem for each configuration (`rudac run`, differential tests);
 //! - [`tune`]: autotuning and the shape files of `rudac tune`;
 //! - the `rudac` binary (src/bin/rudac.rs): list, emit, check and run the registered kernels.
 
 pub mod api;
+mod attention_family;
 pub mod blocks;
 pub mod compile_bench;
 pub mod driver;
 pub mod error;
+pub mod family;
 pub mod host;
 pub mod kernels;
 pub mod problem;

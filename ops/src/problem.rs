@@ -7,7 +7,8 @@
 //!   infinities, zeros, subnormals, extremes); `u32` buffers hold 0, 1, 2, ... unless the family
 //!   names their contents (sequence offsets, lengths); `u8`/`i8` buffers 0 or 1 (masks); other
 //!   integers random bits.
-//! - Scalars by parameter name, per family ([`case`]), so every access stays in bounds; the
+//! - Scalars by parameter name, per family ([`Family::sample`](crate::family::Family::sample)),
+//!   so every access stays in bounds; the
 //!   rest take [`default_scalar`] (16 for integers, 0.125 for floats, 1e-5 for `eps`).
 //! - The grid is a few blocks per family; the block is the kernel's launch bound (256 without
 //!   one), one-dimensional; no dynamic shared memory.
@@ -119,9 +120,11 @@ impl Sampler {
     /// The problem of registered configuration `(family, id)`, or of a file kernel (`None`).
     pub fn problem(&mut self, registered: Option<(&str, &str)>, kernel: &Kernel, seed: u64) -> Result<Problem, String> {
         let c = match registered {
-            Some((family, id)) => case(family, id).ok_or_else(|| {
-                format!("no sample problem for `{id}` of family `{family}`: add one to `case` in ops/src/sample.rs")
-            })?,
+            Some((family, id)) => {
+                crate::registry::family(family).and_then(|f| f.sample(family, id)).ok_or_else(|| {
+                    format!("no sample problem for `{id}` of family `{family}`: its family's `Family::sample` has none")
+                })?
+            }
             None => Case::new([1, 1, 1]),
         };
         let mut args = Vec::with_capacity(kernel.params.len());
@@ -174,160 +177,32 @@ impl Rng {
     }
 }
 
-/// How one configuration is launched.
-struct Case {
-    grid: [u32; 3],
+/// How one configuration is launched: each family's [`Family::sample`](crate::family::Family::sample).
+pub struct Case {
+    pub grid: [u32; 3],
     /// Scalars by parameter name (bit patterns); others take [`default_scalar`].
-    scalars: BTreeMap<&'static str, u64>,
+    pub scalars: BTreeMap<&'static str, u64>,
     /// Contents of `u32` buffers by parameter name; others hold 0, 1, 2, ...
-    indices: BTreeMap<&'static str, Vec<u32>>,
+    pub indices: BTreeMap<&'static str, Vec<u32>>,
     /// Put infinities, zeros, subnormals and extremes among the float inputs.
-    specials: bool,
+    pub specials: bool,
 }
 
 impl Case {
-    fn new(grid: [u32; 3]) -> Case {
+    /// A launch on `grid` with every scalar at its default.
+    pub fn new(grid: [u32; 3]) -> Case {
         Case { grid, scalars: BTreeMap::new(), indices: BTreeMap::new(), specials: false }
     }
 }
 
-fn f32_bits(x: f32) -> u64 {
+/// The bit pattern of an `f32` scalar, for [`Case::scalars`].
+pub fn f32_bits(x: f32) -> u64 {
     x.to_bits() as u64
 }
 
 /// The number after `prefix` in a dotted id (`d128` in `attention_decode.f16.d128`).
-fn id_number(id: &str, prefix: char) -> Option<u32> {
+pub fn id_number(id: &str, prefix: char) -> Option<u32> {
     id.split('.').find_map(|p| p.strip_prefix(prefix).and_then(|n| n.parse().ok()))
-}
-
-/// The launch of each family: grids of a few blocks, scalars that keep accesses in bounds.
-fn case(family: &str, id: &str) -> Option<Case> {
-    let mut c = Case::new([3, 1, 1]);
-    let s = &mut c.scalars;
-    match family {
-        "elementwise" | "cast" => {
-            s.insert("n", 700);
-            c.specials = true;
-        }
-        "reduce" | "softmax" => {
-            s.insert("cols", 300);
-        }
-        "rms_norm" | "layer_norm" | "rms_norm_residual" | "rms_norm_hf" => {}
-        "gemm_simt" => {
-            s.extend([("m", 70), ("n", 65), ("k", 33)]);
-            c.grid = [2, 2, 1];
-        }
-        "gemm" => {
-            // Partial tiles in m and n; k a multiple of 8 (16-byte loads) but not of the tile.
-            s.extend([("m", 70), ("n", 72), ("k", 40)]);
-            // Two batch entries, one shared weight.
-            s.extend([("x_batch", 70 * 40), ("w_batch", 0), ("y_batch", 70 * 72)]);
-            c.grid = [2, 2, if id.contains(".batch") { 2 } else { 1 }];
-        }
-        "attention_prefill" => {
-            // Two sequences of 5 and 12 queries over 9 and 21 keys, two heads, group 1,
-            // token-major `[tokens, heads, d]` layouts.
-            let d = id_number(id, 'd')? as u64;
-            c.indices.insert("cu_q", vec![0, 5, 17]);
-            c.indices.insert("cu_k", vec![0, 9, 30]);
-            // The KV-cache variant's key counts.
-            c.indices.insert("seq_lens", vec![9, 21]);
-            s.extend([("total_q", 17), ("total_k", 30), ("group", 1)]);
-            s.extend([
-                ("q_token", 2 * d),
-                ("q_head", d),
-                ("q_batch", 0),
-                ("k_token", 2 * d),
-                ("k_head", d),
-                ("k_batch", 0),
-            ]);
-            s.extend([("mask_batch", 0), ("mask_head", 0), ("mask_query", 32), ("mask_key", 1)]);
-            s.extend([("bias_batch", 0), ("bias_head", 0), ("bias_query", 32), ("bias_key", 1)]);
-            c.grid = [1, 2, 2];
-        }
-        "attention_decode" => {
-            if id.contains("combine") {
-                s.insert("splits", 2);
-                c.grid = [4, 1, 1];
-            } else {
-                c.indices.insert("seq_lens", vec![37, 64]);
-                s.extend([("s_max", 64), ("kv_heads", 2), ("group", 2), ("split_len", 32)]);
-                c.grid = [2, 2, 2];
-            }
-        }
-        "attention_fallback" => {
-            s.extend([("q_len", 5), ("kv_len", 37), ("batch", 1), ("head", 1)]);
-            s.extend([("mask_batch", 64), ("mask_head", 0), ("mask_query", 40), ("mask_key", 1)]);
-            s.extend([("bias_batch", 64), ("bias_head", 0), ("bias_query", 40), ("bias_key", 1)]);
-            c.grid = [5, 1, 1];
-        }
-        "gemv" => {
-            let m_tile = id_number(id, 'm')? as u64;
-            let split = id.contains("splitk");
-            let (k, per_split) = if id.contains("scalar") {
-                (77, 96)
-            } else if split {
-                (512, 32)
-            } else {
-                (512, 256)
-            };
-            s.extend([("m", m_tile.saturating_sub(1).max(1)), ("n", 10), ("k", k), ("chunks_per_split", per_split)]);
-            c.grid = [3, if split { 2 } else { 1 }, 1];
-        }
-        "gemv_reduce" => {
-            s.extend([("len", 300), ("splits", 3), ("n", 10)]);
-            c.grid = [2, 1, 1];
-        }
-        "rope" | "rope_kv_cache" => {
-            s.extend([("heads", 2), ("n_positions", 64), ("batch", 2), ("max_seq", 64)]);
-        }
-        "swiglu" => {
-            s.extend([("inter", 300), ("rows", 3)]);
-            c.grid = [2, 3, 1];
-        }
-        "embedding" => {
-            s.extend([("vocab", 50), ("hidden", 96)]);
-        }
-        "argmax" => {
-            let partial = id.contains("partial");
-            s.extend([("cols", 700), ("cols_per_split", if partial { 256 } else { 700 })]);
-            c.grid = [3, if partial { 3 } else { 1 }, 1];
-        }
-        "argmax_reduce" => {
-            s.insert("splits", 3);
-        }
-        "sampling" => {
-            s.extend([
-                ("cols", 700),
-                ("scale", f32_bits(1.4)),
-                ("top_k", 50),
-                ("top_p", f32_bits(0.9)),
-                ("seed", 1234),
-            ]);
-        }
-        "add_bias" => {
-            // Rows of 520 elements (whole 16-byte units in every dtype), five rows over two
-            // block rows.
-            let per_thread = if id.contains("scalar") {
-                1
-            } else if id.contains("f32") {
-                4
-            } else {
-                8
-            };
-            s.extend([("units", 520 / per_thread), ("rows", 5)]);
-            c.grid = [3, 2, 1];
-        }
-        "repetition_penalty" => {
-            // Three rows of 300 ids over a vocabulary of 700: every id recurs 160 positions
-            // later (within the first tile and across its end), every 11th is past the vocabulary.
-            let ids = (0..900u32).map(|i| if i % 11 == 5 { 700 + i } else { (i * 37) % 160 }).collect();
-            c.indices.insert("token_ids", ids);
-            s.extend([("vocab", 700), ("n", 300), ("penalty", f32_bits(1.3))]);
-        }
-        _ => return None,
-    }
-    Some(c)
 }
 
 /// Scalars no case names: small dimensions, a small positive float.

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ruda_runtime::{Autotuner, Choice, DType, Device, DeviceKind, Stream, Tensor};
 
-use crate::api::{Result, GEMV_MAX_M};
+use crate::api::Result;
+use crate::family::ShapeLine;
 
 mod attention;
 pub use crate::gemm::tune::*;
@@ -70,19 +71,28 @@ impl std::fmt::Display for TuneShape {
     }
 }
 
-/// The format of a shapes file, for messages and `rudac` help.
-pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 ≤ M ≤ 16), `gemm DTYPE m=M n=N k=K` \
-(M > 16, DTYPE f16 or bf16) or `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 64, 128 or 256; S the KV cache capacity); DTYPE \
-f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and `#` comments are ignored";
+/// The format of a shapes file, for messages: every tuned family's lines
+/// ([`Family::shape_lines`](crate::family::Family::shape_lines)).
+pub fn shapes_format() -> String {
+    let forms: Vec<&str> = shape_lines().map(|l| l.format).collect();
+    let ops = match forms.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => "none".into(),
+    };
+    format!(
+        "one op per line: {ops}; DTYPE f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and \
+         `#` comments are ignored"
+    )
+}
 
-/// The dimension names of each tunable op's shape-file line.
-const SHAPE_OPS: [(&str, &[&str]); 3] = [
-    ("gemv", &["m", "n", "k"]),
-    ("gemm", &["m", "n", "k"]),
-    ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"]),
-];
+/// Every family's shape-file lines, in registry order.
+fn shape_lines() -> impl Iterator<Item = &'static ShapeLine> {
+    crate::registry::families().flat_map(|f| f.shape_lines().iter())
+}
 
-/// Parse a shapes file; errors name `file:line`.
+/// Parse a shapes file: the op word picks the family's line, which names the dimensions and
+/// checks the shape. Errors name `file:line`.
 pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape>, String> {
     let mut shapes = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -90,13 +100,14 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
         if line.is_empty() {
             continue;
         }
-        let bad = |message: String| format!("{file}:{}: {message} (expected {SHAPES_FORMAT})", i + 1);
+        let bad = |message: String| format!("{file}:{}: {message} (expected {})", i + 1, shapes_format());
         let mut words = line.split_whitespace();
         let op = words.next().unwrap_or_default();
-        let Some(&(_, names)) = SHAPE_OPS.iter().find(|(name, _)| *name == op) else {
-            let ops: Vec<&str> = SHAPE_OPS.iter().map(|(name, _)| *name).collect();
+        let Some(kind) = shape_lines().find(|l| l.op == op) else {
+            let ops: Vec<&str> = shape_lines().map(|l| l.op).collect();
             return Err(bad(format!("unknown op `{op}`; tunable ops: {}", ops.join(", "))));
         };
+        let names = kind.dims;
         let dtype_word = words.next().ok_or_else(|| bad("missing the dtype".into()))?;
         let dtype = DType::from_name(dtype_word)
             .filter(|d| d.is_float())
@@ -123,29 +134,7 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
             .zip(&values)
             .map(|(name, v)| v.ok_or_else(|| bad(format!("missing `{name}=`"))))
             .collect::<std::result::Result<Vec<usize>, String>>()?;
-        shapes.push(match *dims.as_slice() {
-            [m, n, k] if op == "gemv" => {
-                if m > GEMV_MAX_M {
-                    return Err(bad(format!("m={m}: GEMV takes at most {GEMV_MAX_M} rows")));
-                }
-                TuneShape::Gemv { dtype, m, n, k }
-            }
-            [m, n, k] => {
-                if m <= GEMV_MAX_M {
-                    return Err(bad(format!("m={m}: up to {GEMV_MAX_M} rows run on the GEMV (a `gemv` line)")));
-                }
-                if !matches!(dtype, DType::F16 | DType::BF16) {
-                    return Err(bad(format!("{dtype}: the tensor-core GEMM takes f16 or bf16")));
-                }
-                TuneShape::Gemm { dtype, m, n, k }
-            }
-            [batch, q_heads, kv_heads, head_dim, s_max] => {
-                let s = DecodeShape { dtype, batch, q_heads, kv_heads, head_dim, s_max };
-                s.check().map_err(bad)?;
-                TuneShape::AttentionDecode(s)
-            }
-            _ => return Err(bad(format!("`{op}` has no shape form"))),
-        });
+        shapes.push((kind.parse)(dtype, &dims).map_err(bad)?);
     }
     Ok(shapes)
 }

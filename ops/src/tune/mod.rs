@@ -15,6 +15,7 @@ use crate::api::Result;
 use crate::family::ShapeLine;
 
 mod attention;
+pub mod flow;
 pub use crate::gemm::tune::*;
 pub use crate::gemv::tune::*;
 pub use attention::*;
@@ -153,7 +154,7 @@ pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<Choice>> 
         TuneShape::Gemv { dtype, m, n, k } => {
             let x = Tensor::zeros(stream.device(), *dtype, &[*m, *k])?;
             let w = Tensor::zeros(stream.device(), *dtype, &[*n, *k])?;
-            Ok(tuned_gemv(stream, &x, &w)?.map(|(_, c)| c))
+            Ok(tuned_gemv(stream, &x, &w)?.map(|(_, t)| t.choice))
         }
         TuneShape::Gemm { dtype, m, n, k } => tune_gemm_shape(stream, *dtype, *m, *n, *k),
         TuneShape::AttentionDecode(s) => tune_decode_shape(stream, s),
@@ -176,12 +177,58 @@ pub enum TuneCommand {
     Show,
 }
 
-/// Run `rudac tune`: results and listings to `out`, one progress line per shape to
-/// `progress`. `Ok(false)` when some shape failed to tune.
-pub fn run_tune(
+/// How `rudac tune` reports its shapes: an `indicatif` bar with each result printed above it
+/// when writing to the process's standard error on a terminal, else one plain line per shape
+/// (`[#####...............] 3/12 SHAPE: RESULT`, see [`progress_bar`]), which logs and tests
+/// read.
+pub enum Progress<'a> {
+    Bar(indicatif::ProgressBar),
+    Lines(&'a mut dyn std::io::Write),
+}
+
+impl<'a> Progress<'a> {
+    /// A bar for `total` shapes when `writer` is standard error on a terminal, else plain lines
+    /// to `writer`.
+    pub fn new<W: std::io::Write + 'static>(writer: &'a mut W, total: usize) -> Progress<'a> {
+        use std::io::IsTerminal;
+        let is_stderr = (writer as &mut dyn std::any::Any).is::<std::io::Stderr>();
+        if is_stderr && std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            if let Ok(style) = indicatif::ProgressStyle::with_template("[{bar:20}] {pos}/{len} {msg}") {
+                bar.set_style(style.progress_chars("#>."));
+            }
+            Progress::Bar(bar)
+        } else {
+            Progress::Lines(writer)
+        }
+    }
+
+    /// Shape `done` of `total` finished with `result`.
+    pub fn shape(&mut self, done: usize, total: usize, shape: &TuneShape, result: &str) -> std::io::Result<()> {
+        match self {
+            Progress::Bar(bar) => {
+                bar.println(format!("{shape}: {result}"));
+                bar.set_position(done as u64);
+                Ok(())
+            }
+            Progress::Lines(w) => writeln!(w, "{} {shape}: {result}", progress_bar(done, total)),
+        }
+    }
+
+    /// Every shape is done.
+    pub fn finish(self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Run `rudac tune`: results and listings to `out`, the progress of each shape to `progress`
+/// ([`Progress`]). `Ok(false)` when some shape failed to tune.
+pub fn run_tune<W: std::io::Write + 'static>(
     command: &TuneCommand,
     out: &mut dyn std::io::Write,
-    progress: &mut dyn std::io::Write,
+    progress: &mut W,
 ) -> std::result::Result<bool, String> {
     let io = |e: std::io::Error| e.to_string();
     match command {
@@ -197,6 +244,7 @@ pub fn run_tune(
             }
             let stream = device.default_stream();
             let mut failed = 0;
+            let mut progress = Progress::new(progress, shapes.len());
             for (i, shape) in shapes.iter().enumerate() {
                 let line = match tune_shape(&stream, shape) {
                     Ok(Some(c)) => format!(
@@ -211,8 +259,9 @@ pub fn run_tune(
                         format!("FAILED: {e}")
                     }
                 };
-                writeln!(progress, "{} {shape}: {line}", progress_bar(i + 1, shapes.len())).map_err(io)?;
+                progress.shape(i + 1, shapes.len(), shape, &line).map_err(io)?;
             }
+            progress.finish();
             if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
                 writeln!(
                     out,

@@ -1,8 +1,6 @@
 //! GEMV autotuning on the CPU with injected timings, and `rudac tune`.
 
-mod common;
-
-use common::{fingerprint, temp_dir};
+use crate::common::{fingerprint, temp_dir};
 use ruda_ops::api;
 use ruda_ops::driver::Command;
 use ruda_ops::tune::{gemv_key, parse_shapes, tune_gemv_with, tuned_gemv_splits, TuneCommand, TuneShape};

@@ -1,8 +1,6 @@
 //! Tensor-core GEMM tile autotuning on the CPU with injected timings, and the untuned path.
 
-mod common;
-
-use common::{fingerprint, temp_dir};
+use crate::common::{fingerprint, temp_dir};
 use ruda_ops::api::{self, heuristic_gemm_tile, GemmTile};
 use ruda_ops::kernels::gemm_tc::TcTile;
 use ruda_ops::tune::{gemm_candidates, gemm_key, gemm_tuned_into, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};

@@ -1,0 +1,23 @@
+//! The op library's integration tests, in one binary (one link instead of one per file). Each
+//! former test file is a module; `common` holds their shared helpers. Tests that set
+//! environment variables or count per-process state keep binaries of their own (see
+//! ops/Cargo.toml), as do the attention tests and `rudac`'s, which other branches are changing.
+
+mod common;
+
+mod differential;
+mod fuzz_corpus;
+mod gemm_tc;
+mod gemv;
+mod ir_roundtrip;
+mod nvrtc_registry;
+mod ops_errors;
+mod ops_reference;
+mod passes_registry;
+mod registry;
+mod rope;
+mod sampling;
+mod small_ops;
+mod snapshots;
+mod tune;
+mod tune_gemm;

@@ -23,6 +23,7 @@ pub mod error;
 pub mod family;
 pub mod host;
 pub mod kernels;
+pub mod params;
 pub mod problem;
 pub mod registry;
 pub mod tune;

@@ -13,6 +13,7 @@ mod ir_roundtrip;
 mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;
+mod params;
 mod passes_registry;
 mod registry;
 mod rope;

@@ -1,10 +1,11 @@
 //! Argmax over the last axis.
 
-use ruda_runtime::{Arg, DType, Device, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, Device, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{ArgmaxConfig, ARGMAX_REDUCE_THREADS, ARGMAX_THREADS};
+use super::kernel::{ArgmaxConfig, ArgmaxParams, ArgmaxReduceParams, ARGMAX_REDUCE_THREADS, ARGMAX_THREADS};
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 /// Fewest columns per split: less work per block than this is not worth a second launch.
 const MIN_COLS_PER_SPLIT: usize = 2048;
@@ -72,15 +73,16 @@ pub fn argmax_into(stream: &Stream, x: &Tensor, out: &Tensor, workspace: Option<
     let k = kernel(cfg.id(), || crate::kernels::argmax::argmax(&cfg))?;
     match workspace {
         Some(ws) if splits > 1 => {
-            let args = [Arg::Tensor(x), Arg::Tensor(ws), Arg::scalar(cols), Arg::scalar(per_split)];
-            stream.launch(&*k, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
+            let args = ArgmaxParams { x, out: None, partials: Some(ws), cols, cols_per_split: per_split };
+            params::launch(stream, &k, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args.args())?;
             let rk = kernel(ArgmaxConfig::reduce_id(), crate::kernels::argmax::argmax_reduce)?;
-            let args = [Arg::Tensor(ws), Arg::Tensor(out), Arg::scalar(splits)];
-            stream.launch(&*rk, LaunchConfig::linear(rows, ARGMAX_REDUCE_THREADS), &args)?;
+            let args = ArgmaxReduceParams { partials: ws, out, splits };
+            params::launch(stream, &rk, LaunchConfig::linear(rows, ARGMAX_REDUCE_THREADS), &args.args())?;
         }
         _ => {
-            let args = [Arg::Tensor(x), Arg::Tensor(out), Arg::scalar(cols), Arg::scalar(per_split)];
-            stream.launch(&*k, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
+            let (whole, partials) = if cfg.partial { (None, Some(out)) } else { (Some(out), None) };
+            let args = ArgmaxParams { x, out: whole, partials, cols, cols_per_split: per_split };
+            params::launch(stream, &k, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args.args())?;
         }
     }
     Ok(())

@@ -9,7 +9,7 @@
 //! does not depend on the order of combination. One block per (row, split); with more than one
 //! split, [`argmax_reduce`] combines the per-split words.
 
-use ruda_ir::{AddrSpace, CmpOp, Constant, Kernel, KernelBuilder, ScalarType, ShflMode, Type, Value, VerifyError};
+use ruda_ir::{CmpOp, Constant, Kernel, KernelBuilder, ScalarType, ShflMode, Value, VerifyError};
 
 use crate::blocks::{block_reduce_with, load_f32, low32, order_key, pack, row_ptr, shfl_u64};
 
@@ -58,15 +58,33 @@ fn warp_max_u64(b: &mut KernelBuilder, mut v: Value) -> Value {
     v
 }
 
+crate::kernel_params! {
+    /// The parameters of [`argmax`], in order: `out` (`u32` indices) in one pass, `partials`
+    /// (`u64` words) when split.
+    pub struct ArgmaxParams, ArgmaxValues for ArgmaxConfig as cfg {
+        x: tensor(cfg.dtype),
+        out: opt_tensor(ScalarType::U32, !cfg.partial),
+        partials: opt_tensor(ScalarType::U64, cfg.partial),
+        cols: scalar(u32),
+        cols_per_split: scalar(u32),
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`argmax_reduce`], in order.
+    pub struct ArgmaxReduceParams, ArgmaxReduceValues for () as _cfg {
+        partials: tensor(ScalarType::U64),
+        out: tensor(ScalarType::U32),
+        splits: scalar(u32),
+    }
+}
+
 /// Parameters: x `[rows, cols]`, out (`u32 [rows]`, or `u64 [rows, splits]` partials), cols,
 /// cols_per_split (`u32`). Grid: `(rows, splits)`, block [`ARGMAX_THREADS`].
 pub fn argmax(cfg: &ArgmaxConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x = b.param("x", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out_ty = if cfg.partial { ScalarType::U64 } else { ScalarType::U32 };
-    let out = b.param(if cfg.partial { "partials" } else { "out" }, Type::Ptr(AddrSpace::Global, out_ty));
-    let cols = b.param("cols", Type::U32);
-    let cols_per_split = b.param("cols_per_split", Type::U32);
+    let ArgmaxValues { x, out, partials, cols, cols_per_split } = ArgmaxParams::declare(&mut b, cfg);
+    let out = out.or(partials).expect("one of out and partials is declared");
     b.launch_bounds(ARGMAX_THREADS, None);
     let scratch = b.shared_array("partials", ScalarType::U64, ARGMAX_THREADS / 32);
 
@@ -119,9 +137,7 @@ pub fn argmax(cfg: &ArgmaxConfig) -> Result<Kernel, VerifyError> {
 /// splits]`), out (`u32 [rows]`), splits (`u32`). Grid: `rows` blocks of one warp.
 pub fn argmax_reduce() -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(ArgmaxConfig::reduce_id().replace('.', "_"));
-    let partials = b.param("partials", Type::Ptr(AddrSpace::Global, ScalarType::U64));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let splits = b.param("splits", Type::U32);
+    let ArgmaxReduceValues { partials, out, splits } = ArgmaxReduceParams::declare(&mut b, &());
     b.launch_bounds(ARGMAX_REDUCE_THREADS, None);
 
     let row = b.block_id_x();

@@ -1,12 +1,14 @@
 //! Elementwise ops and casts.
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
 use super::kernel::{
-    elementwise, BiasConfig, ElementwiseConfig, ElementwiseOp, BIAS_MAX_ROW_BLOCKS, BIAS_THREADS, ELEMENTWISE_BLOCK,
+    elementwise, AddBiasParams, BiasConfig, ElementwiseConfig, ElementwiseOp, ElementwiseParams, BIAS_MAX_ROW_BLOCKS,
+    BIAS_THREADS, ELEMENTWISE_BLOCK,
 };
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 fn elementwise_into(
     op: ElementwiseOp,
@@ -32,11 +34,8 @@ fn elementwise_into(
     let n = to_u32(name, "elements", out.numel())?;
     let cfg = ElementwiseConfig { op, input: input_dtype, output: output_dtype };
     let k = kernel(cfg.id(), || elementwise(&cfg))?;
-    let mut args: Vec<Arg> = inputs.iter().map(|t| Arg::Tensor(t)).collect();
-    args.push(Arg::Tensor(out));
-    args.push(Arg::scalar(n));
-    stream.launch(&*k, LaunchConfig::linear(n.div_ceil(ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK), &args)?;
-    Ok(())
+    let args = ElementwiseParams { a: inputs[0], b: inputs.get(1).copied(), out, n };
+    params::launch(stream, &k, LaunchConfig::linear(n.div_ceil(ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK), &args.args())
 }
 
 /// `out = a + b` (elementwise, same shape and dtype), computed in `f32`.
@@ -115,9 +114,7 @@ pub fn add_bias_into(stream: &Stream, x: &Tensor, bias: &Tensor, out: &Tensor) -
         block: [BIAS_THREADS, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    let args = [Arg::Tensor(x), Arg::Tensor(bias), Arg::Tensor(out), Arg::scalar(units), Arg::scalar(rows)];
-    stream.launch(&*k, launch, &args)?;
-    Ok(())
+    params::launch(stream, &k, launch, &AddBiasParams { x, bias, out, units, rows }.args())
 }
 
 /// `x + bias` broadcast over the rows of `x` (see [`add_bias_into`]).

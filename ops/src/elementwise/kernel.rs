@@ -1,7 +1,7 @@
 //! Elementwise kernels: binary arithmetic, SiLU and dtype casts. One thread per element, all
 //! arithmetic in `f32`, the result rounded to the output dtype (nearest even).
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use crate::blocks::{load_f32, silu, store_from_f32};
 
@@ -57,15 +57,21 @@ impl ElementwiseConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`elementwise`], in order: `b` only for binary ops.
+    pub struct ElementwiseParams, ElementwiseValues for ElementwiseConfig as cfg {
+        a: tensor(cfg.input),
+        b: opt_tensor(cfg.input, cfg.op.arity() == 2),
+        out: tensor(cfg.output),
+        n: scalar(u32),
+    }
+}
+
 /// Build the kernel. Parameters: the inputs (one or two), the output, then `n: u32`.
 pub fn elementwise(cfg: &ElementwiseConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let inputs: Vec<_> = ["a", "b"][..cfg.op.arity()]
-        .iter()
-        .map(|name| b.param(*name, Type::Ptr(AddrSpace::Global, cfg.input)))
-        .collect();
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.output));
-    let n = b.param("n", Type::U32);
+    let ElementwiseValues { a, b: b_in, out, n } = ElementwiseParams::declare(&mut b, cfg);
+    let inputs: Vec<_> = std::iter::once(a).chain(b_in).collect();
     b.launch_bounds(ELEMENTWISE_BLOCK, None);
 
     let i = b.global_thread_id_x();
@@ -175,16 +181,23 @@ fn store_unit(b: &mut KernelBuilder, cfg: &BiasConfig, ptr: Value, unit: Value, 
     b.store(p, v);
 }
 
+crate::kernel_params! {
+    /// The parameters of [`add_bias`], in order.
+    pub struct AddBiasParams, AddBiasValues for BiasConfig as cfg {
+        x: tensor(cfg.dtype),
+        bias: tensor(cfg.dtype),
+        out: tensor(cfg.dtype),
+        units: scalar(u32),
+        rows: scalar(u32),
+    }
+}
+
 /// Parameters: x `[rows, N]`, bias `[N]`, out `[rows, N]`, units (`N / per_thread`), rows
 /// (`u32`). Grid: `(ceil(units / 256), min(rows, 65535))`, block [`BIAS_THREADS`]; block row `y`
 /// handles rows `y, y + gridDim.y, ...`, loading its bias unit once.
 pub fn add_bias(cfg: &BiasConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x = b.param("x", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let bias = b.param("bias", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let units = b.param("units", Type::U32);
-    let rows = b.param("rows", Type::U32);
+    let AddBiasValues { x, bias, out, units, rows } = AddBiasParams::declare(&mut b, cfg);
     b.launch_bounds(BIAS_THREADS, None);
 
     // Halves travel as u32 words (two per word), f32 as themselves.

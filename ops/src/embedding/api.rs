@@ -1,10 +1,11 @@
 //! Embedding gather.
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{EmbeddingConfig, EMBEDDING_THREADS};
+use super::kernel::{EmbeddingConfig, EmbeddingParams, EMBEDDING_THREADS};
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 /// `out[t, :] = table[ids[t], :]` for `ids` `u32 [T]` and `table [V, H]` (any float dtype; the
 /// bits are copied). An id `≥ V` gives a row of zeros: the host cannot check device-resident ids
@@ -34,14 +35,14 @@ pub fn embedding_into(stream: &Stream, ids: &Tensor, table: &Tensor, out: &Tenso
     let vector = (hidden * size).is_multiple_of(16) && aligned(table) && aligned(out);
     let cfg = EmbeddingConfig { dtype, vector };
     let k = kernel(cfg.id(), || crate::kernels::embedding::embedding(&cfg))?;
-    let args = [
-        Arg::Tensor(ids),
-        Arg::Tensor(table),
-        Arg::Tensor(out),
-        Arg::scalar(to_u32(name, "vocab", vocab)?),
-        Arg::scalar(to_u32(name, "hidden", hidden)?),
-    ];
-    stream.launch(&*k, LaunchConfig::linear(to_u32(name, "tokens", tokens)?, EMBEDDING_THREADS), &args)?;
+    let args = EmbeddingParams {
+        ids,
+        table,
+        out,
+        vocab: to_u32(name, "vocab", vocab)?,
+        hidden: to_u32(name, "hidden", hidden)?,
+    };
+    params::launch(stream, &k, LaunchConfig::linear(to_u32(name, "tokens", tokens)?, EMBEDDING_THREADS), &args.args())?;
     Ok(())
 }
 

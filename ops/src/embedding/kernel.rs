@@ -2,7 +2,7 @@
 //! id `≥ V` (the host cannot see device ids without a sync) yields a row of zeros, never a read
 //! outside the table. One block per token.
 
-use ruda_ir::{AddrSpace, Constant, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Constant, Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 /// Threads per embedding block.
 pub const EMBEDDING_THREADS: u32 = 128;
@@ -22,15 +22,22 @@ impl EmbeddingConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`embedding`], in order.
+    pub struct EmbeddingParams, EmbeddingValues for EmbeddingConfig as cfg {
+        ids: tensor(ScalarType::U32),
+        table: tensor(cfg.dtype),
+        out: tensor(cfg.dtype),
+        vocab: scalar(u32),
+        hidden: scalar(u32),
+    }
+}
+
 /// Parameters: ids (`u32 [T]`), table `[V, H]`, out `[T, H]`, vocab (`V`), hidden (`H`)
 /// (`u32`). Grid: `T` blocks of [`EMBEDDING_THREADS`].
 pub fn embedding(cfg: &EmbeddingConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let ids = b.param("ids", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let table = b.param("table", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let vocab = b.param("vocab", Type::U32);
-    let hidden = b.param("hidden", Type::U32);
+    let EmbeddingValues { ids, table, out, vocab, hidden } = EmbeddingParams::declare(&mut b, cfg);
     b.launch_bounds(EMBEDDING_THREADS, None);
 
     let token = b.block_id_x();

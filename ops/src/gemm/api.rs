@@ -2,15 +2,16 @@
 //! `nn.Linear`) with its bias / residual epilogue and batched form.
 
 use ruda_ir::ScalarType;
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::kernels::simt::{gemm_simt, BLayout, GemmConfig};
-use super::kernels::tc::{gemm_tc, GemmTcConfig};
+use super::kernels::simt::{gemm_simt, BLayout, GemmConfig, GemmSimtParams};
+use super::kernels::tc::{gemm_tc, GemmTcConfig, GemmTcParams};
 use super::tile::{heuristic_gemm_tile, GemmTile};
 use crate::elementwise::api::{add, add_bias};
 use crate::error::{OpError, Result};
 use crate::gemv::api::{gemv, gemv_named, GEMV_MAX_M};
 use crate::host::*;
+use crate::params;
 
 fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     let dtype = float_dtype(name, a)?;
@@ -56,9 +57,7 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
     let kern = kernel(cfg.id(), || gemm_simt(&cfg))?;
     let launch =
         LaunchConfig { grid: GemmConfig::grid(m, n), block: [GemmConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
-    let args = [Arg::Tensor(a), Arg::Tensor(b), Arg::Tensor(out), Arg::scalar(m), Arg::scalar(n), Arg::scalar(k)];
-    stream.launch(&*kern, launch, &args)?;
-    Ok(())
+    params::launch(stream, &kern, launch, &GemmSimtParams { a, b, c: out, m, n, k }.args())
 }
 
 /// `out[M, N] = a[M, K] · b[K, N]`, accumulating in `f32`.
@@ -144,15 +143,21 @@ fn launch_tc(
     let kern = kernel(cfg.id(), || gemm_tc(&cfg))?;
     let launch =
         LaunchConfig { grid: cfg.grid(p.m, p.n, p.batch), block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
-    let mut args = vec![Arg::Tensor(x), Arg::Tensor(w)];
-    args.extend(bias.map(Arg::Tensor));
-    args.extend(residual.map(Arg::Tensor));
-    args.extend([Arg::Tensor(out), Arg::scalar(p.m), Arg::scalar(p.n), Arg::scalar(p.k)]);
-    if cfg.batched {
-        args.extend([Arg::scalar(p.m * p.k), Arg::scalar(p.w_batch), Arg::scalar(p.m * p.n)]);
-    }
-    stream.launch(&*kern, launch, &args)?;
-    Ok(())
+    let batched = |stride: u32| cfg.batched.then_some(stride);
+    let args = GemmTcParams {
+        x,
+        w,
+        bias,
+        residual,
+        y: out,
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        x_batch: batched(p.m * p.k),
+        w_batch: batched(p.w_batch),
+        y_batch: batched(p.m * p.n),
+    };
+    params::launch(stream, &kern, launch, &args.args())
 }
 
 /// Validated operands of the epilogue and batched forms.

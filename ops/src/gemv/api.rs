@@ -1,10 +1,14 @@
 //! GEMV / skinny GEMM for decode (`M ≤ 16`), with an optional split-K for narrow outputs.
 
-use ruda_runtime::{Arg, DType, Device, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, Device, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{GemvConfig, GemvLoads, GemvReduceConfig, GEMV_REDUCE_THREADS, GEMV_THREADS, GEMV_WARPS};
+use super::kernel::{
+    GemvConfig, GemvLoads, GemvParams, GemvReduceConfig, GemvReduceParams, GEMV_REDUCE_THREADS, GEMV_THREADS,
+    GEMV_WARPS,
+};
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 /// The largest `M` (rows of `x`) the GEMV kernels take; `linear` uses them up to this size.
 pub const GEMV_MAX_M: usize = 16;
@@ -109,14 +113,22 @@ fn launch(
     let m_tile = GemvConfig::m_tile_for(g.m).unwrap_or(16);
     let grid = [g.n.div_ceil(GEMV_WARPS), splits, 1];
     let block = [GEMV_THREADS, 1, 1];
-    let base = [Arg::Tensor(x), Arg::Tensor(w)];
-    let dims = [Arg::scalar(g.m), Arg::scalar(g.n), Arg::scalar(g.k), Arg::scalar(per_split)];
+    let gemv_args = |out, partials, bias| GemvParams {
+        x,
+        w,
+        out,
+        partials,
+        bias,
+        m: g.m,
+        n: g.n,
+        k: g.k,
+        chunks_per_split: per_split,
+    };
     if splits == 1 {
         let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: false, bias: bias.is_some() };
         let kern = kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?;
-        let args: Vec<Arg> =
-            base.into_iter().chain([Arg::Tensor(out)]).chain(bias.map(Arg::Tensor)).chain(dims).collect();
-        stream.launch(&*kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
+        let args = gemv_args(Some(out), None, bias);
+        params::launch(stream, &kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args.args())?;
         return Ok(());
     }
     let Some(ws) = workspace else {
@@ -128,17 +140,13 @@ fn launch(
     to_u32(name, "workspace elements", need)?;
     let cfg = GemvConfig { dtype: g.dtype, m_tile, loads: g.loads, split_k: true, bias: false };
     let kern = kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?;
-    let args: Vec<Arg> = base.into_iter().chain([Arg::Tensor(ws)]).chain(dims).collect();
-    stream.launch(&*kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args)?;
+    let args = gemv_args(None, Some(ws), None);
+    params::launch(stream, &kern, LaunchConfig { grid, block, dynamic_shared_bytes: 0 }, &args.args())?;
     let rcfg = GemvReduceConfig { dtype: g.dtype, bias: bias.is_some() };
     let rk = kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?;
-    let args: Vec<Arg> = [Arg::Tensor(ws), Arg::Tensor(out)]
-        .into_iter()
-        .chain(bias.map(Arg::Tensor))
-        .chain([Arg::scalar(len), Arg::scalar(splits)])
-        .chain(bias.map(|_| Arg::scalar(g.n)))
-        .collect();
-    stream.launch(&*rk, LaunchConfig::linear(len.div_ceil(GEMV_REDUCE_THREADS), GEMV_REDUCE_THREADS), &args)?;
+    let args = GemvReduceParams { partials: ws, out, bias, len, splits, n: bias.map(|_| g.n) };
+    let grid = LaunchConfig::linear(len.div_ceil(GEMV_REDUCE_THREADS), GEMV_REDUCE_THREADS);
+    params::launch(stream, &rk, grid, &args.args())?;
     Ok(())
 }
 

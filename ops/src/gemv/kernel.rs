@@ -19,7 +19,7 @@
 //! chunk range into consecutive pieces of `chunks_per_split`, writes one `f32` partial per piece,
 //! and [`gemv_reduce`] adds the pieces in order.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use crate::blocks::{load_f32, row_ptr, store_from_f32, unpack_halves, warp_reduce, Combine};
 
@@ -121,20 +121,29 @@ fn load_chunk(b: &mut KernelBuilder, cfg: &GemvConfig, row: Value, c: Value) -> 
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`gemv`], in order: `out` (the input dtype), or `partials` (`f32`)
+    /// with split-K; `bias` when biased and not split (split-K adds it in the reduction).
+    pub struct GemvParams, GemvValues for GemvConfig as cfg {
+        x: tensor(cfg.dtype),
+        w: tensor(cfg.dtype),
+        out: opt_tensor(cfg.dtype, !cfg.split_k),
+        partials: opt_tensor(ScalarType::F32, cfg.split_k),
+        bias: opt_tensor(cfg.dtype, cfg.bias && !cfg.split_k),
+        m: scalar(u32),
+        n: scalar(u32),
+        k: scalar(u32),
+        chunks_per_split: scalar(u32),
+    }
+}
+
 /// Build the kernel. Parameters: x `[M, K]`, w `[N, K]`, out `[M, N]` (or partials
 /// `[splits, M, N]` f32), with `cfg.bias` bias `[N]`, then m, n, k, chunks_per_split (all `u32`). Grid: `(ceil(N / 4), splits)`,
 /// block [`GEMV_THREADS`]. `k` must be a multiple of [`GemvConfig::chunk`].
 pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x = b.param("x", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let w = b.param("w", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let (out_name, out_ty) = if cfg.split_k { ("partials", ScalarType::F32) } else { ("out", cfg.dtype) };
-    let out = b.param(out_name, Type::Ptr(AddrSpace::Global, out_ty));
-    let bias = (cfg.bias && !cfg.split_k).then(|| b.param("bias", Type::Ptr(AddrSpace::Global, cfg.dtype)));
-    let m = b.param("m", Type::U32);
-    let n = b.param("n", Type::U32);
-    let k = b.param("k", Type::U32);
-    let chunks_per_split = b.param("chunks_per_split", Type::U32);
+    let GemvValues { x, w, out, partials, bias, m, n, k, chunks_per_split } = GemvParams::declare(&mut b, cfg);
+    let out = out.or(partials).expect("one of out and partials is declared");
     b.launch_bounds(GEMV_THREADS, None);
 
     let tid = b.thread_id_x();
@@ -245,17 +254,24 @@ impl GemvReduceConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`gemv_reduce`], in order (`bias` and `n` only when biased).
+    pub struct GemvReduceParams, GemvReduceValues for GemvReduceConfig as cfg {
+        partials: tensor(ScalarType::F32),
+        out: tensor(cfg.dtype),
+        bias: opt_tensor(cfg.dtype, cfg.bias),
+        len: scalar(u32),
+        splits: scalar(u32),
+        n: opt_scalar(u32, cfg.bias),
+    }
+}
+
 /// `out[i] = Σ_s partials[s · len + i] (+ bias[i % n])` in increasing `s`, rounded once to the
 /// output dtype. Parameters: partials (f32), out, with `cfg.bias` bias, then len, splits, and with
 /// `cfg.bias` n (`u32`). One thread per output element.
 pub fn gemv_reduce(cfg: &GemvReduceConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let partials = b.param("partials", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let bias = cfg.bias.then(|| b.param("bias", Type::Ptr(AddrSpace::Global, cfg.dtype)));
-    let len = b.param("len", Type::U32);
-    let splits = b.param("splits", Type::U32);
-    let n = cfg.bias.then(|| b.param("n", Type::U32));
+    let GemvReduceValues { partials, out, bias, len, splits, n } = GemvReduceParams::declare(&mut b, cfg);
     b.launch_bounds(GEMV_REDUCE_THREADS, None);
 
     let i = b.global_thread_id_x();

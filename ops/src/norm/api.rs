@@ -1,12 +1,13 @@
 //! RMSNorm and LayerNorm.
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 use ruda_ir::ScalarType;
 
-use super::kernel::NormConfig;
+use super::kernel::{LayerNormParams, NormConfig, RmsNormParams};
 use crate::blocks::ROW_BLOCK;
 
 pub(super) fn check_norm(
@@ -46,8 +47,12 @@ pub fn rms_norm_into(stream: &Stream, input: &Tensor, gamma: &Tensor, eps: f32, 
     let (dtype, rows, hidden) = check_norm("rms_norm", stream, input, &[("gamma", gamma)], eps, out)?;
     let cfg = NormConfig { dtype, hidden, beta: false };
     let k = kernel(cfg.rms_id(), || crate::kernels::rms_norm(&cfg))?;
-    let args = [Arg::Tensor(input), Arg::Tensor(gamma), Arg::Tensor(out), Arg::scalar(eps)];
-    stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
+    params::launch(
+        stream,
+        &k,
+        LaunchConfig::linear(rows, ROW_BLOCK),
+        &RmsNormParams { input, gamma, out, eps }.args(),
+    )?;
     Ok(())
 }
 
@@ -73,10 +78,12 @@ pub fn layer_norm_into(
     let (dtype, rows, hidden) = check_norm("layer_norm", stream, input, &params, eps, out)?;
     let cfg = NormConfig { dtype, hidden, beta: beta.is_some() };
     let k = kernel(cfg.layer_id(), || crate::kernels::layer_norm(&cfg))?;
-    let mut args = vec![Arg::Tensor(input), Arg::Tensor(gamma)];
-    args.extend(beta.map(Arg::Tensor));
-    args.extend([Arg::Tensor(out), Arg::scalar(eps)]);
-    stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
+    params::launch(
+        stream,
+        &k,
+        LaunchConfig::linear(rows, ROW_BLOCK),
+        &LayerNormParams { input, gamma, beta, out, eps }.args(),
+    )?;
     Ok(())
 }
 

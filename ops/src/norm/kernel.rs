@@ -2,7 +2,7 @@
 //! statistics and affine parameters, output in the input dtype. One block per row; the hidden
 //! size is a compile-time parameter of the kernel, so each size is its own configuration.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use crate::blocks::{block_reduce, load_f32, row_ptr, store_from_f32, strided_fold, Combine, ROW_BLOCK};
 
@@ -31,13 +31,20 @@ fn inv_sqrt(b: &mut KernelBuilder, x: Value) -> Value {
     b.rcp(s)
 }
 
+crate::kernel_params! {
+    /// The parameters of [`rms_norm`], in order.
+    pub struct RmsNormParams, RmsNormValues for NormConfig as cfg {
+        input: tensor(cfg.dtype),
+        gamma: tensor(ScalarType::F32),
+        out: tensor(cfg.dtype),
+        eps: scalar(f32),
+    }
+}
+
 /// `out = x / sqrt(mean(x²) + eps) * gamma`. Parameters: input, gamma (f32), out, eps (f32).
 pub fn rms_norm(cfg: &NormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.rms_id().replace('.', "_"));
-    let input = b.param("input", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let gamma = b.param("gamma", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let eps = b.param("eps", Type::F32);
+    let RmsNormValues { input, gamma, out, eps } = RmsNormParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_BLOCK, None);
     let scratch = b.shared_array("partials", ScalarType::F32, ROW_BLOCK / 32);
 
@@ -64,16 +71,23 @@ pub fn rms_norm(cfg: &NormConfig) -> Result<Kernel, VerifyError> {
     b.finish()
 }
 
+crate::kernel_params! {
+    /// The parameters of [`layer_norm`], in order (`beta` only when `cfg.beta`).
+    pub struct LayerNormParams, LayerNormValues for NormConfig as cfg {
+        input: tensor(cfg.dtype),
+        gamma: tensor(ScalarType::F32),
+        beta: opt_tensor(ScalarType::F32, cfg.beta),
+        out: tensor(cfg.dtype),
+        eps: scalar(f32),
+    }
+}
+
 /// `out = (x - mean) / sqrt(var + eps) * gamma + beta` with a two-pass (mean, then centred
 /// squares) variance. Parameters: input, gamma (f32), beta (f32, only when `cfg.beta`), out,
 /// eps (f32).
 pub fn layer_norm(cfg: &NormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.layer_id().replace('.', "_"));
-    let input = b.param("input", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let gamma = b.param("gamma", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let beta = cfg.beta.then(|| b.param("beta", Type::Ptr(AddrSpace::Global, ScalarType::F32)));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let eps = b.param("eps", Type::F32);
+    let LayerNormValues { input, gamma, beta, out, eps } = LayerNormParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_BLOCK, None);
     let mean_scratch = b.shared_array("mean_partials", ScalarType::F32, ROW_BLOCK / 32);
     let var_scratch = b.shared_array("var_partials", ScalarType::F32, ROW_BLOCK / 32);

@@ -1,10 +1,11 @@
 //! Repetition penalty over logits, in place.
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{PenaltyConfig, PENALTY_THREADS};
+use super::kernel::{PenaltyConfig, RepetitionPenaltyParams, PENALTY_THREADS};
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 /// Hugging Face's `RepetitionPenaltyLogitsProcessor`, in place on `logits` (`[rows, V]`, f32,
 /// f16 or bf16): for each row `r` and each distinct id `t` in `token_ids[r, ..]` (`u32 [rows,
@@ -40,14 +41,14 @@ pub fn repetition_penalty_into(stream: &Stream, logits: &Tensor, token_ids: &Ten
     contiguous_nonempty(name, "token_ids", token_ids)?;
     let cfg = PenaltyConfig { dtype };
     let k = kernel(cfg.id(), || crate::kernels::penalty::repetition_penalty(&cfg))?;
-    let args = [
-        Arg::Tensor(logits),
-        Arg::Tensor(token_ids),
-        Arg::scalar(to_u32(name, "vocab", vocab)?),
-        Arg::scalar(to_u32(name, "ids per row", n)?),
-        Arg::scalar(penalty),
-    ];
-    stream.launch(&*k, LaunchConfig::linear(to_u32(name, "rows", rows)?, PENALTY_THREADS), &args)?;
+    let args = RepetitionPenaltyParams {
+        logits,
+        token_ids,
+        vocab: to_u32(name, "vocab", vocab)?,
+        n: to_u32(name, "ids per row", n)?,
+        penalty,
+    };
+    params::launch(stream, &k, LaunchConfig::linear(to_u32(name, "rows", rows)?, PENALTY_THREADS), &args.args())?;
     Ok(())
 }
 

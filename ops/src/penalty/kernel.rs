@@ -11,7 +11,7 @@
 //! row, spread over the block's threads; meant for the few thousand ids of a generation history
 //! (a caller with longer lists can pass each distinct id once, the result is the same).
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, VerifyError};
 
 use crate::blocks::{load_f32, row_ptr, store_from_f32};
 
@@ -30,15 +30,23 @@ impl PenaltyConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`repetition_penalty`], in order.
+    pub struct RepetitionPenaltyParams, RepetitionPenaltyValues for PenaltyConfig as cfg {
+        logits: tensor(cfg.dtype),
+        token_ids: tensor(ScalarType::U32),
+        vocab: scalar(u32),
+        n: scalar(u32),
+        penalty: scalar(f32),
+    }
+}
+
 /// Parameters: logits `[rows, V]` (read and written), token_ids (`u32 [rows, n]`), vocab (`V`),
 /// n (`u32`), penalty (`f32`, finite and > 0). Grid: `rows` blocks of [`PENALTY_THREADS`].
 pub fn repetition_penalty(cfg: &PenaltyConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let logits = b.param("logits", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let token_ids = b.param("token_ids", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let vocab = b.param("vocab", Type::U32);
-    let n = b.param("n", Type::U32);
-    let penalty = b.param("penalty", Type::F32);
+    let RepetitionPenaltyValues { logits, token_ids, vocab, n, penalty } =
+        RepetitionPenaltyParams::declare(&mut b, cfg);
     b.launch_bounds(PENALTY_THREADS, None);
     let tile_id = b.shared_array("ids_tile", ScalarType::U32, PENALTY_THREADS);
 

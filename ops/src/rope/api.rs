@@ -9,11 +9,12 @@
 //! Face in bf16 roundings; a table also serves every RoPE scaling variant (linear, dynamic,
 //! YaRN's attention factor) through [`RopeTable::from_inv_freq`].
 
-use ruda_runtime::{Arg, DType, Device, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, Device, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{RopeConfig, ROPE_THREADS};
+use super::kernel::{RopeConfig, RopeKvCacheParams, RopeParams, ROPE_THREADS};
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 /// Hugging Face's default `inv_freq`: `1 / theta^(2i / rotary_dim)` for `i < rotary_dim / 2`,
 /// computed as it does in `f32` (`theta` rounded to `f32`, the exponent an `f32` division, the
@@ -179,16 +180,16 @@ pub fn rope_into(stream: &Stream, x: &Tensor, positions: &Tensor, table: &RopeTa
     check_table(name, stream, table)?;
     let cfg = RopeConfig { dtype, head_dim: d, rotary_dim: table.rotary_dim as u32 };
     let k = kernel(cfg.id(), || crate::kernels::rope::rope(&cfg))?;
-    let args = [
-        Arg::Tensor(x),
-        Arg::Tensor(&table.cos),
-        Arg::Tensor(&table.sin),
-        Arg::Tensor(positions),
-        Arg::Tensor(out),
-        Arg::scalar(heads),
-        Arg::scalar(table.max_positions as u32),
-    ];
-    stream.launch(&*k, LaunchConfig::linear(tokens, ROPE_THREADS), &args)?;
+    let args = RopeParams {
+        x,
+        cos: &table.cos,
+        sin: &table.sin,
+        positions,
+        out,
+        heads,
+        n_positions: table.max_positions as u32,
+    };
+    params::launch(stream, &k, LaunchConfig::linear(tokens, ROPE_THREADS), &args.args())?;
     Ok(())
 }
 
@@ -248,19 +249,19 @@ pub fn rope_kv_cache_into(
     check_table(name, stream, table)?;
     let cfg = RopeConfig { dtype, head_dim: d, rotary_dim: table.rotary_dim as u32 };
     let kern = kernel(cfg.kv_cache_id(), || crate::kernels::rope::rope_kv_cache(&cfg))?;
-    let args = [
-        Arg::Tensor(k),
-        Arg::Tensor(v),
-        Arg::Tensor(&table.cos),
-        Arg::Tensor(&table.sin),
-        Arg::Tensor(positions),
-        Arg::Tensor(slots),
-        Arg::Tensor(k_cache),
-        Arg::Tensor(v_cache),
-        Arg::scalar(heads),
-        Arg::scalar(to_u32(name, "batch", batch)?),
-        Arg::scalar(to_u32(name, "max_seq", max_seq)?),
-    ];
-    stream.launch(&*kern, LaunchConfig::linear(tokens, ROPE_THREADS), &args)?;
+    let args = RopeKvCacheParams {
+        k,
+        v,
+        cos: &table.cos,
+        sin: &table.sin,
+        positions,
+        slots,
+        k_cache,
+        v_cache,
+        heads,
+        batch: to_u32(name, "batch", batch)?,
+        max_seq: to_u32(name, "max_seq", max_seq)?,
+    };
+    params::launch(stream, &kern, LaunchConfig::linear(tokens, ROPE_THREADS), &args.args())?;
     Ok(())
 }

@@ -14,7 +14,7 @@
 //! dtype (its `cos.to(x.dtype)`), each product is rounded to the dtype, and so is their sum (for
 //! `f32` every rounding is the identity). One block per token.
 
-use ruda_ir::{AddrSpace, Constant, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Constant, Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use crate::blocks::{load_f32, round_to, store_from_f32};
 
@@ -134,18 +134,25 @@ fn copy(b: &mut KernelBuilder, src: Value, dst: Value, j: Value) {
     b.store(q, v);
 }
 
+crate::kernel_params! {
+    /// The parameters of [`rope`], in order.
+    pub struct RopeParams, RopeValues for RopeConfig as cfg {
+        x: tensor(cfg.dtype),
+        cos: tensor(ScalarType::F32),
+        sin: tensor(ScalarType::F32),
+        positions: tensor(ScalarType::U32),
+        out: tensor(cfg.dtype),
+        heads: scalar(u32),
+        n_positions: scalar(u32),
+    }
+}
+
 /// RoPE of `x [T, H, head_dim]` into `out` (same shape). Parameters: x, cos, sin (`f32`
 /// `[P, rotary_dim / 2]`), positions (`u32 [T]`), out, heads, n_positions (`u32`). Grid: `T`
 /// blocks of [`ROPE_THREADS`]. A position `≥ P` gives NaN in that token's rotated dimensions.
 pub fn rope(cfg: &RopeConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x = b.param("x", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let cos = b.param("cos", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let sin = b.param("sin", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let positions = b.param("positions", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let heads = b.param("heads", Type::U32);
-    let n_positions = b.param("n_positions", Type::U32);
+    let RopeValues { x, cos, sin, positions, out, heads, n_positions } = RopeParams::declare(&mut b, cfg);
     b.launch_bounds(ROPE_THREADS, None);
 
     let token = b.block_id_x();
@@ -173,6 +180,23 @@ pub fn rope(cfg: &RopeConfig) -> Result<Kernel, VerifyError> {
     b.finish()
 }
 
+crate::kernel_params! {
+    /// The parameters of [`rope_kv_cache`], in order.
+    pub struct RopeKvCacheParams, RopeKvCacheValues for RopeConfig as cfg {
+        k: tensor(cfg.dtype),
+        v: tensor(cfg.dtype),
+        cos: tensor(ScalarType::F32),
+        sin: tensor(ScalarType::F32),
+        positions: tensor(ScalarType::U32),
+        slots: tensor(ScalarType::U32),
+        k_cache: tensor(cfg.dtype),
+        v_cache: tensor(cfg.dtype),
+        heads: scalar(u32),
+        batch: scalar(u32),
+        max_seq: scalar(u32),
+    }
+}
+
 /// RoPE of `k [T, Hkv, head_dim]` written into `k_cache [B, Hkv, S, head_dim]` at
 /// `[slots[t], h, positions[t]]`, and `v [T, Hkv, head_dim]` copied into `v_cache` at the same
 /// place. Parameters: k, v, cos, sin, positions (`u32 [T]`), slots (`u32 [T]`), k_cache,
@@ -181,17 +205,8 @@ pub fn rope(cfg: &RopeConfig) -> Result<Kernel, VerifyError> {
 /// [`ROPE_THREADS`].
 pub fn rope_kv_cache(cfg: &RopeConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.kv_cache_id().replace('.', "_"));
-    let k = b.param("k", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let v = b.param("v", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let cos = b.param("cos", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let sin = b.param("sin", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let positions = b.param("positions", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let slots_in = b.param("slots", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let k_cache = b.param("k_cache", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let v_cache = b.param("v_cache", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let heads = b.param("heads", Type::U32);
-    let batch = b.param("batch", Type::U32);
-    let max_seq = b.param("max_seq", Type::U32);
+    let RopeKvCacheValues { k, v, cos, sin, positions, slots: slots_in, k_cache, v_cache, heads, batch, max_seq } =
+        RopeKvCacheParams::declare(&mut b, cfg);
     b.launch_bounds(ROPE_THREADS, None);
 
     let token = b.block_id_x();

@@ -1,11 +1,12 @@
 //! Row reductions and softmax over the last axis.
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};
+use super::kernel::{row_reduce, softmax, RowReduceConfig, RowReduceOp, RowReduceParams, SoftmaxConfig, SoftmaxParams};
 use crate::blocks::ROW_BLOCK;
 use crate::error::Result;
 use crate::host::*;
+use crate::params;
 
 /// The shape without its last axis (`[n]` → `[1]`).
 fn reduced_shape(t: &Tensor) -> Vec<usize> {
@@ -27,9 +28,8 @@ fn reduce_into(op: RowReduceOp, name: &'static str, stream: &Stream, x: &Tensor,
     let (rows, cols) = rows_cols(name, x)?;
     let cfg = RowReduceConfig { op, dtype };
     let k = kernel(cfg.id(), || row_reduce(&cfg))?;
-    let args = [Arg::Tensor(x), Arg::Tensor(out), Arg::scalar(cols)];
-    stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
-    Ok(())
+    let args = RowReduceParams { input: x, out, cols };
+    params::launch(stream, &k, LaunchConfig::linear(rows, ROW_BLOCK), &args.args())
 }
 
 /// Sum over the last axis into an `f32` tensor of the remaining shape.
@@ -71,9 +71,8 @@ pub fn softmax_last_axis_into(stream: &Stream, x: &Tensor, out: &Tensor) -> Resu
     let (rows, cols) = rows_cols(name, x)?;
     let cfg = SoftmaxConfig { dtype };
     let k = kernel(cfg.id(), || softmax(&cfg))?;
-    let args = [Arg::Tensor(x), Arg::Tensor(out), Arg::scalar(cols)];
-    stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
-    Ok(())
+    let args = SoftmaxParams { input: x, out, cols };
+    params::launch(stream, &k, LaunchConfig::linear(rows, ROW_BLOCK), &args.args())
 }
 
 /// Softmax over the last axis.

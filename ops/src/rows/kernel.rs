@@ -1,7 +1,7 @@
 //! Row-wise kernels over the last axis of a `[rows, cols]` tensor, one block per row: sum and
 //! max reductions, and softmax. Statistics are `f32` whatever the input dtype.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use crate::blocks::{block_reduce, load_f32, row_ptr, store_from_f32, strided_fold, Combine, ROW_BLOCK};
 
@@ -41,12 +41,19 @@ impl RowReduceConfig {
     }
 }
 
-/// `out[row] = reduce(input[row, :])`, `out` is `f32`. Parameters: input, out, cols.
+crate::kernel_params! {
+    /// The parameters of [`row_reduce`].
+    pub struct RowReduceParams, RowReduceValues for RowReduceConfig as cfg {
+        input: tensor(cfg.dtype),
+        out: tensor(ScalarType::F32),
+        cols: scalar(u32),
+    }
+}
+
+/// `out[row] = reduce(input[row, :])`, `out` is `f32` ([`RowReduceParams`]).
 pub fn row_reduce(cfg: &RowReduceConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let input = b.param("input", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let cols = b.param("cols", Type::U32);
+    let RowReduceValues { input, out, cols } = RowReduceParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_BLOCK, None);
     let scratch = b.shared_array("partials", ScalarType::F32, ROW_BLOCK / 32);
 
@@ -76,14 +83,21 @@ impl SoftmaxConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`softmax`], in order.
+    pub struct SoftmaxParams, SoftmaxValues for SoftmaxConfig as cfg {
+        input: tensor(cfg.dtype),
+        out: tensor(cfg.dtype),
+        cols: scalar(u32),
+    }
+}
+
 /// Softmax over the last axis, output in the input dtype. `exp(x - max)` uses the approximate
 /// `ex2`; a row containing NaN or +inf, or only -inf, gives NaN (as the ruDNN contract says).
 /// Parameters: input, out, cols.
 pub fn softmax(cfg: &SoftmaxConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let input = b.param("input", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let cols = b.param("cols", Type::U32);
+    let SoftmaxValues { input, out, cols } = SoftmaxParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_BLOCK, None);
     let max_scratch = b.shared_array("max_partials", ScalarType::F32, ROW_BLOCK / 32);
     let sum_scratch = b.shared_array("sum_partials", ScalarType::F32, ROW_BLOCK / 32);

@@ -1,12 +1,13 @@
 //! Sampling a token per row: temperature, top-k, top-p, reproducible per seed. The exact
 //! algorithm is documented in [`crate::kernels::sampling`].
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::kernel::{SamplingConfig, SAMPLING_THREADS};
+use super::kernel::{SamplingConfig, SamplingKernelParams, SAMPLING_THREADS};
 use crate::argmax::api::argmax_into;
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 pub use super::kernel::draw as sampling_draw;
 
@@ -89,17 +90,8 @@ pub fn sample_into(
     let scale = (std::f64::consts::LOG2_E / temperature as f64) as f32;
     let cfg = SamplingConfig { dtype };
     let k = kernel(cfg.id(), || crate::kernels::sampling::sampling(&cfg))?;
-    let args = [
-        Arg::Tensor(logits),
-        Arg::Tensor(out),
-        Arg::Tensor(offsets),
-        Arg::scalar(cols as u32),
-        Arg::scalar(scale),
-        Arg::scalar(top_k),
-        Arg::scalar(top_p),
-        Arg::scalar(seed),
-    ];
-    stream.launch(&*k, LaunchConfig::linear(to_u32(name, "rows", rows)?, SAMPLING_THREADS), &args)?;
+    let args = SamplingKernelParams { logits, out, offsets, cols: cols as u32, scale, top_k, top_p, seed };
+    params::launch(stream, &k, LaunchConfig::linear(to_u32(name, "rows", rows)?, SAMPLING_THREADS), &args.args())?;
     Ok(())
 }
 

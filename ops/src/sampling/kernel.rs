@@ -24,8 +24,8 @@
 //! over the row (max, 4 for top-k, 4 for top-p, one for the chunk sums) plus one chunk rescan.
 
 use ruda_ir::{
-    AddrSpace, AtomicOp, CmpOp, Constant, Cvt, Kernel, KernelBuilder, Rounding, ScalarType, SharedId, ShflMode, Type,
-    Value, VerifyError, VoteMode,
+    AtomicOp, CmpOp, Constant, Cvt, Kernel, KernelBuilder, Rounding, ScalarType, SharedId, ShflMode, Value,
+    VerifyError, VoteMode,
 };
 
 use crate::blocks::{block_reduce, load_f32, order_key, row_ptr, shfl_u64, Combine};
@@ -239,19 +239,27 @@ fn radix_select(
     (prefix, need_value)
 }
 
+crate::kernel_params! {
+    /// The parameters of [`sampling`] (the kernel), in order.
+    pub struct SamplingKernelParams, SamplingValues for SamplingConfig as cfg {
+        logits: tensor(cfg.dtype),
+        out: tensor(ScalarType::U32),
+        offsets: tensor(ScalarType::U64),
+        cols: scalar(u32),
+        scale: scalar(f32),
+        top_k: scalar(u32),
+        top_p: scalar(f32),
+        seed: scalar(u64),
+    }
+}
+
 /// Parameters: logits `[rows, cols]`, out (`u32 [rows]`), offsets (`u64 [rows]`), cols (`u32`),
 /// scale (`f32`, `log2(e) / temperature`), top_k (`u32`, 0 = off), top_p (`f32`, ≥ 1 = off),
 /// seed (`u64`). Grid: `rows` blocks of [`SAMPLING_THREADS`].
 pub fn sampling(cfg: &SamplingConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let logits = b.param("logits", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, ScalarType::U32));
-    let offsets = b.param("offsets", Type::Ptr(AddrSpace::Global, ScalarType::U64));
-    let cols = b.param("cols", Type::U32);
-    let scale = b.param("scale", Type::F32);
-    let top_k = b.param("top_k", Type::U32);
-    let top_p = b.param("top_p", Type::F32);
-    let seed = b.param("seed", Type::U64);
+    let SamplingValues { logits, out, offsets, cols, scale, top_k, top_p, seed } =
+        SamplingKernelParams::declare(&mut b, cfg);
     b.launch_bounds(SAMPLING_THREADS, None);
     let max_scratch = b.shared_array("max_partials", ScalarType::F32, SAMPLING_THREADS / 32);
     let count_hist = b.shared_array("count_hist", ScalarType::U64, SAMPLING_THREADS);

@@ -1,10 +1,11 @@
 //! SwiGLU on a fused gate/up projection.
 
-use ruda_runtime::{Arg, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{LaunchConfig, Stream, Tensor};
 
-use super::kernel::{SwigluConfig, SWIGLU_MAX_ROW_BLOCKS, SWIGLU_THREADS};
+use super::kernel::{SwigluConfig, SwigluParams, SWIGLU_MAX_ROW_BLOCKS, SWIGLU_THREADS};
 use crate::error::{OpError, Result};
 use crate::host::*;
+use crate::params;
 
 /// `out[..., I] = silu(gate) · up` for `gate_up[..., 2I]` holding gate in its first `I` columns
 /// and up in the last `I` (the output of a fused `gate_up_proj`), computed in `f32` and rounded
@@ -34,8 +35,7 @@ pub fn swiglu_into(stream: &Stream, gate_up: &Tensor, out: &Tensor) -> Result<()
         block: [SWIGLU_THREADS, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    let args = [Arg::Tensor(gate_up), Arg::Tensor(out), Arg::scalar(inter), Arg::scalar(rows)];
-    stream.launch(&*k, launch, &args)?;
+    params::launch(stream, &k, launch, &SwigluParams { gate_up, out, inter, rows }.args())?;
     Ok(())
 }
 

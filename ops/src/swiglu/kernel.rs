@@ -3,7 +3,7 @@
 //! once to the dtype. (Hugging Face rounds `silu(gate)` to the model dtype before the product;
 //! rounding once is at least as accurate and differs by at most one unit in the last place.)
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, VerifyError};
 
 use crate::blocks::{load_f32, silu, store_from_f32};
 
@@ -24,15 +24,22 @@ impl SwigluConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`swiglu`], in order.
+    pub struct SwigluParams, SwigluValues for SwigluConfig as cfg {
+        gate_up: tensor(cfg.dtype),
+        out: tensor(cfg.dtype),
+        inter: scalar(u32),
+        rows: scalar(u32),
+    }
+}
+
 /// Parameters: gate_up `[T, 2I]`, out `[T, I]`, inter (`I`), rows (`T`) (`u32`). Grid:
 /// `(ceil(I / 256), min(T, 65535))`, block [`SWIGLU_THREADS`]; block row `y` handles rows
 /// `y, y + gridDim.y, ...`.
 pub fn swiglu(cfg: &SwigluConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let gate_up = b.param("gate_up", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let inter = b.param("inter", Type::U32);
-    let rows = b.param("rows", Type::U32);
+    let SwigluValues { gate_up, out, inter, rows } = SwigluParams::declare(&mut b, cfg);
     b.launch_bounds(SWIGLU_THREADS, None);
 
     let j = b.global_thread_id_x();

@@ -7,7 +7,7 @@
 //! one direction and consecutive in the other). Tiles of `A` and `B`, `16` deep in `k`, are
 //! staged through shared memory as `f32`, zero-filled past the matrix edges.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use crate::blocks::{load_f32, offset, store_from_f32};
 
@@ -52,15 +52,22 @@ impl GemmConfig {
     pub const THREADS: u32 = THREADS;
 }
 
+crate::kernel_params! {
+    /// The parameters of [`gemm_simt`], in order.
+    pub struct GemmSimtParams, GemmSimtValues for GemmConfig as cfg {
+        a: tensor(cfg.dtype),
+        b: tensor(cfg.dtype),
+        c: tensor(cfg.dtype),
+        m: scalar(u32),
+        n: scalar(u32),
+        k: scalar(u32),
+    }
+}
+
 /// Build the kernel. Parameters: a, b, c, m, n, k (all `u32` dimensions).
 pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let a_ptr = b.param("a", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let b_ptr = b.param("b", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let c_ptr = b.param("c", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let m = b.param("m", Type::U32);
-    let n = b.param("n", Type::U32);
-    let k = b.param("k", Type::U32);
+    let GemmSimtValues { a: a_ptr, b: b_ptr, c: c_ptr, m, n, k } = GemmSimtParams::declare(&mut b, cfg);
     b.launch_bounds(THREADS, None);
     let a_tile = b.shared_array("a_tile", ScalarType::F32, BK * BM);
     let b_tile = b.shared_array("b_tile", ScalarType::F32, BK * BN);

@@ -39,7 +39,7 @@
 //! the input dtype, the residual the output dtype; `residual` may alias `y` (each element is
 //! read before the same thread writes it).
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, MmaType, ScalarType, SpecialReg, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, MmaType, ScalarType, SpecialReg, Value, VerifyError};
 
 use crate::blocks::{load_f32, offset, store_from_f32, to_f32};
 pub use crate::gemm::load::swizzle_chunk;
@@ -154,6 +154,24 @@ fn mma_dtype(ty: MmaType) -> ScalarType {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`gemm_tc`], in order: the bias and residual with those epilogues,
+    /// the batch strides (elements) when batched.
+    pub struct GemmTcParams, GemmTcValues for GemmTcConfig as cfg {
+        x: tensor(cfg.dtype()),
+        w: tensor(cfg.dtype()),
+        bias: opt_tensor(cfg.dtype(), cfg.bias),
+        residual: opt_tensor(cfg.out, cfg.residual),
+        y: tensor(cfg.out),
+        m: scalar(u32),
+        n: scalar(u32),
+        k: scalar(u32),
+        x_batch: opt_scalar(u32, cfg.batched),
+        w_batch: opt_scalar(u32, cfg.batched),
+        y_batch: opt_scalar(u32, cfg.batched),
+    }
+}
+
 /// Build the kernel. Parameters: `x`, `w`, `[bias]`, `[residual]`, `y`, `m`, `n`, `k`, and
 /// when batched `x_batch`, `w_batch`, `y_batch` (element strides between batch entries; the
 /// residual uses `y_batch`). All dimensions `u32`.
@@ -177,23 +195,25 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let (tiles_m, tiles_n) = (wm / 16, wn / 8);
     let threads = cfg.threads();
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let x_param = b.param("x", Type::Ptr(AddrSpace::Global, dtype));
-    let w_param = b.param("w", Type::Ptr(AddrSpace::Global, dtype));
-    let bias_ptr = cfg.bias.then(|| b.param("bias", Type::Ptr(AddrSpace::Global, dtype)));
-    let res_param = cfg.residual.then(|| b.param("residual", Type::Ptr(AddrSpace::Global, cfg.out)));
-    let y_param = b.param("y", Type::Ptr(AddrSpace::Global, cfg.out));
-    let m = b.param("m", Type::U32);
-    let n = b.param("n", Type::U32);
-    let k = b.param("k", Type::U32);
+    let GemmTcValues {
+        x: x_param,
+        w: w_param,
+        bias: bias_ptr,
+        residual: res_param,
+        y: y_param,
+        m,
+        n,
+        k,
+        x_batch,
+        w_batch,
+        y_batch,
+    } = GemmTcParams::declare(&mut b, cfg);
     b.launch_bounds(threads, None);
     let x_tile = b.shared_array("x_tile", dtype, cfg.stages * bm * BK);
     let w_tile = b.shared_array("w_tile", dtype, cfg.stages * bn * BK);
 
     // Batch entry `ctaid.z`: advance the base pointers.
-    let (x_ptr, w_ptr, y_ptr, res_ptr) = if cfg.batched {
-        let xs = b.param("x_batch", Type::U32);
-        let ws = b.param("w_batch", Type::U32);
-        let ys = b.param("y_batch", Type::U32);
+    let (x_ptr, w_ptr, y_ptr, res_ptr) = if let (Some(xs), Some(ws), Some(ys)) = (x_batch, w_batch, y_batch) {
         let z = b.special(SpecialReg::CtaidZ);
         let (xo, wo, yo) = (b.mul(z, xs), b.mul(z, ws), b.mul(z, ys));
         let res = res_param.map(|r| b.ptr_add(r, yo));

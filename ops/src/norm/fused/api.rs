@@ -1,13 +1,14 @@
 //! RMSNorm fused with the residual add, and RMSNorm alone, in Hugging Face's rounding order (see
 //! [`super::kernel`]).
 
-use ruda_runtime::{Arg, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{LaunchConfig, Stream, Tensor};
 
-use super::kernel::FusedNormConfig;
+use super::kernel::{FusedNormConfig, RmsNormResidualParams};
 use crate::blocks::ROW_BLOCK;
 use crate::error::Result;
 use crate::host::*;
 use crate::norm::api::check_norm;
+use crate::params;
 
 /// `residual_out = x + residual` (rounded to the dtype: the residual stream stays in the model
 /// dtype) and `out = gamma · round(residual_out / sqrt(mean(residual_out²) + eps))`, statistics in
@@ -48,12 +49,15 @@ fn launch_hf_norm(
     }
     let cfg = FusedNormConfig { dtype, hidden, residual: residual.is_some() };
     let k = kernel(cfg.id(), || crate::kernels::fused_norm::rms_norm_residual(&cfg))?;
-    let mut args = vec![Arg::Tensor(x)];
-    args.extend(residual.map(|(r, _)| Arg::Tensor(r)));
-    args.extend([Arg::Tensor(gamma), Arg::Tensor(out)]);
-    args.extend(residual.map(|(_, r_out)| Arg::Tensor(r_out)));
-    args.push(Arg::scalar(eps));
-    stream.launch(&*k, LaunchConfig::linear(rows, ROW_BLOCK), &args)?;
+    let args = RmsNormResidualParams {
+        x,
+        residual: residual.map(|(r, _)| r),
+        gamma,
+        out,
+        residual_out: residual.map(|(_, r_out)| r_out),
+        eps,
+    };
+    params::launch(stream, &k, LaunchConfig::linear(rows, ROW_BLOCK), &args.args())?;
     Ok(())
 }
 

@@ -17,7 +17,7 @@
 //! ruDNN `rms_norm` ([`super::norm`]) instead rounds once, after `gamma`.
 //! One block per row; the hidden size is compiled in.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, VerifyError};
 
 use crate::blocks::{block_reduce, load_f32, round_to, row_ptr, store_from_f32, Combine, ROW_BLOCK};
 
@@ -38,19 +38,27 @@ impl FusedNormConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`rms_norm_residual`], in order (the residual pair only when
+    /// `cfg.residual`).
+    pub struct RmsNormResidualParams, RmsNormResidualValues for FusedNormConfig as cfg {
+        x: tensor(cfg.dtype),
+        residual: opt_tensor(cfg.dtype, cfg.residual),
+        gamma: tensor(ScalarType::F32),
+        out: tensor(cfg.dtype),
+        residual_out: opt_tensor(cfg.dtype, cfg.residual),
+        eps: scalar(f32),
+    }
+}
+
 /// Parameters: x, residual, gamma (`f32 [H]`), out, residual_out, eps (`f32`); without
 /// `cfg.residual`: x, gamma, out, eps. Grid: one block of [`ROW_BLOCK`] threads per row. Each
 /// thread re-reads only the `residual_out` elements it wrote, so on CUDA `residual_out` may
 /// alias `residual` (or `x`).
 pub fn rms_norm_residual(cfg: &FusedNormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let ptr = Type::Ptr(AddrSpace::Global, cfg.dtype);
-    let x = b.param("x", ptr);
-    let residual = cfg.residual.then(|| b.param("residual", ptr));
-    let gamma = b.param("gamma", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let out = b.param("out", ptr);
-    let residual_out = cfg.residual.then(|| b.param("residual_out", ptr));
-    let eps = b.param("eps", Type::F32);
+    let RmsNormResidualValues { x, residual, gamma, out, residual_out, eps } =
+        RmsNormResidualParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_BLOCK, None);
     let scratch = b.shared_array("partials", ScalarType::F32, ROW_BLOCK / 32);
 

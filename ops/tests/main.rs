@@ -10,6 +10,7 @@ mod fuzz_corpus;
 mod gemm_tc;
 mod gemv;
 mod ir_roundtrip;
+mod linear;
 mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;

@@ -9,7 +9,7 @@ use super::kernels::tc::{gemm_tc, GemmTcConfig, GemmTcParams};
 use super::tile::{heuristic_gemm_tile, GemmTile};
 use crate::elementwise::api::{add, add_bias};
 use crate::error::{OpError, Result};
-use crate::gemv::api::{gemv, gemv_named, GEMV_MAX_M};
+use crate::gemv::api::{gemv, gemv_launch, gemv_named, GEMV_MAX_M};
 use crate::host::*;
 use crate::params;
 
@@ -42,16 +42,8 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
     let (m, n, k) = (to_u32(name, "m", m)?, to_u32(name, "n", n)?, to_u32(name, "k", k)?);
     if layout == BLayout::Transposed && tensor_cores_apply(a, b, k as usize, &[out]) {
         let p = TcProblem { m, n, k, batch: 1, w_batch: 0, out: dtype };
-        return launch_tc(
-            stream,
-            a,
-            b,
-            None,
-            None,
-            out,
-            &p,
-            heuristic_gemm_tile(stream.device(), m as usize, n as usize),
-        );
+        let tile = heuristic_gemm_tile(stream.device(), m as usize, n as usize);
+        return launch_tc(stream, &LinearProblem::new(a, b, out), &Epilogue::NONE, &p, tile);
     }
     let cfg = GemmConfig { dtype, b_layout: layout };
     let kern = kernel(cfg.id(), || gemm_simt(&cfg))?;
@@ -78,6 +70,12 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// workspace: call [`gemv_into`] for it), more on the tensor-core GEMM (f16/bf16, `K % 8 == 0`,
 /// 16-byte aligned `x` and `w`; tile by [`heuristic_gemm_tile`]) or else the tiled SIMT GEMM.
 pub fn linear_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    plain_into(stream, x, w, out)
+}
+
+/// [`Strategy::Auto`] without an epilogue: the GEMV for decode-sized `x`, else the GEMMs
+/// (which check their operands themselves).
+fn plain_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
     if x.rank() == 2 && (1..=GEMV_MAX_M).contains(&x.shape()[0]) {
         return gemv_named("linear", stream, x, w, out, None);
     }
@@ -116,17 +114,8 @@ struct TcProblem {
     out: ScalarType,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn launch_tc(
-    stream: &Stream,
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    residual: Option<&Tensor>,
-    out: &Tensor,
-    p: &TcProblem,
-    choice: GemmTile,
-) -> Result<()> {
+fn launch_tc(stream: &Stream, o: &LinearProblem<'_>, e: &Epilogue<'_>, p: &TcProblem, choice: GemmTile) -> Result<()> {
+    let (x, w, out, bias, residual) = (o.x, o.w, o.out, e.bias, e.residual);
     let ty = GemmTcConfig::mma_type(x.dtype().scalar_type()).ok_or_else(|| OpError::DType {
         op: "linear",
         message: format!("{} (tensor cores take f16 or bf16)", x.dtype()),
@@ -167,17 +156,14 @@ struct Linear {
 }
 
 /// Check `x[(B,) M, K]`, `w[(B,) N, K]`, `bias[N]`, `residual` and `out[(B,) M, N]`.
-#[allow(clippy::too_many_arguments)]
 fn check_linear(
     name: &'static str,
     stream: &Stream,
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    residual: Option<&Tensor>,
-    out: &Tensor,
+    o: &LinearProblem<'_>,
+    e: &Epilogue<'_>,
     batched: bool,
 ) -> Result<Linear> {
+    let (x, w, out, bias, residual) = (o.x, o.w, o.out, e.bias, e.residual);
     float_dtype(name, x)?;
     let mut all = vec![("x", x), ("w", w), ("out", out)];
     all.extend(bias.map(|b| ("bias", b)));
@@ -244,14 +230,131 @@ fn check_linear(
     Ok(Linear { problem, tensor_cores: tensor_cores_apply(x, w, k, &outputs) })
 }
 
-/// `out[M, N] = x[M, K] · w[N, K]ᵀ + bias[N] + residual[M, N]` with either addend optional,
-/// added in f32 to the f32 accumulator and rounded once to `out`'s dtype (see
-/// `kernels::gemm_tc` for how that compares with PyTorch's `F.linear(x, w, b) + residual`).
-/// `out` is `x`'s dtype, or f32 for f16/bf16 inputs; `bias` has `x`'s dtype, `residual`
-/// `out`'s. Without addends and with `out` in `x`'s dtype this is [`linear_into`]. The addends
-/// run on the tensor-core GEMM (any `M`, tile by [`heuristic_gemm_tile`]), so they need
-/// f16/bf16 inputs with `K % 8 == 0`, 16-byte aligned `x` and `w`, and `out` and `residual`
-/// starting at even elements; [`linear_bias`] takes the rest. On CUDA `residual` may be `out` itself (in place).
+/// The operands of [`linear_with_into`]: `out[M, N] = x[M, K] · w[N, K]ᵀ` (the layout of
+/// `nn.Linear`), and the `f32` workspace a split-K GEMV writes its partials to.
+#[derive(Clone, Copy)]
+pub struct LinearProblem<'a> {
+    pub x: &'a Tensor,
+    pub w: &'a Tensor,
+    pub out: &'a Tensor,
+    pub workspace: Option<&'a Tensor>,
+}
+
+impl<'a> LinearProblem<'a> {
+    /// `out = x · wᵀ` without a workspace.
+    pub fn new(x: &'a Tensor, w: &'a Tensor, out: &'a Tensor) -> LinearProblem<'a> {
+        LinearProblem { x, w, out, workspace: None }
+    }
+}
+
+/// What [`linear_with_into`] adds to the `f32` product before its one rounding to `out`'s
+/// dtype (an `f32` `out` for f16/bf16 inputs keeps the sum unrounded): `bias[N]` (`x`'s dtype)
+/// and `residual[M, N]` (`out`'s dtype; on CUDA it may be `out` itself). Further epilogues
+/// (dequantisation scales, activations) are further fields.
+#[derive(Clone, Copy, Default)]
+pub struct Epilogue<'a> {
+    pub bias: Option<&'a Tensor>,
+    pub residual: Option<&'a Tensor>,
+}
+
+impl Epilogue<'_> {
+    /// The plain product.
+    pub const NONE: Epilogue<'static> = Epilogue { bias: None, residual: None };
+}
+
+/// How [`linear_with_into`] computes the product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// By shape (after checking the operands): without an epilogue and with `out` in `x`'s
+    /// dtype, the GEMV for up to
+    /// [`GEMV_MAX_M`] rows (unsplit), the tensor-core GEMM (f16/bf16, `K % 8 == 0`, 16-byte
+    /// aligned `x` and `w`; tile by [`heuristic_gemm_tile`]) or else the tiled SIMT GEMM; with
+    /// an epilogue or an `f32` output, the tensor-core GEMM with the heuristic's tile.
+    Auto,
+    /// The GEMV (`M ≤ 16`, bias only) with this many K-splits (`splits · M · N` `f32`s of
+    /// workspace when more than 1; rounded so each split covers whole warps of chunks), or
+    /// with `None` the heuristic's count (`gemv_splits`) lowered to what the workspace holds.
+    Gemv { splits: Option<usize> },
+    /// The tensor-core GEMM with this tile and depth (what autotuning picks).
+    Tile(GemmTile),
+}
+
+/// `out = x · wᵀ` plus `epilogue`, computed as `strategy` says: the one entry point of the
+/// linear family (the other `linear_*` and `gemv_*` forms are this with fixed arguments).
+/// Neither allocates nor synchronises; errors name what the chosen strategy cannot take.
+pub fn linear_with_into(
+    stream: &Stream,
+    problem: LinearProblem<'_>,
+    epilogue: Epilogue<'_>,
+    strategy: Strategy,
+) -> Result<()> {
+    let LinearProblem { x, w, out, workspace } = problem;
+    match strategy {
+        Strategy::Gemv { splits } => {
+            if epilogue.residual.is_some() {
+                return Err(OpError::InvalidArgument {
+                    op: "gemv",
+                    message: "the GEMV's epilogue is a bias; add a residual with `Strategy::Auto`".into(),
+                });
+            }
+            match (splits, epilogue.bias) {
+                (None, None) => gemv_named("gemv", stream, x, w, out, workspace),
+                (None, Some(_)) => Err(OpError::InvalidArgument {
+                    op: "gemv",
+                    message: "a biased GEMV takes an explicit split count".into(),
+                }),
+                (Some(0), _) => {
+                    Err(OpError::InvalidArgument { op: "gemv", message: "splits must be at least 1".into() })
+                }
+                (Some(s), bias) => {
+                    gemv_launch("gemv", stream, x, w, bias, out, workspace, to_u32("gemv", "splits", s)?)
+                }
+            }
+        }
+        Strategy::Auto => {
+            let l = check_linear("linear", stream, &problem, &epilogue, false)?;
+            let p = &l.problem;
+            if epilogue.bias.is_none() && epilogue.residual.is_none() && p.out == x.dtype().scalar_type() {
+                return plain_into(stream, x, w, out);
+            }
+            if !l.tensor_cores {
+                return Err(OpError::InvalidArgument {
+                    op: "linear",
+                    message: format!(
+                        "a bias, residual or f32 output needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, \
+                         and out and residual starting at even elements (x is {} {:?}): use `linear_bias`, which falls \
+                         back to separate ops",
+                        x.dtype(),
+                        x.shape()
+                    ),
+                });
+            }
+            let tile = heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize);
+            launch_tc(stream, &problem, &epilogue, p, tile)
+        }
+        Strategy::Tile(tile) => {
+            let l = check_linear("linear", stream, &problem, &epilogue, false)?;
+            if !l.tensor_cores {
+                return Err(OpError::InvalidArgument {
+                    op: "linear",
+                    message: format!(
+                        "tile {}: the tensor-core GEMM needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, \
+                         and out and residual starting at even elements (x is {} {:?})",
+                        tile.name(),
+                        x.dtype(),
+                        x.shape()
+                    ),
+                });
+            }
+            launch_tc(stream, &problem, &epilogue, &l.problem, tile)
+        }
+    }
+}
+
+/// [`linear_with_into`] with a bias and residual, either optional ([`Strategy::Auto`]). The
+/// addends run on the tensor-core GEMM (any `M`), so they need f16/bf16 inputs with
+/// `K % 8 == 0`, 16-byte aligned `x` and `w`, and `out` and `residual` starting at even
+/// elements; [`linear_bias`] takes the rest.
 pub fn linear_bias_into(
     stream: &Stream,
     x: &Tensor,
@@ -260,27 +363,59 @@ pub fn linear_bias_into(
     residual: Option<&Tensor>,
     out: &Tensor,
 ) -> Result<()> {
-    let l = check_linear("linear", stream, x, w, bias, residual, out, false)?;
-    let p = &l.problem;
-    if bias.is_none() && residual.is_none() && p.out == x.dtype().scalar_type() {
-        return linear_into(stream, x, w, out);
-    }
-    if !l.tensor_cores {
-        return Err(OpError::InvalidArgument {
-            op: "linear",
-            message: format!(
-                "a bias, residual or f32 output needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, and out \
-                 and residual starting at even elements (x is {} {:?}): use `linear_bias`, which falls back to separate ops",
-                x.dtype(),
-                x.shape()
-            ),
-        });
-    }
-    launch_tc(stream, x, w, bias, residual, out, p, heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize))
+    linear_with_into(stream, LinearProblem::new(x, w, out), Epilogue { bias, residual }, Strategy::Auto)
 }
 
-/// [`linear_bias_into`] with an explicit tensor-core configuration (what autotuning picks);
-/// an error when tensor cores do not apply to the operands.
+/// `out[M, N] = x[M, K] · w[N, K]ᵀ` for `M ≤ 16`, `f32` accumulation, output in the input
+/// dtype. 16-byte vector loads when `K` is a multiple of 8 halves (4 floats) and both tensors
+/// start 16-byte aligned, element loads otherwise. With a `workspace` (`f32`, at least
+/// [`gemv_workspace_len`] elements) and too few output columns to fill the GPU, `K` is split
+/// ([`gemv_splits`]) and a second kernel adds the partials; a smaller workspace lowers the split
+/// count. Results depend on the split count (summation order), which depends only on the device,
+/// the shapes and the workspace size.
+pub fn gemv_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, workspace: Option<&Tensor>) -> Result<()> {
+    let problem = LinearProblem { x, w, out, workspace };
+    linear_with_into(stream, problem, Epilogue::NONE, Strategy::Gemv { splits: None })
+}
+
+/// [`gemv_into`] with an explicit number of K-splits (`splits ≥ 1`; rounded so that each split
+/// covers whole warps of chunks, so fewer may run). `workspace` needs `splits · M · N` `f32`s.
+pub fn gemv_split_k_into(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    workspace: &Tensor,
+    splits: usize,
+) -> Result<()> {
+    let problem = LinearProblem { x, w, out, workspace: Some(workspace) };
+    linear_with_into(stream, problem, Epilogue::NONE, Strategy::Gemv { splits: Some(splits) })
+}
+
+/// `out[M, N] = x[M, K] · w[N, K]ᵀ + bias[N]` for `M ≤ 16` with `splits` K-splits: the bias
+/// (`x`'s dtype) is added to the f32 sum and rounded once with it, as cuBLAS's epilogue does,
+/// in the GEMV's store or, split, in its reduction. `workspace` (`f32`, `splits · M · N`) is
+/// needed only for `splits > 1`. Neither allocates nor synchronises.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_bias_into(
+    stream: &Stream,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    out: &Tensor,
+    workspace: Option<&Tensor>,
+    splits: usize,
+) -> Result<()> {
+    let problem = LinearProblem { x, w, out, workspace };
+    linear_with_into(
+        stream,
+        problem,
+        Epilogue { bias: Some(bias), residual: None },
+        Strategy::Gemv { splits: Some(splits) },
+    )
+}
+
+/// [`linear_bias_into`] with an explicit tensor-core configuration ([`Strategy::Tile`]).
 pub fn linear_tile_into(
     stream: &Stream,
     x: &Tensor,
@@ -290,20 +425,7 @@ pub fn linear_tile_into(
     out: &Tensor,
     tile: GemmTile,
 ) -> Result<()> {
-    let l = check_linear("linear", stream, x, w, bias, residual, out, false)?;
-    if !l.tensor_cores {
-        return Err(OpError::InvalidArgument {
-            op: "linear",
-            message: format!(
-                "tile {}: the tensor-core GEMM needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, and out and \
-                 residual starting at even elements (x is {} {:?})",
-                tile.name(),
-                x.dtype(),
-                x.shape()
-            ),
-        });
-    }
-    launch_tc(stream, x, w, bias, residual, out, &l.problem, tile)
+    linear_with_into(stream, LinearProblem::new(x, w, out), Epilogue { bias, residual }, Strategy::Tile(tile))
 }
 
 /// `x · wᵀ + bias + residual` in `x`'s dtype (see [`linear_bias_into`]), allocating the output.
@@ -315,7 +437,7 @@ pub fn linear_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Opti
     let stream = x.device().default_stream();
     let (m, n) = (x.shape().first().copied().unwrap_or(0), w.shape().first().copied().unwrap_or(0));
     let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
-    let l = check_linear("linear", &stream, x, w, bias, residual, &out, false)?;
+    let l = check_linear("linear", &stream, &LinearProblem::new(x, w, &out), &Epilogue { bias, residual }, false)?;
     if l.tensor_cores && m > GEMV_MAX_M {
         crate::tune::gemm_tuned_into(&stream, x, w, bias, residual, &out)?;
         return Ok(out);
@@ -334,19 +456,12 @@ pub fn linear_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Opti
 /// entry) and `out[B, M, N]`, in `x`'s dtype or f32 for f16/bf16 inputs. One tensor-core launch
 /// over the batch (`grid.z`) when tensor cores apply, else one plain product per entry.
 pub fn linear_batched_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
-    let l = check_linear("linear_batched", stream, x, w, None, None, out, true)?;
+    let problem = LinearProblem::new(x, w, out);
+    let l = check_linear("linear_batched", stream, &problem, &Epilogue::NONE, true)?;
     let p = &l.problem;
     if l.tensor_cores {
-        return launch_tc(
-            stream,
-            x,
-            w,
-            None,
-            None,
-            out,
-            p,
-            heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize),
-        );
+        let tile = heuristic_gemm_tile(stream.device(), p.m as usize, p.n as usize);
+        return launch_tc(stream, &problem, &Epilogue::NONE, p, tile);
     }
     if p.out != x.dtype().scalar_type() {
         return Err(OpError::InvalidArgument {

@@ -75,7 +75,7 @@ pub fn gemv_splits(device: &Device, n: usize, k: usize) -> usize {
     by_fill.min(by_k).clamp(1, MAX_SPLITS as usize)
 }
 
-/// `f32` elements of workspace [`gemv_into`] uses for `x[m, k] · w[n, k]ᵀ` on `device` (0 when
+/// `f32` elements of workspace [`crate::api::gemv_into`] uses for `x[m, k] · w[n, k]ᵀ` on `device` (0 when
 /// it does not split).
 pub fn gemv_workspace_len(device: &Device, m: usize, n: usize, k: usize) -> usize {
     match gemv_splits(device, n, k) {
@@ -84,8 +84,9 @@ pub fn gemv_workspace_len(device: &Device, m: usize, n: usize, k: usize) -> usiz
     }
 }
 
+/// Launch the GEMV (and with `splits > 1` its reduction) under the caller's op name.
 #[allow(clippy::too_many_arguments)]
-fn launch(
+pub(crate) fn gemv_launch(
     name: &'static str,
     stream: &Stream,
     x: &Tensor,
@@ -164,7 +165,8 @@ fn check_workspace(name: &'static str, stream: &Stream, ws: &Tensor, need: usize
     same_device(name, stream, &[("workspace", ws)])
 }
 
-/// The GEMV path of `linear` and [`gemv_into`], under the caller's op name.
+/// The GEMV with the heuristic's split count lowered to what `workspace` holds, under the
+/// caller's op name.
 pub(crate) fn gemv_named(
     name: &'static str,
     stream: &Stream,
@@ -182,54 +184,7 @@ pub(crate) fn gemv_named(
     // A smaller workspace caps the split count; none (or room for fewer than 2) disables it.
     let room = workspace.map_or(0, |ws| ws.numel() / (m * n).max(1));
     splits = splits.min(room);
-    launch(name, stream, x, w, None, out, workspace, splits.max(1) as u32)
-}
-
-/// `out[M, N] = x[M, K] · w[N, K]ᵀ` for `M ≤ 16`, `f32` accumulation, output in the input
-/// dtype. 16-byte vector loads when `K` is a multiple of 8 halves (4 floats) and both tensors
-/// start 16-byte aligned, element loads otherwise. With a `workspace` (`f32`, at least
-/// [`gemv_workspace_len`] elements) and too few output columns to fill the GPU, `K` is split
-/// ([`gemv_splits`]) and a second kernel adds the partials; a smaller workspace lowers the split
-/// count. Results depend on the split count (summation order), which depends only on the device,
-/// the shapes and the workspace size.
-pub fn gemv_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, workspace: Option<&Tensor>) -> Result<()> {
-    gemv_named("gemv", stream, x, w, out, workspace)
-}
-
-/// [`gemv_into`] with an explicit number of K-splits (`splits ≥ 1`; rounded so that each split
-/// covers whole warps of chunks, so fewer may run). `workspace` needs `splits · M · N` `f32`s.
-pub fn gemv_split_k_into(
-    stream: &Stream,
-    x: &Tensor,
-    w: &Tensor,
-    out: &Tensor,
-    workspace: &Tensor,
-    splits: usize,
-) -> Result<()> {
-    if splits == 0 {
-        return Err(OpError::InvalidArgument { op: "gemv", message: "splits must be at least 1".into() });
-    }
-    launch("gemv", stream, x, w, None, out, Some(workspace), to_u32("gemv", "splits", splits)?)
-}
-
-/// `out[M, N] = x[M, K] · w[N, K]ᵀ + bias[N]` for `M ≤ 16` with `splits` K-splits: the bias
-/// (`x`'s dtype) is added to the f32 sum and rounded once with it, as cuBLAS's epilogue does,
-/// in the GEMV's store or, split, in its reduction. `workspace` (`f32`, `splits · M · N`) is
-/// needed only for `splits > 1`. Neither allocates nor synchronises.
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_bias_into(
-    stream: &Stream,
-    x: &Tensor,
-    w: &Tensor,
-    bias: &Tensor,
-    out: &Tensor,
-    workspace: Option<&Tensor>,
-    splits: usize,
-) -> Result<()> {
-    if splits == 0 {
-        return Err(OpError::InvalidArgument { op: "gemv", message: "splits must be at least 1".into() });
-    }
-    launch("gemv", stream, x, w, Some(bias), out, workspace, to_u32("gemv", "splits", splits)?)
+    gemv_launch(name, stream, x, w, None, out, workspace, splits.max(1) as u32)
 }
 
 /// `x[M, K] · w[N, K]ᵀ` for `M ≤ 16` (allocates the output and any workspace), with the

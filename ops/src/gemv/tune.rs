@@ -5,13 +5,13 @@
 //! Tuning measures, so it allocates and synchronises: it happens in the allocating wrapper
 //! ([`gemv_tuned`], which `api::gemv` uses) or in a warm-up call of [`tuned_gemv_splits`]
 //! before a decode step is captured; `_into` forms never tune, they take the chosen split
-//! count ([`super::api::gemv_split_k_into`]).
+//! count (`api::gemv_split_k_into`).
 
 use std::sync::Arc;
 
 use ruda_runtime::{alignment_class, bucket, measure_on_stream, Autotuner, DType, Device, Stream, Tensor, TuneKey};
 
-use super::api::{gemv_into, gemv_split_k_into, gemv_splits, gemv_workspace_len, GEMV_MAX_M};
+use super::api::{gemv_launch, gemv_named, gemv_splits, gemv_workspace_len, GEMV_MAX_M};
 use super::kernel::{gemv, gemv_reduce, GemvConfig, GemvLoads, GemvReduceConfig};
 use crate::error::{OpError, Result};
 use crate::host::kernel;
@@ -100,7 +100,7 @@ fn measure_gemv(stream: &Stream, x: &Tensor, w: &Tensor, splits: usize) -> std::
     let out = Tensor::empty(stream.device(), x.dtype(), &[m, n]).map_err(|e| e.to_string())?;
     let ws = Tensor::empty(stream.device(), DType::F32, &[splits * m * n]).map_err(|e| e.to_string())?;
     measure_on_stream(stream, TUNE_ITERS, || {
-        gemv_split_k_into(stream, x, w, &out, &ws, splits).map_err(|e| e.to_string())
+        gemv_launch("gemv", stream, x, w, None, &out, Some(&ws), splits as u32).map_err(|e| e.to_string())
     })
 }
 
@@ -137,17 +137,17 @@ pub fn gemv_tuned(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
         let len = gemv_workspace_len(x.device(), m, n, k);
         let ws = if len > 0 { Some(Tensor::empty(x.device(), DType::F32, &[len])?) } else { None };
-        gemv_into(&stream, x, w, &out, ws.as_ref())?;
+        gemv_named("gemv", &stream, x, w, &out, ws.as_ref())?;
         return Ok(out);
     };
     let (key, dims) = key_dims(x, w)?;
     run_tuned::<GemvSplits, _>(&tuner, x.device(), &key, dims, &tuning, |splits| {
         let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
         if splits <= 1 {
-            gemv_into(&stream, x, w, &out, None)?;
+            gemv_named("gemv", &stream, x, w, &out, None)?;
         } else {
             let ws = Tensor::empty(x.device(), DType::F32, &[splits * m * n])?;
-            gemv_split_k_into(&stream, x, w, &out, &ws, splits)?;
+            gemv_launch("gemv", &stream, x, w, None, &out, Some(&ws), splits as u32)?;
         }
         Ok(out)
     })

@@ -1,5 +1,5 @@
-//! RMSNorm and LayerNorm over the last axis (the ruDNN contract, seed 002 section 7): `f32`
-//! statistics and affine parameters, output in the input dtype. One block per row; the hidden
+//! RMSNorm and LayerNorm over the last axis: `f32` statistics and affine parameters, output in
+//! the input dtype rounded once. One block per row; the hidden
 //! size is a compile-time parameter of the kernel, so each size is its own configuration.
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};

@@ -93,8 +93,8 @@ crate::kernel_params! {
 }
 
 /// Softmax over the last axis, output in the input dtype. `exp(x - max)` uses the approximate
-/// `ex2`; a row containing NaN or +inf, or only -inf, gives NaN (as the ruDNN contract says).
-/// Parameters: input, out, cols.
+/// `ex2`; a row containing NaN or +inf, or only -inf, gives NaN, not a number
+/// that hides the bad input ([`SoftmaxParams`]).
 pub fn softmax(cfg: &SoftmaxConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let SoftmaxValues { input, out, cols } = SoftmaxParams::declare(&mut b, cfg);

@@ -71,7 +71,7 @@ pub fn rms_norm_residual(x: &Tensor, residual: &Tensor, gamma: &Tensor, eps: f32
 
 /// RMSNorm over the last axis in Hugging Face's order of roundings (`Qwen2RMSNorm`):
 /// `out = round(gamma · round(x / sqrt(mean(x²) + eps)))`, statistics in `f32`, `gamma` `f32 [H]`,
-/// `out` in `x`'s dtype and shape. [`rms_norm_into`] (the ruDNN contract) rounds only once, after
+/// `out` in `x`'s dtype and shape. [`crate::api::rms_norm_into`] rounds only once, after
 /// `gamma`; for f32 the two are the same. The CPU device rejects `out` aliasing `x`.
 pub fn rms_norm_hf_into(stream: &Stream, x: &Tensor, gamma: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
     launch_hf_norm("rms_norm_hf", stream, x, None, gamma, eps, out)

@@ -14,7 +14,7 @@
 //!
 //! Without the residual (`rms_norm_hf`), `r = x`: Hugging Face's RMSNorm alone, for a model's
 //! norms that follow no residual add (the first layer's input norm, Qwen3's q/k norms). The
-//! ruDNN `rms_norm` ([`super::norm`]) instead rounds once, after `gamma`.
+//! plain `rms_norm` ([`crate::norm::kernel`]) instead rounds once, after `gamma`.
 //! One block per row; the hidden size is compiled in.
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, VerifyError};

@@ -1,4 +1,4 @@
-//! Kernel parameters declared once ([`kernel_params!`]): one definition gives the kernel
+//! Kernel parameters declared once ([`crate::kernel_params!`]): one definition gives the kernel
 //! builder its parameter list (`declare`, in field order) and the launcher a struct to fill by
 //! field name (`args`). [`launch`] checks the arguments' names against the built kernel's
 //! parameters before the runtime checks their types, so two arguments of one type in the wrong

@@ -180,7 +180,8 @@ impl Rng {
 /// How one configuration is launched: each family's [`Family::sample`](crate::family::Family::sample).
 pub struct Case {
     pub grid: [u32; 3],
-    /// Scalars by parameter name (bit patterns); others take [`default_scalar`].
+    /// Scalars by parameter name (bit patterns); others take their defaults (16 for integers,
+    /// 0.125 for floats, 1e-5 for `eps`).
     pub scalars: BTreeMap<&'static str, u64>,
     /// Contents of `u32` buffers by parameter name; others hold 0, 1, 2, ...
     pub indices: BTreeMap<&'static str, Vec<u32>>,

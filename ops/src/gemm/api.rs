@@ -369,8 +369,8 @@ pub fn linear_bias_into(
 /// `out[M, N] = x[M, K] · w[N, K]ᵀ` for `M ≤ 16`, `f32` accumulation, output in the input
 /// dtype. 16-byte vector loads when `K` is a multiple of 8 halves (4 floats) and both tensors
 /// start 16-byte aligned, element loads otherwise. With a `workspace` (`f32`, at least
-/// [`gemv_workspace_len`] elements) and too few output columns to fill the GPU, `K` is split
-/// ([`gemv_splits`]) and a second kernel adds the partials; a smaller workspace lowers the split
+/// [`crate::gemv::api::gemv_workspace_len`] elements) and too few output columns to fill the GPU, `K` is split
+/// ([`crate::gemv::api::gemv_splits`]) and a second kernel adds the partials; a smaller workspace lowers the split
 /// count. Results depend on the split count (summation order), which depends only on the device,
 /// the shapes and the workspace size.
 pub fn gemv_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor, workspace: Option<&Tensor>) -> Result<()> {

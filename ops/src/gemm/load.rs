@@ -1,6 +1,6 @@
 //! The tensor-core GEMM's loads: tiles of `x` and `w` staged from global into shared memory in
 //! 16-byte chunks, swizzled against bank conflicts ([`swizzle_chunk`]), through a ring of
-//! `cp.async` stages ([`k_loop`]). The swizzle's argument is in [`super::kernels::tc`].
+//! `cp.async` stages (`k_loop`). The swizzle's argument is in [`super::kernels::tc`].
 
 use ruda_ir::{KernelBuilder, Value};
 

@@ -1,6 +1,6 @@
 //! Autotuning shared by the tuned families (GEMV's split-K count in [`crate::gemv::tune`], the
 //! tensor-core GEMM's tile in [`crate::gemm::tune`], decode attention's split-KV count in
-//! [`attention`]): one tuner per GPU, and the shape files of `rudac tune --shapes`.
+//! `tune/attention.rs`): one tuner per GPU, and the shape files of `rudac tune --shapes`.
 //!
 //! Tuning measures, so it allocates and synchronises: it happens in allocating wrappers or in
 //! warm-up calls before a decode step is captured; `_into` forms never tune.

@@ -10,7 +10,7 @@
 //!
 //! `round` rounds to the model dtype (nearest even; the identity for `f32`). Hugging Face keeps
 //! the weight in the model dtype, so with `gamma` holding those (bf16) values exactly the last
-//! product is the same. `1 / sqrt` is two correctly rounded steps, as in [`super::norm`].
+//! product is the same. `1 / sqrt` is two correctly rounded steps, as in [`crate::norm::kernel`].
 //!
 //! Without the residual (`rms_norm_hf`), `r = x`: Hugging Face's RMSNorm alone, for a model's
 //! norms that follow no residual add (the first layer's input norm, Qwen3's q/k norms). The

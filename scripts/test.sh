@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs the pinned ptxas and NVRTC when missing (user cache,
-# reused across clones), then runs the whole suite with both required (so those rungs never
-# skip here), then checks every registered configuration through both backends with ptxas.
+# reused across clones), checks formatting and clippy, then runs the whole suite with both
+# required (so those rungs never skip here), then checks every registered configuration through
+# both backends with ptxas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,10 @@ export RUDA_REQUIRE_PTXAS=1 RUDA_REQUIRE_NVRTC=1
 # The differential test runs every registered configuration's NVRTC PTX in the emulator too.
 export RUDA_DIFF_NVRTC=all
 
+# Quality gates: formatting (rustfmt.toml) and clippy with warnings as errors.
+cargo fmt --all --check
 cargo build --locked --workspace --all-targets
+cargo clippy --locked --workspace --all-targets -- -D warnings
 # The fuzz targets are their own workspace: build them so a change that breaks them shows here.
 cargo build --locked --manifest-path fuzz/Cargo.toml
 cargo test --locked --workspace

@@ -1250,7 +1250,7 @@ fn launch_shape(e: &mut Entropy<'_>, cfg: &GenConfig) -> LaunchConfig {
     let (by, bz) = e.pick(&[(1, 1), (1, 1), (2, 1), (4, 1), (2, 2)]);
     let block = [threads / (by * bz), by, bz];
     let blocks = e.range(1, cfg.max_blocks.max(1) as u64) as u32;
-    let grid = if blocks % 2 == 0 && e.chance(30) { [blocks / 2, 2, 1] } else { [blocks, 1, 1] };
+    let grid = if blocks.is_multiple_of(2) && e.chance(30) { [blocks / 2, 2, 1] } else { [blocks, 1, 1] };
     LaunchConfig { grid, block, dynamic_shared_bytes: 0 }
 }
 

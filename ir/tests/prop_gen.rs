@@ -246,7 +246,7 @@ fn launches_fit_the_configuration() {
         let g = generate(&mut Entropy::from_seed(seed), &cfg);
         let threads: u32 = g.launch.block.iter().product();
         let blocks: u32 = g.launch.grid.iter().product();
-        assert!(threads % 32 == 0 && (32..=96).contains(&threads), "{:?}", g.launch);
+        assert!(threads.is_multiple_of(32) && (32..=96).contains(&threads), "{:?}", g.launch);
         assert!((1..=3).contains(&blocks), "{:?}", g.launch);
         shapes.insert((threads, blocks, g.launch.block[1] > 1));
     }

@@ -1,13 +1,43 @@
 //! `ruda-ops`: RUDA's kernel library, written once in the IR.
 //!
-//! - [`kernels`]: the kernel builders, one function per op family, configured by a struct;
-//! - [`registry`]: every registered configuration (`rudac list`);
-//! - [`sample`]: a small valid problem for each configuration (`rudac run`, differential tests).
+//! One folder per op family ([`elementwise`], [`rows`], [`norm`] (with [`norm::fused`]), [`gemv`],
+//! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`penalty`], [`swiglu`]; attention
+//! in [`kernels::attention`] and [`api`] for now), each holding its kernel builders (`kernel`), host
+//! entry points (`api`) and, where it is tuned, its tuning (`tune`). Shared pieces:
 //!
-//! The `rudac` and `ruda-bench` tools live in `ruda-tools`.
+//! - [`blocks`]: kernel building blocks (reductions, conversions, index arithmetic, packing);
+//! - [`host`] and [`error`]: the host-side checks and the error of every entry point;
+//! - [`api`] and [`kernels`]: every family's entry points and builders in one namespace;
+//! - [`family`]: the trait each family implements, and [`registry`], the list of families
+//!   (every registered configuration, `rudac list`);
+//! - [`problem`]: a small valid problem for each configuration (`rudac run`, differential tests);
+//! - [`tune`]: autotuning and the shape files of `rudac tune`.
+//!
+//! The `rudac` and `ruda-bench` tools live in `ruda-tools` (`tools/`).
 
 pub mod api;
+mod attention_family;
+pub mod blocks;
+pub mod error;
+pub mod family;
+pub mod host;
 pub mod kernels;
+pub mod params;
+pub mod problem;
 pub mod registry;
-pub mod sample;
 pub mod tune;
+
+pub mod argmax;
+pub mod elementwise;
+pub mod embedding;
+pub mod gemm;
+pub mod gemv;
+pub mod norm;
+pub mod penalty;
+pub mod rope;
+pub mod rows;
+pub mod sampling;
+pub mod swiglu;
+
+/// The sample problems under their old name, for the `rudac` driver (`ruda-tools`).
+pub use problem as sample;

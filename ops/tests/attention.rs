@@ -8,9 +8,7 @@
 //! (a few 1e-6 absolute for outputs of size ~1) plus one final rounding to the output dtype
 //! (half an epsilon of the dtype, relative). Each check says which it uses.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, AttentionOptions, AttentionSetupError, AttentionStrategy, DecodeWorkspace, OpError};
 use ruda_runtime::{DType, Device, Tensor};
 

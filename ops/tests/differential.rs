@@ -13,7 +13,7 @@
 //! `rudac run` uses): 256 KiB per buffer, scalars per family that keep every access in bounds,
 //! grids of a few blocks. The values need only keep every access in bounds: the point is that
 //! all engines compute the same bits. A family without a sample problem fails the test by
-//! name: add one to `case` in ops/src/sample.rs.
+//! name: add one to its family's `Family::sample`.
 //!
 //! Every sample problem must change some buffer, so agreement is never about untouched inputs.
 //!

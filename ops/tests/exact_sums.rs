@@ -12,9 +12,7 @@
 //! two); a query that matches one key by a margin of hundreds gives weights of exactly 1 and 0,
 //! so the output is that key's value row, exactly.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, AttentionOptions, AttentionStrategy, GemmTile};
 use ruda_runtime::{DType, Tensor};
 

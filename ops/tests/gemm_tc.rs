@@ -3,9 +3,7 @@
 //! the swizzle's freedom from bank conflicts, the `linear` entry points (dispatch, epilogue,
 //! batched, fallbacks, errors), and HMMA in the SASS `ptxas` makes (when `nvdisasm` exists).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ir::passes::optimize;
 use ruda_ir::{MmaType, ScalarType};
 use ruda_ops::api::{self, GemmTile};

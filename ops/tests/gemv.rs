@@ -1,9 +1,7 @@
 //! GEMV (decode GEMM, `M ≤ 16`) against an f64 reference: vector and scalar loads, every
 //! compiled row count, split-K, the `linear` dispatch, and errors.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{DType, Tensor};
 

@@ -4,9 +4,7 @@
 //! inverse frequencies with an attention scaling ≠ 1, and the sampling generator against the
 //! published SplitMix64 test vectors.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, OpError, RopeTable, SamplingParams};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
@@ -21,12 +19,14 @@ fn poisoned(dev: &Device, dtype: DType, shape: &[usize]) -> Tensor {
     }
 }
 
-/// One `_into` form under test: its name, what the allocating wrapper returns, and a launcher
-/// over any `out`.
+/// A launch of an `_into` form over any `out`.
+type IntoLaunch<'a> = Box<dyn Fn(&Stream, &Tensor) -> api::Result<()> + 'a>;
+
+/// One `_into` form under test: its name, what the allocating wrapper returns, and its launch.
 struct IntoCase<'a> {
     name: &'static str,
     want: Tensor,
-    run: Box<dyn Fn(&Stream, &Tensor) -> api::Result<()> + 'a>,
+    run: IntoLaunch<'a>,
 }
 
 /// Right `out`: the wrapper's bytes. Wrong dtype, wrong shape: `DType` / `Shape` errors, with

@@ -1,8 +1,6 @@
 //! Bad inputs to the op entry points are errors that say what is wrong, never panics.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{DType, Tensor};
 

@@ -3,9 +3,7 @@
 //! are written beside each check, in units of the output dtype's epsilon where rounding to it
 //! dominates.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api;
 use ruda_runtime::DType;
 

@@ -2,9 +2,7 @@
 //! the same roundings in the model dtype), full and partial rotary, position offsets, the fused
 //! KV-cache append, and errors.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, OpError, RopeTable};
 use ruda_runtime::{DType, Tensor};
 

@@ -3,9 +3,7 @@
 //! host from the same documented algorithm, thresholds found by sorting instead of a radix
 //! select; determinism per seed; greedy limits; a chi-square check of the distribution.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, OpError, SamplingParams};
 use ruda_runtime::{DType, Tensor};
 

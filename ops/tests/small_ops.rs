@@ -1,9 +1,7 @@
 //! RMSNorm fused with the residual add, SwiGLU and the embedding gather against plain
 //! references, across dtypes and awkward sizes, and their errors.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{DType, Tensor};
 

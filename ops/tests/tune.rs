@@ -1,10 +1,8 @@
 //! GEMV autotuning on the CPU with injected timings.
 
-mod common;
-
-use common::{fingerprint, temp_dir};
+use crate::common::{fingerprint, temp_dir};
 use ruda_ops::api;
-use ruda_ops::tune::{gemv_key, parse_shapes, splits_of, tune_gemv_with, tuned_gemv_splits, TuneShape};
+use ruda_ops::tune::{gemv_key, parse_shapes, tune_gemv_with, tuned_gemv_splits, TuneShape};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
@@ -32,10 +30,10 @@ fn gemv_tunes_with_injected_timings_and_caches_the_choice() {
     .unwrap();
     // The heuristic (1 on the CPU device) comes first, then the others.
     assert_eq!(measured, vec![1, 2, 4, 8, 16]);
-    assert_eq!(splits_of(&choice).unwrap(), 4);
+    assert_eq!(choice.value, 4);
     let again = tune_gemv_with(&tuner, &dev, &x, &w, |_| panic!("measured a cached key")).unwrap();
-    assert!(again.cached);
-    assert_eq!(splits_of(&again).unwrap(), 4);
+    assert!(again.choice.cached);
+    assert_eq!(again.value, 4);
     // A nearby shape shares the bucket.
     let (x2, w2) = operands(&dev, 1, 7, 4000);
     assert_eq!(gemv_key(&x2, &w2).unwrap().shape_bucket, vec![1, 8, 4096]);
@@ -43,7 +41,7 @@ fn gemv_tunes_with_injected_timings_and_caches_the_choice() {
     assert_eq!(entry.results[4].error.as_deref(), Some("launch failed"));
     // Off: the heuristic, unmeasured.
     let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
-    assert_eq!(splits_of(&tune_gemv_with(&off, &dev, &x, &w, |_| panic!("measured")).unwrap()).unwrap(), 1);
+    assert_eq!(tune_gemv_with(&off, &dev, &x, &w, |_| panic!("measured")).unwrap().value, 1);
 }
 
 #[test]
@@ -119,4 +117,70 @@ fn the_progress_bar_fills() {
     assert_eq!(progress_bar(0, 4), "[....................] 0/4");
     assert_eq!(progress_bar(2, 4), "[##########..........] 2/4");
     assert_eq!(progress_bar(4, 4), "[####################] 4/4");
+}
+
+/// A cache entry written under the old candidate checksum (IR hashed with source locations) is
+/// re-measured, not taken: the old best (16 splits) loses to the new timings.
+#[test]
+fn an_old_format_cache_entry_is_ignored() {
+    use ruda_runtime::CandidateSet;
+    let dev = Device::cpu();
+    let (x, w) = operands(&dev, 1, 8, 4096);
+    let dir = temp_dir("tune-old-format");
+    let key = gemv_key(&x, &w).unwrap();
+    {
+        let old = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+        let names = ["splits=1", "splits=2", "splits=4", "splits=8", "splits=16"];
+        let set = CandidateSet::new(names, 0x0123_4567_89ab_cdef);
+        let c = old.tune(&key, &set, |c| Ok(if c.name == "splits=16" { 0.001 } else { 1.0 })).unwrap();
+        assert_eq!(c.candidate.name, "splits=16");
+    }
+    let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+    let mut measured = 0;
+    let t = tune_gemv_with(&tuner, &dev, &x, &w, |s| {
+        measured += 1;
+        Ok(if s == 2 { 0.01 } else { 1.0 })
+    })
+    .unwrap();
+    assert!(!t.choice.cached);
+    assert_eq!(measured, 5);
+    assert_eq!(t.value, 2);
+}
+
+/// The candidate checksum follows the IR, not where its builder's lines are: two builds of one
+/// kernel from different source lines have different IR hashes but one digest.
+#[test]
+fn the_candidate_digest_ignores_source_locations() {
+    use ruda_ir::{AddrSpace, KernelBuilder, ScalarType, Type};
+    use ruda_runtime::{HashedKernel, Launchable};
+    use std::sync::Arc;
+    // One builder, called from two source lines.
+    #[track_caller]
+    fn build() -> HashedKernel {
+        let mut b = KernelBuilder::new("k");
+        let p = b.param("p", Type::Ptr(AddrSpace::Global, ScalarType::F32));
+        let i = b.thread_id_x();
+        let v = b.const_f32(1.0);
+        let q = b.ptr_add(p, i);
+        b.store(q, v);
+        HashedKernel::new(b.finish().unwrap())
+    }
+    let a = build();
+    let b = build();
+    assert_ne!(a.ir_hash(), b.ir_hash(), "the locations differ");
+    let digest = |k: HashedKernel| ruda_ops::tune::flow::ir_digest(&[Arc::new(k)]);
+    assert_eq!(digest(a), digest(b));
+}
+
+/// A writer that is not a terminal's standard error gets one plain line per shape.
+#[test]
+fn progress_to_a_writer_is_plain_lines() {
+    use ruda_ops::tune::Progress;
+    let mut buf: Vec<u8> = Vec::new();
+    let shape = TuneShape::Gemv { dtype: DType::BF16, m: 1, n: 8, k: 8 };
+    let mut p = Progress::new(&mut buf, 2);
+    assert!(matches!(p, Progress::Lines(_)));
+    p.shape(1, 2, &shape, "best splits=1").unwrap();
+    p.finish();
+    assert_eq!(String::from_utf8(buf).unwrap(), "[##########..........] 1/2 gemv bf16 1x8x8: best splits=1\n");
 }

@@ -1,9 +1,7 @@
 //! Decode attention's split-KV autotuning on the CPU with injected timings, its shape-file
 //! lines, and that the allocating op is unchanged where tuning is off.
 
-mod common;
-
-use common::{fingerprint, temp_dir};
+use crate::common::{fingerprint, temp_dir};
 use ruda_ops::api;
 use ruda_ops::kernels::attention::Geometry;
 use ruda_ops::tune::{

@@ -1,13 +1,9 @@
 //! Tensor-core GEMM tile autotuning on the CPU with injected timings, and the untuned path.
 
-mod common;
-
-use common::{fingerprint, temp_dir};
+use crate::common::{fingerprint, temp_dir};
 use ruda_ops::api::{self, heuristic_gemm_tile, GemmTile};
 use ruda_ops::kernels::gemm_tc::TcTile;
-use ruda_ops::tune::{
-    gemm_candidates, gemm_key, gemm_tuned_into, tile_of, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile,
-};
+use ruda_ops::tune::{gemm_candidates, gemm_key, gemm_tuned_into, tune_gemm_shape, tune_gemm_with, tuned_gemm_tile};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 fn operands(dev: &Device, dtype: DType, m: usize, n: usize, k: usize) -> (Tensor, Tensor) {
@@ -44,10 +40,10 @@ fn gemm_tiles_tune_with_injected_timings_and_cache_the_choice() {
     assert_eq!(measured[0], heuristic);
     assert_eq!(measured.len(), GemmTile::all().len());
     assert!(GemmTile::all().iter().all(|t| measured.contains(t)));
-    assert_eq!(tile_of(&choice).unwrap(), fastest);
+    assert_eq!(choice.value, fastest);
     let again = tune_gemm_with(&tuner, &dev, &x, &w, |_| panic!("measured a cached key")).unwrap();
-    assert!(again.cached);
-    assert_eq!(tile_of(&again).unwrap(), fastest);
+    assert!(again.choice.cached);
+    assert_eq!(again.value, fastest);
     // A nearby shape shares the bucket; the entry records the failure.
     let (x2, w2) = operands(&dev, DType::BF16, 33, 20, 48);
     assert_eq!(gemm_key(&x2, &w2).unwrap().to_string(), "gemm bf16 64x32x64 align16");
@@ -57,7 +53,7 @@ fn gemm_tiles_tune_with_injected_timings_and_cache_the_choice() {
     // Off: the heuristic, unmeasured.
     let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
     let c = tune_gemm_with(&off, &dev, &x, &w, |_| panic!("measured")).unwrap();
-    assert_eq!(tile_of(&c).unwrap(), heuristic);
+    assert_eq!(c.value, heuristic);
     // Only tensor-core dtypes have candidates.
     let (xf, wf) = operands(&dev, DType::F32, 40, 24, 64);
     assert!(tune_gemm_with(&tuner, &dev, &xf, &wf, |_| Ok(1.0))

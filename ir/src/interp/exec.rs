@@ -917,7 +917,7 @@ impl<'a> Worker<'a> {
             let mut data = [0u8; 16];
             if n == 0 {
                 // Nothing is read, so only the alignment the instruction demands is checked.
-                if from % size as u64 != 0 {
+                if !from.is_multiple_of(size as u64) {
                     return Err((
                         t,
                         format!("misaligned: `cp.async` source address {from:#x} must be {size}-byte aligned"),

@@ -1,19 +1,21 @@
-//! The kernels, each a Rust function from a configuration to an IR [`Kernel`](ruda_ir::Kernel).
+//! The kernel builders of every family, in one namespace (each a Rust function from a
+//! configuration to an IR [`Kernel`](ruda_ir::Kernel)). Each family's builders live in its
+//! folder (`crate::gemv::kernel`, ...); the modules here are those, under their old names.
 
-pub mod argmax;
-pub mod common;
-pub mod elementwise;
-pub mod embedding;
-pub mod fused_norm;
-pub mod gemm;
-pub mod gemm_tc;
-pub mod gemv;
-pub mod norm;
-pub mod penalty;
-pub mod rope;
-pub mod rows;
-pub mod sampling;
-pub mod swiglu;
+pub use crate::argmax::kernel as argmax;
+pub use crate::blocks as common;
+pub use crate::elementwise::kernel as elementwise;
+pub use crate::embedding::kernel as embedding;
+pub use crate::gemm::kernels::simt as gemm;
+pub use crate::gemm::kernels::tc as gemm_tc;
+pub use crate::gemv::kernel as gemv;
+pub use crate::norm::fused::kernel as fused_norm;
+pub use crate::norm::kernel as norm;
+pub use crate::penalty::kernel as penalty;
+pub use crate::rope::kernel as rope;
+pub use crate::rows::kernel as rows;
+pub use crate::sampling::kernel as sampling;
+pub use crate::swiglu::kernel as swiglu;
 
 pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
 pub use gemm::{gemm_simt, BLayout, GemmConfig};

@@ -1,116 +1,35 @@
-//! Autotuned ops: the decode GEMV's split-K count and decode attention's split-KV count
-//! ([`attention`]), tuned per GPU and shape with [`ruda_runtime::Autotuner`], and the shape
-//! files of `rudac tune --shapes`.
+//! Autotuning shared by the tuned families (GEMV's split-K count in [`crate::gemv::tune`], the
+//! tensor-core GEMM's tile in [`crate::gemm::tune`], decode attention's split-KV count in
+//! `tune/attention.rs`): one tuner per GPU, and the shape files of `rudac tune --shapes`.
 //!
-//! Tuning measures, so it allocates and synchronises: it happens in the allocating wrapper
-//! ([`gemv_tuned`], which `api::gemv` uses) or in a warm-up call of [`tuned_gemv_splits`]
-//! before a decode step is captured; `_into` forms never tune, they take the chosen split
-//! count ([`crate::api::gemv_split_k_into`]).
+//! Tuning measures, so it allocates and synchronises: it happens in allocating wrappers or in
+//! warm-up calls before a decode step is captured; `_into` forms never tune.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ruda_ir::fnv1a64;
-use ruda_runtime::{
-    alignment_class, bucket, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, DeviceKind, Launchable,
-    Stream, Tensor, TuneKey,
-};
+use ruda_runtime::{Autotuner, Choice, DType, Device, DeviceKind, Stream, Tensor};
 
-use crate::api::{self, gemv_split_k_into, gemv_splits, OpError, Result, GEMV_MAX_M};
-use crate::kernels::gemv::{GemvConfig, GemvLoads, GemvReduceConfig};
+use crate::api::Result;
+use crate::family::ShapeLine;
 
 mod attention;
+pub mod flow;
+pub use crate::gemm::tune::*;
+pub use crate::gemv::tune::*;
 pub use attention::*;
-mod gemm;
-pub use gemm::*;
-
-/// The split-K counts GEMV tries besides its heuristic's.
-pub const GEMV_SPLIT_CANDIDATES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Launches per timed sample when tuning on a GPU (a decode GEMV takes microseconds).
-const TUNE_ITERS: usize = 20;
+pub(crate) const TUNE_ITERS: usize = 20;
 
 /// `splits=N`, the candidate name of a split count.
-fn split_name(splits: usize) -> String {
+pub(crate) fn split_name(splits: usize) -> String {
     format!("splits={splits}")
 }
 
-/// The split count a GEMV candidate stands for.
-pub fn splits_of(choice: &Choice) -> Result<usize> {
-    choice.candidate.name.strip_prefix("splits=").and_then(|n| n.parse().ok()).filter(|&n| n >= 1).ok_or_else(|| {
-        OpError::InvalidArgument {
-            op: "gemv",
-            message: format!("autotune chose `{}`, not a split count", choice.candidate.name),
-        }
-    })
-}
-
-/// `[m, n, k]` of `x[M, K] · w[N, K]ᵀ`, or `None` when the operands are not 2-D (the op
-/// itself then reports the error).
-fn gemv_dims(x: &Tensor, w: &Tensor) -> Option<[usize; 3]> {
-    (x.rank() == 2 && w.rank() == 2).then(|| [x.shape()[0], w.shape()[0], x.shape()[1]])
-}
-
-/// The tuning key of a GEMV: dtype, `[m, n, k]` bucketed, and the alignment class of the
-/// tensors' first elements and row strides in bytes (16 when vector loads apply).
-pub fn gemv_key(x: &Tensor, w: &Tensor) -> Option<TuneKey> {
-    let [m, n, k] = gemv_dims(x, w)?;
-    let size = x.dtype().size() as u64;
-    let align = alignment_class(&[x.offset() as u64 * size, w.offset() as u64 * size, k as u64 * size]);
-    Some(TuneKey::new("gemv", x.dtype().name(), &[m as u64, n as u64, k as u64], align))
-}
-
-/// GEMV's candidates for `m` rows on `device`: the heuristic's split count for the key's
-/// bucketed shape first (the choice when tuning is off), then [`GEMV_SPLIT_CANDIDATES`]; the
-/// kernels' IR hashes are folded in.
-pub fn gemv_candidates(device: &Device, key: &TuneKey, m: usize, n: usize, k: usize) -> Result<CandidateSet> {
-    let dtype = DType::from_name(&key.dtype)
-        .filter(|d| d.is_float())
-        .ok_or_else(|| OpError::DType { op: "gemv", message: format!("{} (expected f32, f16 or bf16)", key.dtype) })?;
-    let st = dtype.scalar_type();
-    let m_tile = GemvConfig::m_tile_for(m as u32).unwrap_or(GEMV_MAX_M as u32);
-    let chunk = 16 / dtype.size();
-    let loads = if key.alignment == 16 && k.is_multiple_of(chunk) { GemvLoads::Vector } else { GemvLoads::Scalar };
-    let mut hashes = String::new();
-    for split_k in [false, true] {
-        let cfg = GemvConfig { dtype: st, m_tile, loads, split_k, bias: false };
-        hashes.push_str(&format!("{:016x}", api::kernel(cfg.id(), || crate::kernels::gemv::gemv(&cfg))?.ir_hash()));
-    }
-    let rcfg = GemvReduceConfig { dtype: st, bias: false };
-    hashes
-        .push_str(&format!("{:016x}", api::kernel(rcfg.id(), || crate::kernels::gemv::gemv_reduce(&rcfg))?.ir_hash()));
-    // The heuristic sees the key's bucketed shape, so every shape of one key gets the same set
-    // (a set that differed would invalidate the key's cached choice each time).
-    let first = gemv_splits(device, bucket(n as u64) as usize, bucket(k as u64) as usize);
-    let splits = std::iter::once(first).chain(GEMV_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first));
-    Ok(CandidateSet::new(splits.map(split_name), fnv1a64(hashes.as_bytes())))
-}
-
-/// The GEMV split count `tuner` picks for `x · wᵀ`, measuring with `measure(splits)` (median
-/// milliseconds, or why that count failed) on a cache miss. Testable with injected timings.
-pub fn tune_gemv_with(
-    tuner: &Autotuner,
-    device: &Device,
-    x: &Tensor,
-    w: &Tensor,
-    mut measure: impl FnMut(usize) -> std::result::Result<f64, String>,
-) -> Result<Choice> {
-    let (Some(key), Some([m, n, k])) = (gemv_key(x, w), gemv_dims(x, w)) else {
-        return Err(OpError::Shape {
-            op: "gemv",
-            message: format!("x {:?} and w {:?} must be 2-D", x.shape(), w.shape()),
-        });
-    };
-    let set = gemv_candidates(device, &key, m, n, k)?;
-    Ok(tuner.tune(&key, &set, |c| {
-        let splits = c.name.strip_prefix("splits=").and_then(|s| s.parse().ok()).ok_or("not a split count")?;
-        measure(splits)
-    })?)
-}
-
 /// The process's tuner for a GPU (`None` on the CPU device), opened once per device.
-fn tuner_for(device: &Device) -> Result<Option<Arc<Autotuner>>> {
+pub(crate) fn tuner_for(device: &Device) -> Result<Option<Arc<Autotuner>>> {
     static TUNERS: OnceLock<Mutex<HashMap<DeviceKind, Option<Arc<Autotuner>>>>> = OnceLock::new();
     if device.is_cpu() {
         return Ok(None);
@@ -122,78 +41,6 @@ fn tuner_for(device: &Device) -> Result<Option<Arc<Autotuner>>> {
     let t = Autotuner::for_device(device)?.map(Arc::new);
     map.insert(device.kind(), t.clone());
     Ok(t)
-}
-
-/// Time `x · wᵀ` with `splits` K-splits on `stream` (allocates the output and workspace).
-fn measure_gemv(stream: &Stream, x: &Tensor, w: &Tensor, splits: usize) -> std::result::Result<f64, String> {
-    let [m, n, _] = gemv_dims(x, w).ok_or("not 2-D")?;
-    let out = Tensor::empty(stream.device(), x.dtype(), &[m, n]).map_err(|e| e.to_string())?;
-    let ws = Tensor::empty(stream.device(), DType::F32, &[splits * m * n]).map_err(|e| e.to_string())?;
-    measure_on_stream(stream, TUNE_ITERS, || {
-        gemv_split_k_into(stream, x, w, &out, &ws, splits).map_err(|e| e.to_string())
-    })
-}
-
-/// The split count for `x · wᵀ` on `stream`'s device: the heuristic's ([`gemv_splits`]) on
-/// the CPU, with `RUDA_AUTOTUNE=off` or for operands GEMV rejects; else the tuned one,
-/// measured on the first call for the key (allocating and synchronising: call it in warm-up,
-/// not while capturing).
-pub fn tuned_gemv_splits(stream: &Stream, x: &Tensor, w: &Tensor) -> Result<usize> {
-    tuned_gemv(stream, x, w)?.map_or_else(|| heuristic(stream.device(), x, w), |(_, c)| splits_of(&c))
-}
-
-fn heuristic(device: &Device, x: &Tensor, w: &Tensor) -> Result<usize> {
-    Ok(gemv_dims(x, w).map_or(1, |[_, n, k]| gemv_splits(device, n, k)))
-}
-
-/// The tuner and its choice, when tuning applies.
-fn tuned_gemv(stream: &Stream, x: &Tensor, w: &Tensor) -> Result<Option<(Arc<Autotuner>, Choice)>> {
-    let Some(tuner) = tuner_for(stream.device())? else { return Ok(None) };
-    let Some([m, _, _]) = gemv_dims(x, w) else { return Ok(None) };
-    if m == 0 || m > GEMV_MAX_M || !x.dtype().is_float() {
-        return Ok(None);
-    }
-    let choice = tune_gemv_with(&tuner, stream.device(), x, w, |s| measure_gemv(stream, x, w, s))?;
-    Ok(Some((tuner, choice)))
-}
-
-/// `x[M, K] · w[N, K]ᵀ` (`M ≤ 16`) with the tuned split count, allocating the output and
-/// workspace on `x`'s default stream. When the cached choice fails to launch, its entry is
-/// evicted and the next-best candidate runs.
-pub fn gemv_tuned(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let stream = x.device().default_stream();
-    let run = |splits: usize| -> Result<Tensor> {
-        let [m, n, _] = gemv_dims(x, w).unwrap_or([0, 0, 0]);
-        let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
-        if splits <= 1 {
-            api::gemv_into(&stream, x, w, &out, None)?;
-        } else {
-            let ws = Tensor::empty(x.device(), DType::F32, &[splits * m * n])?;
-            gemv_split_k_into(&stream, x, w, &out, &ws, splits)?;
-        }
-        Ok(out)
-    };
-    match tuned_gemv(&stream, x, w)? {
-        None => {
-            // The heuristic path, exactly as `gemv_into` sizes its workspace.
-            let [m, n, k] = gemv_dims(x, w).unwrap_or([0, 0, 0]);
-            let out = Tensor::empty(x.device(), x.dtype(), &[m, n])?;
-            let len = api::gemv_workspace_len(x.device(), m, n, k);
-            let ws = if len > 0 { Some(Tensor::empty(x.device(), DType::F32, &[len])?) } else { None };
-            api::gemv_into(&stream, x, w, &out, ws.as_ref())?;
-            Ok(out)
-        }
-        Some((tuner, choice)) => match run(splits_of(&choice)?) {
-            Ok(out) => Ok(out),
-            Err(first) if choice.cached => {
-                let (key, [m, n, k]) = (gemv_key(x, w).ok_or(first)?, gemv_dims(x, w).unwrap_or([0, 0, 0]));
-                let set = gemv_candidates(x.device(), &key, m, n, k)?;
-                let next = tuner.evict_and_fall_back(&key, &set, &choice.candidate.name)?;
-                run(splits_of(&next)?)
-            }
-            Err(e) => Err(e),
-        },
-    }
 }
 
 /// One line of a `rudac tune --shapes` file.
@@ -225,19 +72,28 @@ impl std::fmt::Display for TuneShape {
     }
 }
 
-/// The format of a shapes file, for messages and `rudac` help.
-pub const SHAPES_FORMAT: &str = "one op per line: `gemv DTYPE m=M n=N k=K` (1 ≤ M ≤ 16), `gemm DTYPE m=M n=N k=K` \
-(M > 16, DTYPE f16 or bf16) or `attention_decode DTYPE batch=B q_heads=H kv_heads=G head_dim=D s_max=S` (H a multiple of G; D 1 to 1024; S the KV cache capacity); DTYPE \
-f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and `#` comments are ignored";
+/// The format of a shapes file, for messages: every tuned family's lines
+/// ([`Family::shape_lines`](crate::family::Family::shape_lines)).
+pub fn shapes_format() -> String {
+    let forms: Vec<&str> = shape_lines().map(|l| l.format).collect();
+    let ops = match forms.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => "none".into(),
+    };
+    format!(
+        "one op per line: {ops}; DTYPE f32, f16 or bf16; every dimension ≥ 1; the keys in any order; blank lines and \
+         `#` comments are ignored"
+    )
+}
 
-/// The dimension names of each tunable op's shape-file line.
-const SHAPE_OPS: [(&str, &[&str]); 3] = [
-    ("gemv", &["m", "n", "k"]),
-    ("gemm", &["m", "n", "k"]),
-    ("attention_decode", &["batch", "q_heads", "kv_heads", "head_dim", "s_max"]),
-];
+/// Every family's shape-file lines, in registry order.
+fn shape_lines() -> impl Iterator<Item = &'static ShapeLine> {
+    crate::registry::families().flat_map(|f| f.shape_lines().iter())
+}
 
-/// Parse a shapes file; errors name `file:line`.
+/// Parse a shapes file: the op word picks the family's line, which names the dimensions and
+/// checks the shape. Errors name `file:line`.
 pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape>, String> {
     let mut shapes = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -245,13 +101,14 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
         if line.is_empty() {
             continue;
         }
-        let bad = |message: String| format!("{file}:{}: {message} (expected {SHAPES_FORMAT})", i + 1);
+        let bad = |message: String| format!("{file}:{}: {message} (expected {})", i + 1, shapes_format());
         let mut words = line.split_whitespace();
         let op = words.next().unwrap_or_default();
-        let Some(&(_, names)) = SHAPE_OPS.iter().find(|(name, _)| *name == op) else {
-            let ops: Vec<&str> = SHAPE_OPS.iter().map(|(name, _)| *name).collect();
+        let Some(kind) = shape_lines().find(|l| l.op == op) else {
+            let ops: Vec<&str> = shape_lines().map(|l| l.op).collect();
             return Err(bad(format!("unknown op `{op}`; tunable ops: {}", ops.join(", "))));
         };
+        let names = kind.dims;
         let dtype_word = words.next().ok_or_else(|| bad("missing the dtype".into()))?;
         let dtype = DType::from_name(dtype_word)
             .filter(|d| d.is_float())
@@ -278,29 +135,7 @@ pub fn parse_shapes(file: &str, text: &str) -> std::result::Result<Vec<TuneShape
             .zip(&values)
             .map(|(name, v)| v.ok_or_else(|| bad(format!("missing `{name}=`"))))
             .collect::<std::result::Result<Vec<usize>, String>>()?;
-        shapes.push(match *dims.as_slice() {
-            [m, n, k] if op == "gemv" => {
-                if m > GEMV_MAX_M {
-                    return Err(bad(format!("m={m}: GEMV takes at most {GEMV_MAX_M} rows")));
-                }
-                TuneShape::Gemv { dtype, m, n, k }
-            }
-            [m, n, k] => {
-                if m <= GEMV_MAX_M {
-                    return Err(bad(format!("m={m}: up to {GEMV_MAX_M} rows run on the GEMV (a `gemv` line)")));
-                }
-                if !matches!(dtype, DType::F16 | DType::BF16) {
-                    return Err(bad(format!("{dtype}: the tensor-core GEMM takes f16 or bf16")));
-                }
-                TuneShape::Gemm { dtype, m, n, k }
-            }
-            [batch, q_heads, kv_heads, head_dim, s_max] => {
-                let s = DecodeShape { dtype, batch, q_heads, kv_heads, head_dim, s_max };
-                s.check().map_err(bad)?;
-                TuneShape::AttentionDecode(s)
-            }
-            _ => return Err(bad(format!("`{op}` has no shape form"))),
-        });
+        shapes.push((kind.parse)(dtype, &dims).map_err(bad)?);
     }
     Ok(shapes)
 }
@@ -319,7 +154,7 @@ pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<Choice>> 
         TuneShape::Gemv { dtype, m, n, k } => {
             let x = Tensor::zeros(stream.device(), *dtype, &[*m, *k])?;
             let w = Tensor::zeros(stream.device(), *dtype, &[*n, *k])?;
-            Ok(tuned_gemv(stream, &x, &w)?.map(|(_, c)| c))
+            Ok(tuned_gemv(stream, &x, &w)?.map(|(_, t)| t.choice))
         }
         TuneShape::Gemm { dtype, m, n, k } => tune_gemm_shape(stream, *dtype, *m, *n, *k),
         TuneShape::AttentionDecode(s) => tune_decode_shape(stream, s),
@@ -342,12 +177,58 @@ pub enum TuneCommand {
     Show,
 }
 
-/// Run `rudac tune`: results and listings to `out`, one progress line per shape to
-/// `progress`. `Ok(false)` when some shape failed to tune.
-pub fn run_tune(
+/// How `rudac tune` reports its shapes: an `indicatif` bar with each result printed above it
+/// when writing to the process's standard error on a terminal, else one plain line per shape
+/// (`[#####...............] 3/12 SHAPE: RESULT`, see [`progress_bar`]), which logs and tests
+/// read.
+pub enum Progress<'a> {
+    Bar(indicatif::ProgressBar),
+    Lines(&'a mut dyn std::io::Write),
+}
+
+impl<'a> Progress<'a> {
+    /// A bar for `total` shapes when `writer` is standard error on a terminal, else plain lines
+    /// to `writer`.
+    pub fn new<W: std::io::Write + 'static>(writer: &'a mut W, total: usize) -> Progress<'a> {
+        use std::io::IsTerminal;
+        let is_stderr = (writer as &mut dyn std::any::Any).is::<std::io::Stderr>();
+        if is_stderr && std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            if let Ok(style) = indicatif::ProgressStyle::with_template("[{bar:20}] {pos}/{len} {msg}") {
+                bar.set_style(style.progress_chars("#>."));
+            }
+            Progress::Bar(bar)
+        } else {
+            Progress::Lines(writer)
+        }
+    }
+
+    /// Shape `done` of `total` finished with `result`.
+    pub fn shape(&mut self, done: usize, total: usize, shape: &TuneShape, result: &str) -> std::io::Result<()> {
+        match self {
+            Progress::Bar(bar) => {
+                bar.println(format!("{shape}: {result}"));
+                bar.set_position(done as u64);
+                Ok(())
+            }
+            Progress::Lines(w) => writeln!(w, "{} {shape}: {result}", progress_bar(done, total)),
+        }
+    }
+
+    /// Every shape is done.
+    pub fn finish(self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Run `rudac tune`: results and listings to `out`, the progress of each shape to `progress`
+/// ([`Progress`]). `Ok(false)` when some shape failed to tune.
+pub fn run_tune<W: std::io::Write + 'static>(
     command: &TuneCommand,
     out: &mut dyn std::io::Write,
-    progress: &mut dyn std::io::Write,
+    progress: &mut W,
 ) -> std::result::Result<bool, String> {
     let io = |e: std::io::Error| e.to_string();
     match command {
@@ -363,6 +244,7 @@ pub fn run_tune(
             }
             let stream = device.default_stream();
             let mut failed = 0;
+            let mut progress = Progress::new(progress, shapes.len());
             for (i, shape) in shapes.iter().enumerate() {
                 let line = match tune_shape(&stream, shape) {
                     Ok(Some(c)) => format!(
@@ -377,8 +259,9 @@ pub fn run_tune(
                         format!("FAILED: {e}")
                     }
                 };
-                writeln!(progress, "{} {shape}: {line}", progress_bar(i + 1, shapes.len())).map_err(io)?;
+                progress.shape(i + 1, shapes.len(), shape, &line).map_err(io)?;
             }
+            progress.finish();
             if let Some(t) = tuner_for(&device).map_err(|e| e.to_string())? {
                 writeln!(
                     out,

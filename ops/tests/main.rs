@@ -1,0 +1,29 @@
+//! The op library's integration tests, in one binary (one link instead of one per file). Each
+//! former test file is a module; `common` holds their shared helpers. Tests that set
+//! environment variables or count per-process state would keep binaries of their own (see
+//! ops/Cargo.toml); none does today.
+
+mod common;
+
+mod attention;
+mod differential;
+mod exact_sums;
+mod fuzz_corpus;
+mod gemm_tc;
+mod gemv;
+mod into_forms;
+mod ir_roundtrip;
+mod linear;
+mod nvrtc_registry;
+mod ops_errors;
+mod ops_reference;
+mod params;
+mod passes_registry;
+mod registry;
+mod rope;
+mod sampling;
+mod small_ops;
+mod snapshots;
+mod tune;
+mod tune_attention;
+mod tune_gemm;

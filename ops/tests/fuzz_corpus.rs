@@ -78,7 +78,7 @@ const MAX_SEED_BYTES: usize = 16 * 1024;
 /// (each if at most [`MAX_SEED_BYTES`]), and the `interpret` and `compile` file tests
 /// (`seed-ft-*`); for `pipeline`, a few pseudo-random byte strings (each
 /// a different generated kernel).
-/// `cargo test -p ruda-ops --test fuzz_corpus -- --ignored` rewrites them.
+/// `cargo test -p ruda-ops --test main fuzz_corpus -- --ignored` rewrites them.
 #[test]
 #[ignore = "writes the seed corpus into fuzz/corpus"]
 fn write_seed_corpus() {

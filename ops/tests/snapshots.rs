@@ -3,7 +3,7 @@
 //! for the same configurations (`snapshots/cuda/`), and a summary line for every configuration
 //! (PTX hash, C++ hash, and with `ptxas`: registers, spill bytes, shared bytes), so a review sees
 //! every change to every kernel without megabytes of diff. Update with `cargo insta test
-//! --review` or `INSTA_UPDATE=always cargo test -p ruda-ops --test snapshots`.
+//! --review` or `INSTA_UPDATE=always cargo test -p ruda-ops --test main snapshots`.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;

@@ -1308,21 +1308,27 @@ impl Gen<'_, '_> {
         let slot = self.e.below(SLOTS as u64) as u32;
         let p = self.own_slot(b, slot, t, t.bytes());
         let v = self.operand(b, Type::Scalar(t));
+        // Half the time read the word before (a `cas` then compares with it, so that the swap
+        // happens) and half the time after: a pass that moves a load across the atomic shows.
+        let before = self.e.chance(50).then(|| b.load(p));
+        if let Some(cur) = before {
+            self.define(cur, Level::Thread);
+        }
         let old = if op == AtomicOp::Cas {
-            // Half the time compare with what is there, so that the swap happens.
-            let compare = if self.e.chance(50) {
-                let cur = b.load(p);
-                self.define(cur, Level::Thread);
-                cur
-            } else {
-                self.operand(b, Type::Scalar(t))
+            let compare = match before {
+                Some(cur) if self.e.chance(70) => cur,
+                _ => self.operand(b, Type::Scalar(t)),
             };
             b.atomic_cas(p, compare, v)
         } else {
             b.atomic(op, p, v)
         };
         self.define(old, Level::Thread);
-        4
+        if self.e.chance(50) {
+            let now = b.load(p);
+            self.define(now, Level::Thread);
+        }
+        6
     }
 
     /// `mma.m16n8k16` on fragments from the pool (`ldmatrix` results among them).

@@ -34,10 +34,10 @@
 //!   or any atomic (`exch` and `cas` on floats too) on the thread's own output slot, whose old
 //!   value is deterministic and is used;
 //! - `mma` and `ldmatrix` only in warp-uniform control flow (`ldmatrix` in the load phase of
-//!   an exchange, with 16-byte aligned rows); `cp.async` copies from an input buffer into the
-//!   thread's own shared slot in the storing phase of an exchange, in one or two commit
-//!   groups, read (by the thread itself) only after a `wait_group` that covers them and (by
-//!   others) after the barrier;
+//!   an exchange, with 16-byte aligned rows); `cp.async` copies (some zero-filling past a
+//!   source size) from an input buffer into the thread's own shared slot in the storing phase
+//!   of an exchange, in one or two commit groups, read (by the thread itself) only after a
+//!   `wait_group` that covers them and (by others) after the barrier;
 //! - no float atomics; the approximate float functions are flagged
 //!   ([`GeneratedKernel::uses_approx`]) for engines that compare them within error bounds;
 //! - loop trip counts are small: constants, or a parameter or value masked to a few bits.
@@ -1152,7 +1152,7 @@ impl Gen<'_, '_> {
         let base = Self::shared_base(b, array, elem);
         let four = b.const_u32(4);
         let own = b.mul(self.ltid, four);
-        if !(self.cfg.tensor_core && self.e.chance(25) && self.cp_async(b, base, elem, own)) {
+        if !(self.cfg.tensor_core && self.e.chance(35) && self.cp_async(b, base, elem, own)) {
             for _ in 0..self.e.range(1, 2) {
                 let lanes = self.e.pick(&[1u32, 2, 4]);
                 let offset = self.e.below((4 / lanes) as u64) as u32 * lanes;
@@ -1259,13 +1259,15 @@ impl Gen<'_, '_> {
         if sizes.is_empty() {
             return false;
         }
-        let size = self.e.pick(&sizes);
-        let copies = if 2 * size <= slot_bytes { self.e.range(1, 2) as u32 } else { 1 };
+        // Half the time a size that leaves room for a second copy (and a second group).
+        let halves: Vec<u32> = sizes.iter().copied().filter(|&s| 2 * s <= slot_bytes).collect();
+        let size = if !halves.is_empty() && self.e.chance(50) { self.e.pick(&halves) } else { self.e.pick(&sizes) };
+        let copies = if 2 * size <= slot_bytes && self.e.chance(70) { 2 } else { 1 };
         let dst_bytes = b.ptr_cast(base, U8);
         let src_bytes_ptr = b.ptr_cast(src, U8);
         let elem_bytes = b.const_u32(elem.bytes());
         let own_byte = b.mul(own, elem_bytes);
-        let groups = copies == 2 && self.e.chance(50);
+        let groups = copies == 2 && self.e.chance(80);
         let mut first_dst = None;
         for c in 0..copies {
             let off = b.const_u32(c * size);
@@ -1273,7 +1275,23 @@ impl Gen<'_, '_> {
             let dst = b.ptr_add(dst_bytes, at);
             let j = self.masked_index(b, src_bytes, size);
             let from = b.ptr_add(src_bytes_ptr, j);
-            b.cp_async(dst, from, size as u8);
+            if self.e.chance(25) {
+                // Zero-fill: read only the first `n` bytes (a GEMM's predicated tile loads).
+                let n = if self.e.chance(50) {
+                    let c = b.const_u32(self.e.below(size as u64 + 1) as u32);
+                    self.define(c, Level::Block);
+                    c
+                } else {
+                    let x = self.operand(b, Type::U32);
+                    let mask = b.const_u32(size - 1);
+                    let n = b.and(x, mask);
+                    self.define(n, self.level(x));
+                    n
+                };
+                b.cp_async_zfill(dst, from, size as u8, n);
+            } else {
+                b.cp_async(dst, from, size as u8);
+            }
             if c == 0 && groups {
                 b.cp_async_commit();
                 first_dst = Some(dst);

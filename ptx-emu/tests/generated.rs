@@ -4,8 +4,8 @@
 //! on (`RUDA_GEN_SEEDS=A..B` checks those seeds instead). Even seeds leave out the sm_90-only
 //! conversions and are checked on sm_80 (and the PTX backend's sm_90 lowering), odd ones on
 //! sm_90. NVRTC compiles each target's kernels as one module, on a second CPU thread. The
-//! default run also checks that `mma`, `ldmatrix`, `cp.async` (with `wait_group 1`) and atomic
-//! exchange / CAS are among what it compared.
+//! default run also checks that `mma`, `ldmatrix`, `cp.async` (zero-filling, and with
+//! `wait_group 1`) and atomic exchange / CAS are among what it compared.
 
 use crate::common;
 
@@ -164,10 +164,11 @@ fn generated_kernels_agree_across_engines() {
 /// must compare them, not only plain arithmetic.
 fn tensor_core_kinds(checked: &[Checked]) -> Vec<(&'static str, usize)> {
     type IsKind = fn(&Op) -> bool;
-    let kinds: [(&str, IsKind); 5] = [
+    let kinds: [(&str, IsKind); 6] = [
         ("mma", |op| matches!(op, Op::Mma { .. })),
         ("ldmatrix", |op| matches!(op, Op::LdMatrix { .. })),
         ("cp.async", |op| matches!(op, Op::CpAsync { .. })),
+        ("cp.async zero-fill", |op| matches!(op, Op::CpAsync { src_size: Some(_), .. })),
         ("cp.async.wait_group 1", |op| matches!(op, Op::CpAsyncWait(1))),
         ("atomic.exch/cas", |op| matches!(op, Op::Atomic { op: AtomicOp::Exch | AtomicOp::Cas, .. })),
     ];

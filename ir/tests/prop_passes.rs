@@ -201,8 +201,11 @@ fn passes_preserve_interpreter_results() {
 #[test]
 fn passes_preserve_interpreter_results_on_a_drawn_seed() {
     let seed = drawn_seed();
-    // Printed first, so that a run killed by a hang can be replayed too.
-    eprintln!("prop_passes: drawn seed {seed} (replay with RUDA_PROP_SEED={seed})");
+    // Printed first, so that a run killed by a hang can be replayed too, and straight to
+    // stderr (not through `eprintln!`, which the test harness captures), so that every CI log
+    // shows it.
+    let line = format!("prop_passes: drawn seed {seed} (replay with RUDA_PROP_SEED={seed})\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     let failures = check_pipelines(|| drawn_config(seed), &regressions_dir());
     assert!(
         failures.is_empty(),

@@ -31,6 +31,13 @@
 //!   with block sizes a multiple of 32;
 //! - atomics are integer `add`, `min` and `max` into the atomics buffer or the shared
 //!   counters, each kind on 16 bytes of its own (so they commute), their old values unused;
+//!   or any atomic (`exch` and `cas` on floats too) on the thread's own output slot, whose old
+//!   value is deterministic and is used;
+//! - `mma` and `ldmatrix` only in warp-uniform control flow (`ldmatrix` in the load phase of
+//!   an exchange, with 16-byte aligned rows); `cp.async` copies (some zero-filling past a
+//!   source size) from an input buffer into the thread's own shared slot in the storing phase
+//!   of an exchange, in one or two commit groups, read (by the thread itself) only after a
+//!   `wait_group` that covers them and (by others) after the barrier;
 //! - no float atomics; the approximate float functions are flagged
 //!   ([`GeneratedKernel::uses_approx`]) for engines that compare them within error bounds;
 //! - loop trip counts are small: constants, or a parameter or value masked to a few bits.
@@ -166,6 +173,10 @@ pub struct GenConfig {
     pub warp: bool,
     /// Integer atomics.
     pub atomics: bool,
+    /// What fast kernels are made of, in warp-uniform control flow: `mma.m16n8k16` (f16 and
+    /// bf16), `ldmatrix` (x1/x2/x4, `.trans`) from shared memory, and `cp.async` into shared
+    /// memory with commit and wait groups (sm_80 and later).
+    pub tensor_core: bool,
     /// The approximate float functions (`rsqrt`, `ex2`, `lg2`, `tanh`, `sin`, `cos`).
     pub approx: bool,
     /// Leave out the conversions to bf16 that PTX has only from sm_90 on (rounding `rm`/`rp`,
@@ -184,6 +195,7 @@ impl Default for GenConfig {
             shared: true,
             warp: true,
             atomics: true,
+            tensor_core: true,
             approx: true,
             sm80_conversions: false,
         }
@@ -530,6 +542,8 @@ enum Action {
     Exchange,
     Warp,
     Atomic,
+    OwnAtomic,
+    Mma,
 }
 
 struct Gen<'g, 'a> {
@@ -727,6 +741,8 @@ impl Gen<'_, '_> {
                 Action::Exchange => self.exchange(b),
                 Action::Warp => self.warp(b),
                 Action::Atomic => self.atomic(b),
+                Action::OwnAtomic => self.own_atomic(b),
+                Action::Mma => self.mma(b),
             };
             self.charge(cost);
         }
@@ -734,7 +750,7 @@ impl Gen<'_, '_> {
 
     fn action(&mut self, end_weight: u64) -> Action {
         let nest = self.depth < self.cfg.max_depth;
-        let table: [(u64, Action); 17] = [
+        let table: [(u64, Action); 19] = [
             (end_weight, Action::End),
             (30, Action::Arith),
             (8, Action::Cmp),
@@ -752,6 +768,8 @@ impl Gen<'_, '_> {
             (if self.cf == Level::Block && !self.shared.is_empty() { 3 } else { 0 }, Action::Exchange),
             (if self.cfg.warp && self.cf <= Level::Warp { 4 } else { 0 }, Action::Warp),
             (if self.acc.is_some() { 2 } else { 0 }, Action::Atomic),
+            (if self.cfg.atomics { 2 } else { 0 }, Action::OwnAtomic),
+            (if self.cfg.tensor_core && self.cf <= Level::Warp { 2 } else { 0 }, Action::Mma),
         ];
         let total: u64 = table.iter().map(|(w, _)| w).sum();
         let mut x = self.e.below(total);
@@ -1134,15 +1152,17 @@ impl Gen<'_, '_> {
         let base = Self::shared_base(b, array, elem);
         let four = b.const_u32(4);
         let own = b.mul(self.ltid, four);
-        for _ in 0..self.e.range(1, 2) {
-            let lanes = self.e.pick(&[1u32, 2, 4]);
-            let offset = self.e.below((4 / lanes) as u64) as u32 * lanes;
-            let off = b.const_u32(offset);
-            let idx = b.add(own, off);
-            let p = b.ptr_add(base, idx);
-            let ty = if lanes == 1 { Type::Scalar(elem) } else { Type::Vector(elem, lanes as u8) };
-            let v = self.operand(b, ty);
-            b.store(p, v);
+        if !(self.cfg.tensor_core && self.e.chance(35) && self.cp_async(b, base, elem, own)) {
+            for _ in 0..self.e.range(1, 2) {
+                let lanes = self.e.pick(&[1u32, 2, 4]);
+                let offset = self.e.below((4 / lanes) as u64) as u32 * lanes;
+                let off = b.const_u32(offset);
+                let idx = b.add(own, off);
+                let p = b.ptr_add(base, idx);
+                let ty = if lanes == 1 { Type::Scalar(elem) } else { Type::Vector(elem, lanes as u8) };
+                let v = self.operand(b, ty);
+                b.store(p, v);
+            }
         }
         if let Some(c) = &self.counters {
             if self.e.chance(50) {
@@ -1162,6 +1182,17 @@ impl Gen<'_, '_> {
             let base = Self::shared_base(b, array, elem);
             let view = if self.e.chance(25) { self.e.pick(&DATA) } else { elem };
             let count = len * elem.bytes() / view.bytes();
+            if self.cfg.tensor_core && self.e.chance(20) {
+                // Each lane gives the address of a 16-byte aligned row of 8 elements.
+                let view = self.e.pick(&[U16, F16, BF16, I16]);
+                let count = len * elem.bytes() / 2;
+                let base = b.ptr_cast(base, view);
+                let i = self.masked_index(b, count, 8);
+                let p = b.ptr_add(base, i);
+                let v = b.ldmatrix(p, self.e.pick(&[1, 2, 4]), self.e.chance(50));
+                self.define(v, Level::Thread);
+                continue;
+            }
             let base = if view == elem { base } else { b.ptr_cast(base, view) };
             let lanes = self.e.pick(&[1u32, 1, 2, 4]);
             if self.e.chance(30) {
@@ -1213,6 +1244,120 @@ impl Gen<'_, '_> {
             self.counter_atomic(b, acc);
         }
         4
+    }
+
+    /// `cp.async` from an input buffer into the thread's own shared slot (`own`, in elements
+    /// of `elem`, four of them) instead of the storing phase's stores: one or two copies into
+    /// disjoint parts of the slot, in one or two commit groups, all waited for before the
+    /// exchange's barrier; with two groups, `wait_group 1` first and a read of the first
+    /// copy's bytes between the waits. False (nothing emitted) where no copy size fits.
+    fn cp_async(&mut self, b: &mut KernelBuilder, base: Value, elem: ScalarType, own: Value) -> bool {
+        let i = self.e.below(self.buffers.len() as u64) as usize;
+        let (src, src_bytes) = (self.buffers[i].ptr, self.buffers[i].len * self.buffers[i].elem.bytes());
+        let slot_bytes = 4 * elem.bytes();
+        let sizes: Vec<u32> = [4u32, 8, 16].into_iter().filter(|&s| s <= slot_bytes && s <= src_bytes).collect();
+        if sizes.is_empty() {
+            return false;
+        }
+        // Half the time a size that leaves room for a second copy (and a second group).
+        let halves: Vec<u32> = sizes.iter().copied().filter(|&s| 2 * s <= slot_bytes).collect();
+        let size = if !halves.is_empty() && self.e.chance(50) { self.e.pick(&halves) } else { self.e.pick(&sizes) };
+        let copies = if 2 * size <= slot_bytes && self.e.chance(70) { 2 } else { 1 };
+        let dst_bytes = b.ptr_cast(base, U8);
+        let src_bytes_ptr = b.ptr_cast(src, U8);
+        let elem_bytes = b.const_u32(elem.bytes());
+        let own_byte = b.mul(own, elem_bytes);
+        let groups = copies == 2 && self.e.chance(80);
+        let mut first_dst = None;
+        for c in 0..copies {
+            let off = b.const_u32(c * size);
+            let at = b.add(own_byte, off);
+            let dst = b.ptr_add(dst_bytes, at);
+            let j = self.masked_index(b, src_bytes, size);
+            let from = b.ptr_add(src_bytes_ptr, j);
+            if self.e.chance(25) {
+                // Zero-fill: read only the first `n` bytes (a GEMM's predicated tile loads).
+                let n = if self.e.chance(50) {
+                    let c = b.const_u32(self.e.below(size as u64 + 1) as u32);
+                    self.define(c, Level::Block);
+                    c
+                } else {
+                    let x = self.operand(b, Type::U32);
+                    let mask = b.const_u32(size - 1);
+                    let n = b.and(x, mask);
+                    self.define(n, self.level(x));
+                    n
+                };
+                b.cp_async_zfill(dst, from, size as u8, n);
+            } else {
+                b.cp_async(dst, from, size as u8);
+            }
+            if c == 0 && groups {
+                b.cp_async_commit();
+                first_dst = Some(dst);
+            }
+        }
+        b.cp_async_commit();
+        if let Some(dst) = first_dst.filter(|_| self.e.chance(70)) {
+            // The first group has landed; the second may still be in flight.
+            b.cp_async_wait(1);
+            let t = self.e.pick(&[U32, I32, F32]);
+            let p = b.ptr_cast(dst, t);
+            let v = b.load(p);
+            self.define(v, Level::Thread);
+        }
+        b.cp_async_wait(0);
+        true
+    }
+
+    /// An atomic on the thread's own output slot: no other thread touches it, so the old
+    /// value it returns is deterministic, and it is used.
+    fn own_atomic(&mut self, b: &mut KernelBuilder) -> u32 {
+        let t = self.e.pick(&[U32, I32, U64, I64, F32, F64]);
+        let mut ops = vec![AtomicOp::Exch, AtomicOp::Cas];
+        if t.is_int() {
+            ops.push(AtomicOp::Min);
+            ops.push(AtomicOp::Max);
+            if t != I64 {
+                ops.push(AtomicOp::Add);
+            }
+        }
+        let op = self.e.pick(&ops);
+        let slot = self.e.below(SLOTS as u64) as u32;
+        let p = self.own_slot(b, slot, t, t.bytes());
+        let v = self.operand(b, Type::Scalar(t));
+        // Half the time read the word before (a `cas` then compares with it, so that the swap
+        // happens) and half the time after: a pass that moves a load across the atomic shows.
+        let before = self.e.chance(50).then(|| b.load(p));
+        if let Some(cur) = before {
+            self.define(cur, Level::Thread);
+        }
+        let old = if op == AtomicOp::Cas {
+            let compare = match before {
+                Some(cur) if self.e.chance(70) => cur,
+                _ => self.operand(b, Type::Scalar(t)),
+            };
+            b.atomic_cas(p, compare, v)
+        } else {
+            b.atomic(op, p, v)
+        };
+        self.define(old, Level::Thread);
+        if self.e.chance(50) {
+            let now = b.load(p);
+            self.define(now, Level::Thread);
+        }
+        6
+    }
+
+    /// `mma.m16n8k16` on fragments from the pool (`ldmatrix` results among them).
+    fn mma(&mut self, b: &mut KernelBuilder) -> u32 {
+        let ty = self.e.pick(&[MmaType::F16, MmaType::BF16]);
+        let a = self.operand(b, Type::Vector(U32, 4));
+        let bf = self.operand(b, Type::Vector(U32, 2));
+        let c = self.operand(b, Type::Vector(F32, 4));
+        let d = b.mma_m16n8k16(ty, a, bf, c);
+        self.define(d, Level::Thread);
+        1
     }
 
     fn warp(&mut self, b: &mut KernelBuilder) -> u32 {

@@ -134,9 +134,10 @@ fn results_do_not_depend_on_scheduling() {
 fn each_kind_of_atomic_has_its_own_bytes() {
     // Different atomic operations (or 32- and 64-bit views) on one word do not commute; the
     // generator gives each kind 16 bytes of its own: `ptradd(ptradd(ptrcast(base), first), i)`
-    // with `i` masked below 16 bytes.
+    // with `i` masked below 16 bytes. Atomics on the thread's own output slot
+    // (`ptradd(ptrcast(own), constant)`) are the only others: no other thread touches those.
     let cfg = GenConfig::default();
-    let mut atomics = 0;
+    let (mut atomics, mut own) = (0, 0);
     for seed in 0..300 {
         let g = generate(&mut Entropy::from_seed(seed), &cfg);
         let k = &g.kernel;
@@ -154,6 +155,13 @@ fn each_kind_of_atomic_has_its_own_bytes() {
             let (Some(Op::PtrAdd(p1, _)), kind) = (defs.get(ptr), format!("{op}.{elem}")) else {
                 panic!("seed {seed}: unexpected atomic address")
             };
+            if let Some(Op::PtrCast(slot, _)) = defs.get(p1) {
+                let out = k.params.iter().find(|p| p.name == "out").map(|p| p.value);
+                let Some(Op::PtrAdd(root, _)) = defs.get(slot) else { panic!("seed {seed}: unexpected slot") };
+                assert_eq!(Some(*root), out, "seed {seed}: an atomic on a cast pointer that is not the own slot");
+                own += 1;
+                return;
+            }
             let Some(Op::PtrAdd(p0, first)) = defs.get(p1) else { panic!("seed {seed}: no first word") };
             let Some(Op::Const(first)) = defs.get(first) else { panic!("seed {seed}: first word not constant") };
             let Some(Op::PtrCast(base, _)) = defs.get(p0) else { panic!("seed {seed}: no cast") };
@@ -167,7 +175,7 @@ fn each_kind_of_atomic_has_its_own_bytes() {
             assert_eq!(*previous, kind, "seed {seed}: two kinds of atomics on the same bytes");
         });
     }
-    assert!(atomics > 100, "{atomics}");
+    assert!(atomics > 100 && own > 50, "{atomics} atomics, {own} on own slots");
 }
 
 #[test]
@@ -411,6 +419,21 @@ fn accepted() -> BTreeSet<String> {
         for space in ["global", "shared"] {
             want.insert(format!("atomic.{op}.{space}.{t}"));
         }
+    }
+    for op in [AtomicOp::Exch, AtomicOp::Cas] {
+        for t in ["u32", "s32", "u64", "s64", "f32", "f64"] {
+            want.insert(format!("atomic.{op}.global.{t}"));
+        }
+    }
+    for size in [4, 8, 16] {
+        want.insert(format!("cp.async.{size}"));
+    }
+    for count in [1, 2, 4] {
+        want.insert(format!("ldmatrix.x{count}"));
+        want.insert(format!("ldmatrix.x{count}.trans"));
+    }
+    for x in ["cp.async.commit_group", "cp.async.wait_group", "mma.m16n8k16.f16", "mma.m16n8k16.bf16"] {
+        want.insert(x.into());
     }
     for &mode in ShflMode::ALL {
         for t in ["u32", "s32", "f32"] {

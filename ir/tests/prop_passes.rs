@@ -1,12 +1,15 @@
 //! Every pass in `all_passes()`, and the default pipeline, on generated kernels
 //! (`ruda_ir::gen`): the result still verifies and the interpreter's outputs are bit-identical
-//! before and after. 256 cases per pipeline (`PROPTEST_CASES` overrides) from a fixed seed
-//! (`PROPTEST_RNG_SEED` overrides); each case is a byte string the generator reads, so
-//! proptest's shrinking of the bytes shrinks the kernel.
+//! before and after. Two runs: 256 cases per pipeline (`PROPTEST_CASES` overrides) from a
+//! fixed seed (`PROPTEST_RNG_SEED` overrides), the same every time; and 4096 cases per pipeline
+//! (`RUDA_PROP_CASES` overrides) from a seed drawn afresh on every run and printed, so that
+//! coverage grows from run to run (`RUDA_PROP_SEED=<printed>` replays it). Each case is a byte
+//! string the generator reads, so proptest's shrinking of the bytes shrinks the kernel.
 //!
-//! A failure prints the shrunk kernel as a `test optimize` file test; with `RUDA_BLESS=1` it
-//! is also written to `ir/filetests/regressions/`, where the file-test harness keeps checking
-//! it after the generator has changed (which makes proptest seeds stale).
+//! A failure writes the shrunk kernel as a `test optimize` file test to
+//! `ir/filetests/regressions/` (where the file-test harness keeps checking it after the
+//! generator has changed, which makes proptest seeds stale), prints its path and text, and the
+//! test fails.
 
 use std::path::PathBuf;
 
@@ -29,6 +32,24 @@ fn config() -> Config {
         cfg.rng_seed = RngSeed::Fixed(0x5275_6461);
     }
     cfg
+}
+
+/// The drawn run's seed: `RUDA_PROP_SEED`, or a fresh one from the clock and the process id.
+fn drawn_seed() -> u64 {
+    if let Ok(s) = std::env::var("RUDA_PROP_SEED") {
+        return s.trim().parse().unwrap_or_else(|_| panic!("RUDA_PROP_SEED must be a number, got {s:?}"));
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    fnv1a64(format!("{nanos} {}", std::process::id()).as_bytes())
+}
+
+/// The drawn run's configuration: fewer cases than the fixed run, sized to CI's time budget.
+fn drawn_config(seed: u64) -> Config {
+    let cases = match std::env::var("RUDA_PROP_CASES") {
+        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("RUDA_PROP_CASES must be a number, got {s:?}")),
+        Err(_) => 4096,
+    };
+    Config { failure_persistence: None, cases, rng_seed: RngSeed::Fixed(seed), ..Config::default() }
 }
 
 fn kernel_from(bytes: &[u8]) -> GeneratedKernel {
@@ -110,34 +131,52 @@ fn regression(pipeline: &str, bytes: &[u8], why: &str) -> Result<String, String>
     filetest(&g, pipeline, &comment).map_err(|e| format!("(no file test: the kernel fails to run: {e})"))
 }
 
-/// The failure report: the shrunk kernel as a file test, written under `RUDA_BLESS=1`.
-fn report(pipeline: &str, bytes: &[u8], why: &str) -> String {
+/// Where shrunk failures go: the folder the file-test harness runs in full.
+fn regressions_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/filetests/regressions"))
+}
+
+/// Write a failure's file test to `dir` as `<pipeline>-<hash of its text>.rir`.
+fn persist(dir: &std::path::Path, pipeline: &str, text: &str) -> std::io::Result<PathBuf> {
+    let file = dir.join(format!("{}-{:016x}.rir", pipeline.replace(',', "+"), fnv1a64(text.as_bytes())));
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&file, text)?;
+    Ok(file)
+}
+
+/// The failure report: the shrunk kernel as a file test, written to `dir`.
+fn report(dir: &std::path::Path, pipeline: &str, bytes: &[u8], why: &str) -> String {
     let text = match regression(pipeline, bytes, why) {
         Ok(text) => text,
         Err(e) => return format!("pipeline `{pipeline}`: {why}\n{e}"),
     };
     let mut out = format!("pipeline `{pipeline}`: {why}\n");
-    if std::env::var("RUDA_BLESS").is_ok_and(|v| v == "1") {
-        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/filetests/regressions"));
-        let file = dir.join(format!("{}-{:016x}.rir", pipeline.replace(',', "+"), fnv1a64(text.as_bytes())));
-        match std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&file, &text)) {
-            Ok(()) => out.push_str(&format!("written to {}\n", file.display())),
-            Err(e) => out.push_str(&format!("could not write {}: {e}\n", file.display())),
+    match persist(dir, pipeline, &text) {
+        Ok(file) => {
+            out.push_str(&format!("written to {} (commit it with the fix; the file tests run it):\n", file.display()))
         }
-    } else {
-        out.push_str("as a file test (RUDA_BLESS=1 writes it to ir/filetests/regressions/):\n");
+        Err(e) => out.push_str(&format!("could not write it to {}: {e}\n", dir.display())),
     }
     out.push_str(&text);
     out
 }
 
-#[test]
-fn passes_preserve_interpreter_results() {
+/// Run the property for every pass and the default pipeline under `config`; the reports of
+/// the failing ones, their shrunk kernels written to `dir`.
+fn check_pipelines(config: impl Fn() -> Config, dir: &std::path::Path) -> Vec<String> {
     let mut pipelines: Vec<(String, Vec<Box<dyn Pass>>)> =
         all_passes().into_iter().map(|p| (p.name().to_string(), vec![p])).collect();
     pipelines.push(("default".to_string(), default_pipeline()));
+    check(&pipelines, config, dir)
+}
+
+fn check(
+    pipelines: &[(String, Vec<Box<dyn Pass>>)],
+    config: impl Fn() -> Config,
+    dir: &std::path::Path,
+) -> Vec<String> {
     let mut failures = vec![];
-    for (name, passes) in &pipelines {
+    for (name, passes) in pipelines {
         let mut runner = TestRunner::new(config());
         let result = runner.run(&entropy(), |bytes| preserves(&bytes, passes).map_err(TestCaseError::fail));
         match result {
@@ -145,12 +184,35 @@ fn passes_preserve_interpreter_results() {
             Err(TestError::Fail(why, bytes)) => {
                 let bytes = minimize(&bytes, |b| preserves(b, passes).is_err());
                 let why = preserves(&bytes, passes).err().unwrap_or_else(|| why.to_string());
-                failures.push(report(name, &bytes, &why));
+                failures.push(report(dir, name, &bytes, &why));
             }
             Err(e) => failures.push(format!("pipeline `{name}`: {e}")),
         }
     }
+    failures
+}
+
+#[test]
+fn passes_preserve_interpreter_results() {
+    let failures = check_pipelines(config, &regressions_dir());
     assert!(failures.is_empty(), "{} pipeline(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn passes_preserve_interpreter_results_on_a_drawn_seed() {
+    let seed = drawn_seed();
+    // Printed first, so that a run killed by a hang can be replayed too, and straight to
+    // stderr (not through `eprintln!`, which the test harness captures), so that every CI log
+    // shows it.
+    let line = format!("prop_passes: drawn seed {seed} (replay with RUDA_PROP_SEED={seed})\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    let failures = check_pipelines(|| drawn_config(seed), &regressions_dir());
+    assert!(
+        failures.is_empty(),
+        "{} pipeline(s) failed on the drawn seed (replay with RUDA_PROP_SEED={seed}):\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
@@ -214,5 +276,28 @@ fn a_wrong_pass_is_caught_and_shrunk() {
     kernel.walk(|_, _| insts += 1);
     assert!(insts < 120, "{insts} instructions after shrinking:\n{text}");
     assert!(text.len() < 30_000, "{} bytes:\n{text}", text.len());
-    assert!(text.starts_with("; test optimize\n; passes: broken\n; launch grid=1,1,1 block=32,1,1\n"), "{text}");
+    assert!(text.starts_with("; test optimize\n; passes: broken\n; launch grid="), "{text}");
+    // One warp per block, and at most two blocks.
+    let launch = text.lines().nth(2).unwrap_or_default();
+    assert!(launch.ends_with(" block=32,1,1") && ["=1,1,1 ", "=2,1,1 "].iter().any(|g| launch.contains(g)), "{launch}");
+}
+
+#[test]
+fn a_failure_is_written_as_a_file_test_and_reported() {
+    let dir = std::env::temp_dir().join(format!("ruda-prop-regressions-{}", std::process::id()));
+    let pipelines: Vec<(String, Vec<Box<dyn Pass>>)> = vec![("broken".to_string(), vec![Box::new(Broken)])];
+    let failures = check(&pipelines, || Config { cases: 64, ..config() }, &dir);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir).expect("the folder exists").flatten().map(|e| e.path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    assert!(name.starts_with("broken-") && name.ends_with(".rir"), "{name}");
+    assert!(failures[0].contains(&format!("written to {}", file.display())), "{}", failures[0]);
+    let text = std::fs::read_to_string(file).expect("readable");
+    // The report carries the file's whole text, and the file is a kernel the harness parses.
+    assert!(failures[0].ends_with(&text), "{}", failures[0]);
+    assert!(text.starts_with("; test optimize\n; passes: broken\n"), "{text}");
+    ruda_ir::parse_kernel(&text).expect("the file parses as a kernel");
+    std::fs::remove_dir_all(&dir).expect("removed");
 }

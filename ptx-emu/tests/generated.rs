@@ -3,14 +3,16 @@
 //! the emulator; every output buffer must agree bit for bit. 256 kernels per run, from seed 0
 //! on (`RUDA_GEN_SEEDS=A..B` checks those seeds instead). Even seeds leave out the sm_90-only
 //! conversions and are checked on sm_80 (and the PTX backend's sm_90 lowering), odd ones on
-//! sm_90. NVRTC compiles each target's kernels as one module, on a second CPU thread.
+//! sm_90. NVRTC compiles each target's kernels as one module, on a second CPU thread. The
+//! default run also checks that `mma`, `ldmatrix`, `cp.async` (zero-filling, and with
+//! `wait_group 1`) and atomic exchange / CAS are among what it compared.
 
 use crate::common;
 
 use common::{dump_dir, first_difference, Input};
 use ruda_codegen_ptx::{emit_ptx, Arch, Target};
 use ruda_ir::gen::{generate, run_generated, ArgSpec, Entropy, GenConfig, GeneratedKernel};
-use ruda_ir::ScalarType;
+use ruda_ir::{AtomicOp, Op, ScalarType};
 
 /// The seeds to try, and how many kernels must be checked (0: all of the range).
 fn seeds() -> (std::ops::Range<u64>, usize) {
@@ -150,6 +152,38 @@ fn generated_kernels_agree_across_engines() {
             through_nvrtc += 1;
         }
     }
-    println!("{} generated kernels agree ({through_nvrtc} also through NVRTC)", checked.len());
+    let kinds = tensor_core_kinds(&checked);
+    println!("{} generated kernels agree ({through_nvrtc} also through NVRTC), using {kinds:?}", checked.len());
     assert!(checked.len() >= want_kernels, "{} kernels checked", checked.len());
+    if want_kernels > 0 {
+        assert!(kinds.iter().all(|(_, n)| *n >= 5), "too few kernels with each kind of op: {kinds:?}");
+    }
+}
+
+/// How many of the checked kernels use each op the fast kernels are made of: the default run
+/// must compare them, not only plain arithmetic.
+fn tensor_core_kinds(checked: &[Checked]) -> Vec<(&'static str, usize)> {
+    type IsKind = fn(&Op) -> bool;
+    let kinds: [(&str, IsKind); 6] = [
+        ("mma", |op| matches!(op, Op::Mma { .. })),
+        ("ldmatrix", |op| matches!(op, Op::LdMatrix { .. })),
+        ("cp.async", |op| matches!(op, Op::CpAsync { .. })),
+        ("cp.async zero-fill", |op| matches!(op, Op::CpAsync { src_size: Some(_), .. })),
+        ("cp.async.wait_group 1", |op| matches!(op, Op::CpAsyncWait(1))),
+        ("atomic.exch/cas", |op| matches!(op, Op::Atomic { op: AtomicOp::Exch | AtomicOp::Cas, .. })),
+    ];
+    kinds
+        .iter()
+        .map(|&(name, is)| {
+            let n = checked
+                .iter()
+                .filter(|c| {
+                    let mut found = false;
+                    c.g.kernel.walk(|_, inst| found |= is(&inst.op));
+                    found
+                })
+                .count();
+            (name, n)
+        })
+        .collect()
 }

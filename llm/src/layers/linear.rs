@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use ruda_ops::api::{self, GemmTile, OpError, GEMV_MAX_M};
+use ruda_ops::api::{self, Epilogue, GemmTile, LinearProblem, OpError, Strategy, GEMV_MAX_M};
 use ruda_ops::tune;
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
@@ -88,10 +88,10 @@ impl Linear {
         }
     }
 
-    /// `out = x·Wᵀ (+ bias)`: a decode step's GEMV with its tuned split count and the bias in its
-    /// epilogue, a prefill chunk's tensor-core GEMM with its tuned tile and the bias in its
-    /// epilogue, else `linear` (GEMV or GEMM by rows) and `add_bias` through `scratch` (unused
-    /// without a bias).
+    /// `out = x·Wᵀ (+ bias)` through `api::linear_with_into`: a decode step's GEMV with its
+    /// tuned split count and the bias in its epilogue, a prefill chunk's tensor-core GEMM with its
+    /// tuned tile and the bias in its epilogue, else by shape (GEMV or GEMM by rows) and
+    /// `add_bias` through `scratch` (unused without a bias).
     pub fn forward(
         &self,
         s: &Stream,
@@ -102,20 +102,27 @@ impl Linear {
     ) -> Result<(), OpError> {
         let Linear::Dense { weight: w, bias } = self;
         let shape = self.shape();
+        // Every product goes through the linear family's one entry point; the plan picks the
+        // strategy: the prefill's tuned tile, the decode GEMV's tuned split count, or by shape.
+        let bias_only = Epilogue { bias: bias.as_ref(), residual: None };
         if let (Some(&tile), true) = (plan.gemm_tiles.get(&shape), x.shape()[0] == plan.tokens) {
-            return api::linear_tile_into(s, x, w, bias.as_ref(), None, out, tile);
+            return api::linear_with_into(s, LinearProblem::new(x, w, out), bias_only, Strategy::Tile(tile));
         }
         let decode = plan
             .gemv
             .as_ref()
             .filter(|_| x.shape()[0] == 1)
             .map(|g| (g.splits.get(&shape).copied().unwrap_or(1), &g.workspace));
+        let gemv = |splits: usize, workspace: &Tensor| {
+            let problem = LinearProblem { x, w, out, workspace: Some(workspace) };
+            api::linear_with_into(s, problem, bias_only, Strategy::Gemv { splits: Some(splits) })
+        };
         match (decode, bias) {
-            (Some((splits, workspace)), Some(b)) => api::gemv_bias_into(s, x, w, b, out, Some(workspace), splits),
-            (Some((splits, workspace)), None) if splits > 1 => api::gemv_split_k_into(s, x, w, out, workspace, splits),
-            (_, None) => api::linear_into(s, x, w, out),
+            (Some((splits, workspace)), Some(_)) => gemv(splits, workspace),
+            (Some((splits, workspace)), None) if splits > 1 => gemv(splits, workspace),
+            (_, None) => api::linear_with_into(s, LinearProblem::new(x, w, out), Epilogue::NONE, Strategy::Auto),
             (None, Some(b)) => {
-                api::linear_into(s, x, w, scratch)?;
+                api::linear_with_into(s, LinearProblem::new(x, w, scratch), Epilogue::NONE, Strategy::Auto)?;
                 api::add_bias_into(s, scratch, b, out)
             }
         }

@@ -1,5 +1,5 @@
-//! Decode attention's split-KV count, tuned per GPU and shape like GEMV's split-K (see the
-//! parent module): the heuristic ([`decode_splits`]) first, then [`DECODE_SPLIT_CANDIDATES`].
+//! Decode attention's split-KV count, tuned per GPU and shape like GEMV's split-K (see
+//! [`crate::tune`]): the heuristic ([`decode_splits`]) first, then [`DECODE_SPLIT_CANDIDATES`].
 //!
 //! The key is the dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed (with the V
 //! cache's head dim appended where it differs from `head_dim`), and the alignment class. Candidates are timed with every sequence at the cache's capacity `s_max`
@@ -14,9 +14,9 @@ use ruda_runtime::{
     TuneKey,
 };
 
-use super::{split_name, tuner_for, TUNE_ITERS};
+use super::kernels::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIM_RANGE};
 use crate::api::{self, attention_decode_into, decode_splits, DecodeWorkspace, OpError, Result, MAX_DECODE_SPLITS};
-use crate::kernels::attention::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIM_RANGE};
+use crate::tune::{split_name, tuner_for, TUNE_ITERS};
 
 /// The split counts decode attention tries besides its heuristic's (those that leave every
 /// split at least one key tile of the cache are kept).
@@ -262,7 +262,7 @@ impl DecodeShape {
 
 /// Tune one decode shape on `stream`'s GPU with zero-filled operands (timing does not depend
 /// on the values): its choice, or `None` when tuning does not apply.
-pub(super) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<Choice>> {
+pub(crate) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<Choice>> {
     let q = Tensor::zeros(stream.device(), s.dtype, &[s.batch, s.q_heads, s.head_dim])?;
     let cache = [s.batch, s.kv_heads, s.s_max, s.head_dim];
     let (k, v) = (Tensor::zeros(stream.device(), s.dtype, &cache)?, Tensor::zeros(stream.device(), s.dtype, &cache)?);

@@ -12,11 +12,11 @@
 
 use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
 
-use super::*;
-use crate::kernels::attention::{
+use super::kernels::{
     self as kern, decode_workspace_len, AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig,
     Geometry, KvSource, FLASH_HEAD_DIM_RANGE, SOFTMAX_THREADS, THREADS,
 };
+use crate::api::*;
 
 /// Options of [`attention`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -914,7 +914,7 @@ pub fn attention(
             contiguous_nonempty(op, "attn_bias", x)?;
             same_device(op, &stream, &[("attn_bias", x)])?;
             let strides = broadcast_strides("attn_bias", x, scores)?;
-            let x = if x.dtype() == DType::F32 { x.clone() } else { super::cast(x, DType::F32)? };
+            let x = if x.dtype() == DType::F32 { x.clone() } else { crate::api::cast(x, DType::F32)? };
             Some((x, strides))
         }
         None => None,
@@ -1029,7 +1029,7 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
     let op = "attention";
     let dev = c.q.device();
     let f32_of = |x: &Tensor| -> SetupResult<Tensor> {
-        Ok(if x.dtype() == DType::F32 { x.clone() } else { super::cast(x, DType::F32)? })
+        Ok(if x.dtype() == DType::F32 { x.clone() } else { crate::api::cast(x, DType::F32)? })
     };
     let (q, k, v) = (f32_of(c.q)?, f32_of(c.k)?, f32_of(c.v)?);
     let out = if c.out.dtype() == DType::F32 { c.out.clone() } else { Tensor::empty(dev, DType::F32, c.out.shape())? };
@@ -1050,7 +1050,7 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
         for h in 0..c.hq {
             let kv = bi * c.hkv + h / c.group as usize;
             let qs = slice(&q3, bi * c.hq + h, c.t)?;
-            super::linear_into(stream, &qs, &slice(&k3, kv, c.s)?, &scores)?;
+            crate::api::linear_into(stream, &qs, &slice(&k3, kv, c.s)?, &scores)?;
             let mut args = vec![Arg::Tensor(&scores), Arg::Tensor(&probs)];
             if let Some(mb) = mask_bias {
                 mb.push_tensors(&mut args);
@@ -1061,11 +1061,11 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
                 mb.push_strides(&mut args);
             }
             stream.launch(&*softmax, LaunchConfig::linear(q_len, SOFTMAX_THREADS), &args)?;
-            super::matmul_into(stream, &probs, &slice(&v3, kv, c.s)?, &slice(&o3, bi * c.hq + h, c.t)?)?;
+            crate::api::matmul_into(stream, &probs, &slice(&v3, kv, c.s)?, &slice(&o3, bi * c.hq + h, c.t)?)?;
         }
     }
     if c.out.dtype() != DType::F32 {
-        super::cast_into(stream, &out, c.out)?;
+        crate::api::cast_into(stream, &out, c.out)?;
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Split-KV decode over a contiguous KV cache: the partial kernel (one split of the keys per
 //! block) and the combine kernel that merges the splits.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, SpecialReg, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, Value, VerifyError};
 
 use super::flash::*;
 use super::geometry::*;
@@ -37,22 +37,39 @@ pub fn decode_workspace_len(batch: usize, q_heads: usize, v_head_dim: usize, spl
     batch * q_heads * splits * (v_head_dim + 2)
 }
 
+crate::kernel_params! {
+    /// The parameters of [`attention_decode`] (see [`AttentionDecodeConfig`]).
+    pub struct AttentionDecodeParams, AttentionDecodeValues for AttentionDecodeConfig as cfg {
+        q: tensor(cfg.dtype),
+        k_cache: tensor(cfg.dtype),
+        v_cache: tensor(cfg.dtype),
+        seq_lens: tensor(ScalarType::U32),
+        workspace: tensor(ScalarType::F32),
+        scale: scalar(f32),
+        s_max: scalar(u32),
+        kv_heads: scalar(u32),
+        group: scalar(u32),
+        split_len: scalar(u32),
+    }
+}
+
 /// Build the split-KV decode kernel (see [`AttentionDecodeConfig`]).
 pub fn attention_decode(cfg: &AttentionDecodeConfig) -> Result<Kernel, VerifyError> {
     let geo = cfg.geometry();
     let (d, dv) = (geo.head_dim, geo.v_head_dim);
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let gptr = |t| Type::Ptr(AddrSpace::Global, t);
-    let q = b.param("q", gptr(cfg.dtype));
-    let k = b.param("k_cache", gptr(cfg.dtype));
-    let v = b.param("v_cache", gptr(cfg.dtype));
-    let seq_lens = b.param("seq_lens", gptr(ScalarType::U32));
-    let ws = b.param("workspace", gptr(ScalarType::F32));
-    let scale = b.param("scale", Type::F32);
-    let s_max = b.param("s_max", Type::U32);
-    let kv_heads = b.param("kv_heads", Type::U32);
-    let group = b.param("group", Type::U32);
-    let split_len = b.param("split_len", Type::U32);
+    let AttentionDecodeValues {
+        q,
+        k_cache: k,
+        v_cache: v,
+        seq_lens,
+        workspace: ws,
+        scale,
+        s_max,
+        kv_heads,
+        group,
+        split_len,
+    } = AttentionDecodeParams::declare(&mut b, cfg);
     b.launch_bounds(THREADS, geo.min_blocks());
     let tiles = tiles(&mut b, &geo);
 
@@ -142,15 +159,24 @@ pub fn attention_decode(cfg: &AttentionDecodeConfig) -> Result<Kernel, VerifyErr
     b.finish()
 }
 
+crate::kernel_params! {
+    /// The parameters of [`attention_decode_combine`]: the partial kernel's `workspace` (f32),
+    /// `out` (`[B, Hq, Dv]`, the dtype) and the split count.
+    pub struct AttentionDecodeCombineParams, AttentionDecodeCombineValues for AttentionDecodeConfig as cfg {
+        workspace: tensor(ScalarType::F32),
+        out: tensor(cfg.dtype),
+        splits: scalar(u32),
+    }
+}
+
 /// Build the decode combine kernel: merges the splits' `(max, sum, acc)` of each (sequence,
-/// head) into `out` (`[B, Hq, Dv]`, the dtype). Parameters: `workspace` (f32), `out`,
-/// `splits: u32`. Launch: grid `(B · Hq)`, `Dv` threads.
+/// head) into `out` (see [`AttentionDecodeCombineParams`]). Launch: grid `(B · Hq)`, `Dv`
+/// threads.
 pub fn attention_decode_combine(cfg: &AttentionDecodeConfig) -> Result<Kernel, VerifyError> {
     let d = cfg.v_head_dim;
     let mut b = KernelBuilder::new(cfg.combine_id().replace('.', "_"));
-    let ws = b.param("workspace", Type::Ptr(AddrSpace::Global, ScalarType::F32));
-    let out = b.param("out", Type::Ptr(AddrSpace::Global, cfg.dtype));
-    let splits = b.param("splits", Type::U32);
+    let AttentionDecodeCombineValues { workspace: ws, out, splits } =
+        AttentionDecodeCombineParams::declare(&mut b, cfg);
     b.launch_bounds(d, None);
 
     let row = b.block_id_x();

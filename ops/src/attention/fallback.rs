@@ -1,7 +1,7 @@
 //! The multi-kernel fallback's masked softmax over f32 scores (the GEMMs around it are the
 //! GEMM family's).
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
 use super::flash::*;
 use super::geometry::*;
@@ -27,24 +27,42 @@ impl AttentionSoftmaxConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`attention_softmax`] (see [`AttentionSoftmaxConfig`]): `mask`, `bias`,
+    /// the (sequence, head) of the scores and the mask's and bias's strides when masked.
+    pub struct AttentionSoftmaxParams, AttentionSoftmaxValues for AttentionSoftmaxConfig as cfg {
+        scores: tensor(ScalarType::F32),
+        probs: tensor(ScalarType::F32),
+        mask: opt_tensor(ScalarType::U8, cfg.masked),
+        bias: opt_tensor(ScalarType::F32, cfg.masked),
+        scale: scalar(f32),
+        q_len: scalar(u32),
+        kv_len: scalar(u32),
+        batch: opt_scalar(u32, cfg.masked),
+        head: opt_scalar(u32, cfg.masked),
+        mask_batch: opt_scalar(u64, cfg.masked),
+        mask_head: opt_scalar(u64, cfg.masked),
+        mask_query: opt_scalar(u64, cfg.masked),
+        mask_key: opt_scalar(u64, cfg.masked),
+        bias_batch: opt_scalar(u64, cfg.masked),
+        bias_head: opt_scalar(u64, cfg.masked),
+        bias_query: opt_scalar(u64, cfg.masked),
+        bias_key: opt_scalar(u64, cfg.masked),
+    }
+}
+
 /// Build the fallback's masked softmax (see [`AttentionSoftmaxConfig`]).
 pub fn attention_softmax(cfg: &AttentionSoftmaxConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let gptr = |t| Type::Ptr(AddrSpace::Global, t);
-    let scores = b.param("scores", gptr(ScalarType::F32));
-    let probs = b.param("probs", gptr(ScalarType::F32));
-    let mask_ptrs = cfg.masked.then(|| (b.param("mask", gptr(ScalarType::U8)), b.param("bias", gptr(ScalarType::F32))));
-    let scale = b.param("scale", Type::F32);
-    let q_len = b.param("q_len", Type::U32);
-    let kv_len = b.param("kv_len", Type::U32);
-    let mb = mask_ptrs.map(|(mask, bias)| {
-        let seq = b.param("batch", Type::U32);
-        let head = b.param("head", Type::U32);
-        let names = ["batch", "head", "query", "key"];
-        let mask_strides = names.map(|n| b.param(format!("mask_{n}"), Type::U64));
-        let bias_strides = names.map(|n| b.param(format!("bias_{n}"), Type::U64));
-        (MaskBias { mask, bias, mask_strides, bias_strides }, seq, head)
-    });
+    let p = AttentionSoftmaxParams::declare(&mut b, cfg);
+    let AttentionSoftmaxValues { scores, probs, scale, q_len, kv_len, .. } = p;
+    let mb = mask_bias(
+        p.mask.zip(p.bias),
+        [p.mask_batch, p.mask_head, p.mask_query, p.mask_key],
+        [p.bias_batch, p.bias_head, p.bias_query, p.bias_key],
+    )
+    .zip(p.batch.zip(p.head))
+    .map(|(mb, (seq, head))| (mb, seq, head));
     b.launch_bounds(SOFTMAX_THREADS, None);
     let max_scratch = b.shared_array("max_partials", ScalarType::F32, SOFTMAX_THREADS / 32);
     let sum_scratch = b.shared_array("sum_partials", ScalarType::F32, SOFTMAX_THREADS / 32);

@@ -732,6 +732,22 @@ pub(super) struct MaskBias {
     pub(super) bias_strides: [Value; 4],
 }
 
+/// The values of a group of optional parameters, declared together (all `Some`) or not at all.
+pub(super) fn declared<const N: usize>(values: [Option<Value>; N]) -> Option<[Value; N]> {
+    values.iter().all(Option::is_some).then(|| values.map(|v| v.expect("every value is declared")))
+}
+
+/// The mask and bias parameters with their (batch, head, query, key) strides, when declared.
+pub(super) fn mask_bias(
+    tensors: Option<(Value, Value)>,
+    mask_strides: [Option<Value>; 4],
+    bias_strides: [Option<Value>; 4],
+) -> Option<MaskBias> {
+    let ((mask, bias), (mask_strides, bias_strides)) =
+        tensors.zip(declared(mask_strides).zip(declared(bias_strides)))?;
+    Some(MaskBias { mask, bias, mask_strides, bias_strides })
+}
+
 /// Row stride of the staged bias tile: `BC + 1`, so that the groups of a warp, which read
 /// different rows of one column, hit different banks.
 pub(super) fn bias_stride(geo: &Geometry) -> u32 {

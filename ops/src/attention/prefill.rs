@@ -1,7 +1,7 @@
 //! The flash prefill kernel: packed variable-length batches or a KV cache, GQA, causal or not,
 //! optional mask and bias.
 
-use ruda_ir::{AddrSpace, Kernel, KernelBuilder, ScalarType, SpecialReg, Type, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, Value, VerifyError};
 
 use super::flash::*;
 use super::geometry::*;
@@ -60,36 +60,63 @@ impl AttentionPrefillConfig {
     }
 }
 
+crate::kernel_params! {
+    /// The parameters of [`attention_prefill`] (see [`AttentionPrefillConfig`]): `cu_k` over
+    /// packed keys, `seq_lens` in its place over a KV cache; the `v_*` and `o_*` strides with
+    /// `Dv ≠ D`; `mask`, `bias` and their strides when masked.
+    pub struct AttentionPrefillParams, AttentionPrefillValues for AttentionPrefillConfig as cfg {
+        q: tensor(cfg.dtype),
+        k: tensor(cfg.dtype),
+        v: tensor(cfg.dtype),
+        out: tensor(cfg.dtype),
+        cu_q: tensor(ScalarType::U32),
+        cu_k: opt_tensor(ScalarType::U32, cfg.kv == KvSource::Packed),
+        seq_lens: opt_tensor(ScalarType::U32, cfg.kv == KvSource::Cache),
+        mask: opt_tensor(ScalarType::U8, cfg.masked),
+        bias: opt_tensor(ScalarType::F32, cfg.masked),
+        scale: scalar(f32),
+        total_q: scalar(u32),
+        total_k: scalar(u32),
+        group: scalar(u32),
+        q_token: scalar(u64),
+        q_head: scalar(u64),
+        q_batch: scalar(u64),
+        k_token: scalar(u64),
+        k_head: scalar(u64),
+        k_batch: scalar(u64),
+        v_token: opt_scalar(u64, cfg.own_v_strides()),
+        v_head: opt_scalar(u64, cfg.own_v_strides()),
+        v_batch: opt_scalar(u64, cfg.own_v_strides()),
+        o_token: opt_scalar(u64, cfg.own_v_strides()),
+        o_head: opt_scalar(u64, cfg.own_v_strides()),
+        o_batch: opt_scalar(u64, cfg.own_v_strides()),
+        mask_batch: opt_scalar(u64, cfg.masked),
+        mask_head: opt_scalar(u64, cfg.masked),
+        mask_query: opt_scalar(u64, cfg.masked),
+        mask_key: opt_scalar(u64, cfg.masked),
+        bias_batch: opt_scalar(u64, cfg.masked),
+        bias_head: opt_scalar(u64, cfg.masked),
+        bias_query: opt_scalar(u64, cfg.masked),
+        bias_key: opt_scalar(u64, cfg.masked),
+    }
+}
+
 /// Build the prefill kernel (see [`AttentionPrefillConfig`] for parameters and launch).
 pub fn attention_prefill(cfg: &AttentionPrefillConfig) -> Result<Kernel, VerifyError> {
     let geo = cfg.geometry();
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let gptr = |t| Type::Ptr(AddrSpace::Global, t);
-    let q = b.param("q", gptr(cfg.dtype));
-    let k = b.param("k", gptr(cfg.dtype));
-    let v = b.param("v", gptr(cfg.dtype));
-    let out = b.param("out", gptr(cfg.dtype));
-    let cu_q = b.param("cu_q", gptr(ScalarType::U32));
-    let cu_k = b.param(if cfg.kv == KvSource::Cache { "seq_lens" } else { "cu_k" }, gptr(ScalarType::U32));
-    let mask_ptrs = cfg.masked.then(|| (b.param("mask", gptr(ScalarType::U8)), b.param("bias", gptr(ScalarType::F32))));
-    let scale = b.param("scale", Type::F32);
-    let total_q = b.param("total_q", Type::U32);
-    let total_k = b.param("total_k", Type::U32);
-    let group = b.param("group", Type::U32);
-    let q_strides = [b.param("q_token", Type::U64), b.param("q_head", Type::U64), b.param("q_batch", Type::U64)];
-    let k_strides = [b.param("k_token", Type::U64), b.param("k_head", Type::U64), b.param("k_batch", Type::U64)];
-    let vo_strides = cfg.own_v_strides().then(|| {
-        let v = ["v_token", "v_head", "v_batch"].map(|n| b.param(n, Type::U64));
-        let o = ["o_token", "o_head", "o_batch"].map(|n| b.param(n, Type::U64));
-        (v, o)
-    });
+    let p = AttentionPrefillParams::declare(&mut b, cfg);
+    let AttentionPrefillValues { q, k, v, out, cu_q, scale, total_q, total_k, group, .. } = p;
+    let cu_k = p.cu_k.or(p.seq_lens).expect("one of cu_k and seq_lens is declared");
+    let q_strides = [p.q_token, p.q_head, p.q_batch];
+    let k_strides = [p.k_token, p.k_head, p.k_batch];
+    let vo_strides = declared([p.v_token, p.v_head, p.v_batch]).zip(declared([p.o_token, p.o_head, p.o_batch]));
     let (v_strides, o_strides) = vo_strides.unwrap_or((k_strides, q_strides));
-    let mb = mask_ptrs.map(|(mask, bias)| {
-        let names = ["batch", "head", "query", "key"];
-        let mask_strides = names.map(|n| b.param(format!("mask_{n}"), Type::U64));
-        let bias_strides = names.map(|n| b.param(format!("bias_{n}"), Type::U64));
-        MaskBias { mask, bias, mask_strides, bias_strides }
-    });
+    let mb = mask_bias(
+        p.mask.zip(p.bias),
+        [p.mask_batch, p.mask_head, p.mask_query, p.mask_key],
+        [p.bias_batch, p.bias_head, p.bias_query, p.bias_key],
+    );
     b.launch_bounds(THREADS, geo.min_blocks());
     let tiles = tiles(&mut b, &geo);
     let bias_tile = cfg.masked.then(|| b.shared_array("bias_tile", ScalarType::F32, geo.rows * bias_stride(&geo)));

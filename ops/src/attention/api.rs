@@ -2,13 +2,7 @@
 //! bias, a choice of strategy), packed variable-length prefill, prefill over a KV cache and
 //! split-KV decode.
 //!
-//! Semantics are those of Hugging Face Qwen2 attention (`eager_attention_forward`, SDPA):
-//! `softmax(q · kᵀ · scale + bias) · v` per query head, the key/value head of query head `h`
-//! being `h / (Hq / Hkv)` (GQA), `scale` defaulting to `1 / sqrt(D)`. A causal mask is aligned
-//! to the end: query `i` of a sequence of `q_len` queries and `kv_len` keys attends keys
-//! `j <= i + kv_len - q_len` (the new tokens follow the cached ones). A query row that may
-//! attend no key at all gives zeros (flash-attn's convention; SDPA would give NaN).
-//! Statistics and accumulation are `f32`; the output has the input dtype.
+//! The semantics they share are the contract of the [module](super).
 
 use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 

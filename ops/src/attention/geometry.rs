@@ -31,7 +31,7 @@ pub const SOFTMAX_THREADS: u32 = 256;
 /// Each of a lane's `rows_per_lane` query rows is shared by a group of `G` lanes, lane `g`
 /// owning the 4-wide runs of dimensions `4g + 4G·r` (`r < runs_k` of `q`, `r < runs_v` of the
 /// accumulator): the smallest power-of-two `G` (two rows per lane when they fit, else one)
-/// whose runs keep [`LANE_VALUES`] registers. Dims past `D` (or `Dv`) are padding: loaded as
+/// whose runs keep `LANE_VALUES` registers. Dims past `D` (or `Dv`) are padding: loaded as
 /// zeros and never stored, and the tiles are staged at the padded widths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {

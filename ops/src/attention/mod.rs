@@ -6,7 +6,18 @@
 //! - [`fallback`]: the masked softmax of the multi-kernel fallback;
 //! - [`api`]: the entry points (validate, pick a kernel and a split count, launch);
 //! - [`tune`]: decode's split count tuned per GPU and shape;
+//! - `flash` (private): the helpers and online-softmax core prefill and decode share;
 //! - `family`: the families `attention_prefill`, `attention_decode` and `attention_fallback`.
+//!
+//! # The contract
+//!
+//! Semantics are those of Hugging Face Qwen2 attention (`eager_attention_forward`, SDPA):
+//! `softmax(q · kᵀ · scale + bias) · v` per query head, the key/value head of query head `h`
+//! being `h / (Hq / Hkv)` (GQA), `scale` defaulting to `1 / sqrt(D)`. A causal mask is aligned
+//! to the end: query `i` of a sequence of `q_len` queries and `kv_len` keys attends keys
+//! `j <= i + kv_len - q_len` (the new tokens follow the cached ones). A query row that may
+//! attend no key at all gives zeros (flash-attn's convention; SDPA would give NaN).
+//! Statistics and accumulation are `f32`; the output has the input dtype.
 //!
 //! The kernels: a SIMT flash-attention forward for prefill (packed variable-length batches, GQA,
 //! causal or not, optional mask and bias), split-KV decode over a contiguous KV cache with its

@@ -116,7 +116,7 @@ fn candidate_splits(dtype: DType, dims: [usize; 5], v_head_dim: usize) -> Result
     Ok((std::iter::once(first).chain(rest).collect(), kernels))
 }
 
-/// The candidate set the tuner sees for decoding `dims` (see [`candidate_splits`]): the split
+/// The candidate set the tuner sees for decoding `dims` (see `candidate_splits`): the split
 /// counts' names and the checksum of the kernels' location-free IR.
 pub fn decode_candidates(dtype: DType, dims: [usize; 5], v_head_dim: usize) -> Result<CandidateSet> {
     let (splits, kernels) = candidate_splits(dtype, dims, v_head_dim)?;

@@ -1,8 +1,8 @@
 //! `ruda-ops`: RUDA's kernel library, written once in the IR.
 //!
 //! One folder per op family ([`elementwise`], [`rows`], [`norm`] (with [`norm::fused`]), [`gemv`],
-//! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`penalty`], [`swiglu`]; attention
-//! in [`kernels::attention`] and [`api`] for now), each holding its kernel builders (`kernel`), host
+//! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`penalty`], [`swiglu`],
+//! [`attention`]), each holding its kernel builders (`kernel`), host
 //! entry points (`api`) and, where it is tuned, its tuning (`tune`). Shared pieces:
 //!
 //! - [`blocks`]: kernel building blocks (reductions, conversions, index arithmetic, packing);
@@ -16,7 +16,6 @@
 //! The `rudac` and `ruda-bench` tools live in `ruda-tools` (`tools/`).
 
 pub mod api;
-mod attention_family;
 pub mod blocks;
 pub mod error;
 pub mod family;
@@ -28,6 +27,7 @@ pub mod registry;
 pub mod tune;
 
 pub mod argmax;
+pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;

@@ -22,7 +22,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::rows::Rows],
     &[&crate::norm::Norm],
     &[&crate::gemm::Gemm],
-    &[&crate::attention_family::Attention],
+    &[&crate::attention::Attention],
     &[&crate::gemv::Gemv],
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],

@@ -771,3 +771,34 @@ fn head_dim_errors_name_the_shape() {
     let out = api::attention_prefill_cache(&qp, &cu, None, &k_cache, &v_cache, &lens, None, true).unwrap();
     assert_eq!(out.shape(), &[5, 4, 32]);
 }
+
+/// The decode kernel's arguments are bound by name: `s_max` and `kv_heads` swapped (both `u32`,
+/// so their types alone pass) are an error naming both.
+#[test]
+fn decode_arguments_are_checked_by_name() {
+    use ruda_ops::kernels::attention::{attention_decode, AttentionDecodeConfig, AttentionDecodeParams};
+    use ruda_ops::params::check_names;
+    let dev = Device::cpu();
+    let cfg = AttentionDecodeConfig { dtype: ruda_ir::ScalarType::F32, head_dim: 64, v_head_dim: 64 };
+    let kernel = attention_decode(&cfg).unwrap();
+    let t = Tensor::zeros(&dev, DType::F32, &[4]).unwrap();
+    let lens = Tensor::zeros(&dev, DType::U32, &[1]).unwrap();
+    let args = AttentionDecodeParams {
+        q: &t,
+        k_cache: &t,
+        v_cache: &t,
+        seq_lens: &lens,
+        workspace: &t,
+        scale: 1.0,
+        s_max: 8,
+        kv_heads: 1,
+        group: 1,
+        split_len: 8,
+    }
+    .args();
+    check_names(&kernel, &args).unwrap();
+    let mut swapped = args.clone();
+    swapped.swap(6, 7);
+    let e = check_names(&kernel, &swapped).unwrap_err().to_string();
+    assert!(e.contains("argument 6 is `kv_heads`") && e.contains("parameter 6 is `s_max`"), "{e}");
+}

@@ -5,8 +5,8 @@ use crate::common::{fingerprint, temp_dir};
 use ruda_ops::api;
 use ruda_ops::kernels::attention::Geometry;
 use ruda_ops::tune::{
-    decode_candidates, decode_key, decode_splits_of, parse_shapes, tune_decode_with, tune_shape, tuned_decode_splits,
-    DecodeShape, TuneShape, DECODE_SPLIT_CANDIDATES,
+    decode_candidates, decode_key, parse_shapes, tune_decode_with, tune_shape, tuned_decode_splits, DecodeShape,
+    TuneShape, DECODE_SPLIT_CANDIDATES,
 };
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
@@ -38,11 +38,11 @@ fn decode_tunes_with_injected_timings_and_caches_the_choice() {
     let mut want = vec![heuristic];
     want.extend(DECODE_SPLIT_CANDIDATES.into_iter().filter(|&s| s != heuristic));
     assert_eq!(measured, want);
-    assert_eq!(decode_splits_of(&choice).unwrap(), 8);
-    assert!(!choice.cached);
+    assert_eq!(choice.value, 8);
+    assert!(!choice.choice.cached);
     let again = tune_decode_with(&tuner, &q, &k, &v, |_| panic!("measured a cached key")).unwrap();
-    assert!(again.cached);
-    assert_eq!(decode_splits_of(&again).unwrap(), 8);
+    assert!(again.choice.cached);
+    assert_eq!(again.value, 8);
     // A nearby shape shares the bucket and the entry.
     let (q2, k2, v2) = operands(&dev, DType::BF16, [1, 14, 7, 128, 3000]);
     assert_eq!(decode_key(&q2, &k2, &v2).unwrap().shape_bucket, vec![1, 16, 8, 128, 4096]);
@@ -52,11 +52,11 @@ fn decode_tunes_with_injected_timings_and_caches_the_choice() {
     assert_eq!(entry.best, "splits=8");
     // Persisted: a new tuner on the same folder reads the choice back.
     let reopened = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
-    assert!(tune_decode_with(&reopened, &q, &k, &v, |_| panic!("measured")).unwrap().cached);
+    assert!(tune_decode_with(&reopened, &q, &k, &v, |_| panic!("measured")).unwrap().choice.cached);
     // Off: the heuristic, unmeasured.
     let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
     let c = tune_decode_with(&off, &q, &k, &v, |_| panic!("measured")).unwrap();
-    assert_eq!(decode_splits_of(&c).unwrap(), heuristic);
+    assert_eq!(c.value, heuristic);
 }
 
 #[test]

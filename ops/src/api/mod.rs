@@ -7,11 +7,8 @@
 //! Each family's entry points live in its folder (`crate::gemm::api`, ...); this module
 //! re-exports them so `ruda_ops::api::*` names every op.
 
-mod attention;
-
-pub use attention::*;
-
 pub use crate::argmax::api::*;
+pub use crate::attention::api::*;
 pub use crate::elementwise::api::*;
 pub use crate::embedding::api::*;
 pub use crate::error::*;

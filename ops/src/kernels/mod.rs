@@ -17,13 +17,13 @@ pub use crate::rows::kernel as rows;
 pub use crate::sampling::kernel as sampling;
 pub use crate::swiglu::kernel as swiglu;
 
+pub use crate::attention::kernels as attention;
+pub use attention::{
+    attention_decode, attention_decode_combine, attention_prefill, attention_softmax, AttentionDecodeConfig,
+    AttentionPrefillConfig, AttentionSoftmaxConfig, KvSource,
+};
 pub use elementwise::{elementwise, ElementwiseConfig, ElementwiseOp};
 pub use gemm::{gemm_simt, BLayout, GemmConfig};
 pub use gemm_tc::{gemm_tc, GemmTcConfig};
 pub use norm::{layer_norm, rms_norm, NormConfig};
 pub use rows::{row_reduce, softmax, RowReduceConfig, RowReduceOp, SoftmaxConfig};
-pub mod attention;
-pub use attention::{
-    attention_decode, attention_decode_combine, attention_prefill, attention_softmax, AttentionDecodeConfig,
-    AttentionPrefillConfig, AttentionSoftmaxConfig, KvSource,
-};

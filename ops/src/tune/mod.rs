@@ -1,6 +1,6 @@
 //! Autotuning shared by the tuned families (GEMV's split-K count in [`crate::gemv::tune`], the
 //! tensor-core GEMM's tile in [`crate::gemm::tune`], decode attention's split-KV count in
-//! `tune/attention.rs`): one tuner per GPU, and the shape files of `rudac tune --shapes`.
+//! [`crate::attention::tune`]): one tuner per GPU, and the shape files of `rudac tune --shapes`.
 //!
 //! Tuning measures, so it allocates and synchronises: it happens in allocating wrappers or in
 //! warm-up calls before a decode step is captured; `_into` forms never tune.
@@ -14,11 +14,10 @@ use ruda_runtime::{Autotuner, Choice, DType, Device, DeviceKind, Stream, Tensor}
 use crate::api::Result;
 use crate::family::ShapeLine;
 
-mod attention;
 pub mod flow;
+pub use crate::attention::tune::*;
 pub use crate::gemm::tune::*;
 pub use crate::gemv::tune::*;
-pub use attention::*;
 
 /// Launches per timed sample when tuning on a GPU (a decode GEMV takes microseconds).
 pub(crate) const TUNE_ITERS: usize = 20;

@@ -1,22 +1,24 @@
-//! Decode attention's split-KV count, tuned per GPU and shape like GEMV's split-K (see the
-//! parent module): the heuristic ([`decode_splits`]) first, then [`DECODE_SPLIT_CANDIDATES`].
+//! Decode attention's split-KV count, tuned per GPU and shape through the generic flow
+//! ([`crate::tune::flow`]), as GEMV's split-K is: the candidates are split counts
+//! ([`DecodeSplits`]), the heuristic's ([`decode_splits`]) first, then
+//! [`DECODE_SPLIT_CANDIDATES`].
 //!
 //! The key is the dtype, `[batch, q_heads, kv_heads, head_dim, s_max]` bucketed (with the V
-//! cache's head dim appended where it differs from `head_dim`), and the alignment class. Candidates are timed with every sequence at the cache's capacity `s_max`
-//! (the workspace is sized per capacity, not per step, so its split count must suit the longest
-//! context it will see).
+//! cache's head dim appended where it differs from `head_dim`), and the alignment class.
+//! Candidates are timed with every sequence at the cache's capacity `s_max` (the workspace is
+//! sized per capacity, not per step, so its split count must suit the longest context it will
+//! see).
 
 use std::sync::Arc;
 
-use ruda_ir::fnv1a64;
 use ruda_runtime::{
-    alignment_class, bucket, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Launchable, Stream, Tensor,
-    TuneKey,
+    alignment_class, bucket, measure_on_stream, Autotuner, CandidateSet, Choice, DType, Device, Stream, Tensor, TuneKey,
 };
 
-use super::{split_name, tuner_for, TUNE_ITERS};
-use crate::api::{self, attention_decode_into, decode_splits, DecodeWorkspace, OpError, Result, MAX_DECODE_SPLITS};
-use crate::kernels::attention::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIM_RANGE};
+use super::kernels::{self as kern, AttentionDecodeConfig, FLASH_HEAD_DIM_RANGE};
+use crate::api::{self, attention_decode_into, decode_splits, DecodeWorkspace, OpError, Result};
+use crate::tune::flow::{ir_digest, run_tuned, tune, Kernels, Tuned, Tuning};
+use crate::tune::{split_name, tuner_for, TUNE_ITERS};
 
 /// The split counts decode attention tries besides its heuristic's (those that leave every
 /// split at least one key tile of the cache are kept).
@@ -56,20 +58,6 @@ pub fn decode_key(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Option<Tune
     Some(TuneKey::new(OP, q.dtype().name(), &key_dims, align))
 }
 
-/// The split count a decode candidate stands for.
-pub fn decode_splits_of(choice: &Choice) -> Result<usize> {
-    choice
-        .candidate
-        .name
-        .strip_prefix("splits=")
-        .and_then(|n| n.parse().ok())
-        .filter(|n| (1..=MAX_DECODE_SPLITS).contains(n))
-        .ok_or_else(|| OpError::InvalidArgument {
-            op: OP,
-            message: format!("autotune chose `{}`, not a split count", choice.candidate.name),
-        })
-}
-
 fn decode_config(op: &'static str, dtype: DType, head_dim: usize, v_head_dim: usize) -> Result<AttentionDecodeConfig> {
     if !dtype.is_float() {
         return Err(OpError::DType { op, message: format!("{dtype} (expected f32, f16 or bf16)") });
@@ -85,36 +73,58 @@ fn decode_config(op: &'static str, dtype: DType, head_dim: usize, v_head_dim: us
     Ok(AttentionDecodeConfig { dtype: dtype.scalar_type(), head_dim, v_head_dim })
 }
 
+/// `[batch, q_heads, kv_heads, head_dim, s_max]` and the V cache's head dim.
+pub type DecodeDims = ([usize; 5], usize);
+
+/// Decode attention's tuned choice: the split-KV count (1: no split).
+pub struct DecodeSplits;
+
+impl Tuned for DecodeSplits {
+    type Candidate = usize;
+    type Dims = DecodeDims;
+    const OP: &'static str = OP;
+
+    fn name(splits: &usize) -> String {
+        split_name(*splits)
+    }
+
+    /// See [`decode_candidates`]; the key gives the dtype (the split counts do not depend on
+    /// the device).
+    fn candidates(_: &Device, key: &TuneKey, (dims, v_head_dim): DecodeDims) -> Result<(Vec<usize>, Kernels)> {
+        let dtype = DType::from_name(&key.dtype)
+            .ok_or_else(|| OpError::DType { op: OP, message: format!("{} (expected f32, f16 or bf16)", key.dtype) })?;
+        candidate_splits(dtype, dims, v_head_dim)
+    }
+}
+
 /// Decode's candidates for `dims` = `[batch, q_heads, kv_heads, head_dim, s_max]` and the V
 /// cache's head dim, bucketed as the key is: the heuristic's split count first (the choice when
 /// tuning is off), then those of [`DECODE_SPLIT_CANDIDATES`] that give every split at least one
-/// key tile; the two kernels' IR hashes are folded in.
-pub fn decode_candidates(dtype: DType, dims: [usize; 5], v_head_dim: usize) -> Result<CandidateSet> {
+/// key tile; the kernels are the partial and combine kernels of the head dims.
+fn candidate_splits(dtype: DType, dims: [usize; 5], v_head_dim: usize) -> Result<(Vec<usize>, Kernels)> {
     let [batch, q_heads, kv_heads, head_dim, s_max] = dims;
     let cfg = decode_config(OP, dtype, head_dim, v_head_dim)?;
-    let partial = api::kernel(cfg.id(), || kern::attention_decode(&cfg))?.ir_hash();
-    let combine = api::kernel(cfg.combine_id(), || kern::attention_decode_combine(&cfg))?.ir_hash();
+    let kernels = vec![
+        api::kernel(cfg.id(), || kern::attention_decode(&cfg))?,
+        api::kernel(cfg.combine_id(), || kern::attention_decode_combine(&cfg))?,
+    ];
     // The key's bucketed shape, so every shape of one key gets the same set.
     let [batch, q_heads, kv_heads, s_max] = [batch, q_heads, kv_heads, s_max].map(|d| bucket(d as u64) as usize);
     let tiles = s_max.div_ceil(cfg.geometry().keys as usize).max(1);
     let first = decode_splits(batch, q_heads, kv_heads, head_dim, s_max);
     let rest = DECODE_SPLIT_CANDIDATES.into_iter().filter(|&s| s != first && s <= tiles);
-    Ok(CandidateSet::new(
-        std::iter::once(first).chain(rest).map(split_name),
-        fnv1a64(format!("{partial:016x}{combine:016x}").as_bytes()),
-    ))
+    Ok((std::iter::once(first).chain(rest).collect(), kernels))
 }
 
-/// The split count `tuner` picks for decoding `q` against `k_cache`/`v_cache`, measuring with
-/// `measure(splits)` (median milliseconds, or why that count failed) on a cache miss.
-/// Testable with injected timings.
-pub fn tune_decode_with(
-    tuner: &Autotuner,
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    mut measure: impl FnMut(usize) -> std::result::Result<f64, String>,
-) -> Result<Choice> {
+/// The candidate set the tuner sees for decoding `dims` (see `candidate_splits`): the split
+/// counts' names and the checksum of the kernels' location-free IR.
+pub fn decode_candidates(dtype: DType, dims: [usize; 5], v_head_dim: usize) -> Result<CandidateSet> {
+    let (splits, kernels) = candidate_splits(dtype, dims, v_head_dim)?;
+    Ok(CandidateSet::new(splits.into_iter().map(split_name), ir_digest(&kernels)))
+}
+
+/// The key and dims of a decode, or the op's error for operands of the wrong ranks.
+fn key_dims(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<(TuneKey, DecodeDims)> {
     let (Some(key), Some(dims), Some(dv)) =
         (decode_key(q, k_cache, v_cache), decode_dims(q, k_cache), v_head_dim(v_cache))
     else {
@@ -127,11 +137,21 @@ pub fn tune_decode_with(
             ),
         });
     };
-    let set = decode_candidates(q.dtype(), dims, dv)?;
-    Ok(tuner.tune(&key, &set, |c| {
-        let splits = c.name.strip_prefix("splits=").and_then(|s| s.parse().ok()).ok_or("not a split count")?;
-        measure(splits)
-    })?)
+    Ok((key, (dims, dv)))
+}
+
+/// The split count `tuner` picks for decoding `q` against `k_cache`/`v_cache`, measuring with
+/// `measure(splits)` (median milliseconds, or why that count failed) on a cache miss.
+/// Testable with injected timings.
+pub fn tune_decode_with(
+    tuner: &Autotuner,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    measure: impl FnMut(usize) -> std::result::Result<f64, String>,
+) -> Result<Tuning<usize>> {
+    let (key, dims) = key_dims(q, k_cache, v_cache)?;
+    tune::<DecodeSplits>(tuner, q.device(), &key, dims, measure)
 }
 
 /// Whether the op accepts these operands as far as tuning cares: otherwise the op itself
@@ -180,13 +200,13 @@ fn tuned_decode(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
-) -> Result<Option<(Arc<Autotuner>, Choice)>> {
+) -> Result<Option<(Arc<Autotuner>, Tuning<usize>)>> {
     let Some(tuner) = tuner_for(stream.device())? else { return Ok(None) };
     if tunable(q, k_cache, v_cache).is_none() {
         return Ok(None);
     }
-    let choice = tune_decode_with(&tuner, q, k_cache, v_cache, |s| measure_decode(stream, q, k_cache, v_cache, s))?;
-    Ok(Some((tuner, choice)))
+    let tuning = tune_decode_with(&tuner, q, k_cache, v_cache, |s| measure_decode(stream, q, k_cache, v_cache, s))?;
+    Ok(Some((tuner, tuning)))
 }
 
 fn heuristic(q: &Tensor, k_cache: &Tensor) -> usize {
@@ -200,7 +220,7 @@ fn heuristic(q: &Tensor, k_cache: &Tensor) -> usize {
 /// not while capturing). Neither the caches' contents nor `q`'s are changed.
 pub fn tuned_decode_splits(stream: &Stream, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<usize> {
     match tuned_decode(stream, q, k_cache, v_cache)? {
-        Some((_, c)) => decode_splits_of(&c),
+        Some((_, t)) => Ok(t.value),
         None => Ok(heuristic(q, k_cache)),
     }
 }
@@ -225,17 +245,10 @@ pub fn attention_decode_tuned(
     };
     match tuned_decode(&stream, q, k_cache, v_cache)? {
         None => run(heuristic(q, k_cache)),
-        Some((tuner, choice)) => match run(decode_splits_of(&choice)?) {
-            Ok(out) => Ok(out),
-            Err(first) if choice.cached => {
-                let (key, dims) =
-                    (decode_key(q, k_cache, v_cache).ok_or(first)?, decode_dims(q, k_cache).unwrap_or_default());
-                let set = decode_candidates(q.dtype(), dims, v_head_dim(v_cache).unwrap_or(dims[3]))?;
-                let next = tuner.evict_and_fall_back(&key, &set, &choice.candidate.name)?;
-                run(decode_splits_of(&next)?)
-            }
-            Err(e) => Err(e),
-        },
+        Some((tuner, tuning)) => {
+            let (key, dims) = key_dims(q, k_cache, v_cache)?;
+            run_tuned::<DecodeSplits, _>(&tuner, q.device(), &key, dims, &tuning, run)
+        }
     }
 }
 
@@ -262,9 +275,9 @@ impl DecodeShape {
 
 /// Tune one decode shape on `stream`'s GPU with zero-filled operands (timing does not depend
 /// on the values): its choice, or `None` when tuning does not apply.
-pub(super) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<Choice>> {
+pub(crate) fn tune_decode_shape(stream: &Stream, s: &DecodeShape) -> Result<Option<Choice>> {
     let q = Tensor::zeros(stream.device(), s.dtype, &[s.batch, s.q_heads, s.head_dim])?;
     let cache = [s.batch, s.kv_heads, s.s_max, s.head_dim];
     let (k, v) = (Tensor::zeros(stream.device(), s.dtype, &cache)?, Tensor::zeros(stream.device(), s.dtype, &cache)?);
-    Ok(tuned_decode(stream, &q, &k, &v)?.map(|(_, c)| c))
+    Ok(tuned_decode(stream, &q, &k, &v)?.map(|(_, t)| t.choice))
 }

@@ -2,21 +2,17 @@
 //! bias, a choice of strategy), packed variable-length prefill, prefill over a KV cache and
 //! split-KV decode.
 //!
-//! Semantics are those of Hugging Face Qwen2 attention (`eager_attention_forward`, SDPA):
-//! `softmax(q · kᵀ · scale + bias) · v` per query head, the key/value head of query head `h`
-//! being `h / (Hq / Hkv)` (GQA), `scale` defaulting to `1 / sqrt(D)`. A causal mask is aligned
-//! to the end: query `i` of a sequence of `q_len` queries and `kv_len` keys attends keys
-//! `j <= i + kv_len - q_len` (the new tokens follow the cached ones). A query row that may
-//! attend no key at all gives zeros (flash-attn's convention; SDPA would give NaN).
-//! Statistics and accumulation are `f32`; the output has the input dtype.
+//! The semantics they share are the contract of the [module](super).
 
-use ruda_runtime::{Arg, DType, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::*;
-use crate::kernels::attention::{
-    self as kern, decode_workspace_len, AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig,
-    Geometry, KvSource, FLASH_HEAD_DIM_RANGE, SOFTMAX_THREADS, THREADS,
+use super::kernels::{
+    self as kern, decode_workspace_len, AttentionDecodeCombineParams, AttentionDecodeConfig, AttentionDecodeParams,
+    AttentionPrefillConfig, AttentionPrefillParams, AttentionSoftmaxConfig, AttentionSoftmaxParams, Geometry, KvSource,
+    FLASH_HEAD_DIM_RANGE, SOFTMAX_THREADS, THREADS,
 };
+use crate::api::*;
+use crate::params;
 
 /// Options of [`attention`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -234,15 +230,9 @@ struct MaskBias<'a> {
     bias_strides: [u64; 4],
 }
 
-impl MaskBias<'_> {
-    fn push_tensors<'a>(&'a self, args: &mut Vec<Arg<'a>>) {
-        args.push(Arg::Tensor(self.mask));
-        args.push(Arg::Tensor(self.bias));
-    }
-    fn push_strides(&self, args: &mut Vec<Arg<'_>>) {
-        args.extend(self.mask_strides.map(Arg::scalar));
-        args.extend(self.bias_strides.map(Arg::scalar));
-    }
+/// Stride `i` of optional strides (a parameter declared only with them).
+fn nth<const N: usize>(strides: Option<[u64; N]>, i: usize) -> Option<u64> {
+    strides.map(|s| s[i])
 }
 
 /// Everything one flash prefill launch needs, validated.
@@ -289,24 +279,47 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
     let heads = grid_limit(op, "query heads", p.q_heads as usize, 65535)?;
     let batch = grid_limit(op, "batch", p.batch as usize, 65535)?;
     let k = kernel(cfg.id(), || kern::attention_prefill(&cfg))?;
-    let mut args = vec![Arg::Tensor(p.q), Arg::Tensor(p.k), Arg::Tensor(p.v), Arg::Tensor(p.out)];
-    args.extend([Arg::Tensor(p.cu_q), Arg::Tensor(p.cu_k)]);
-    if let Some(mb) = &p.mask_bias {
-        mb.push_tensors(&mut args);
-    }
-    args.extend([Arg::scalar(p.scale), Arg::scalar(p.total_q), Arg::scalar(p.total_k), Arg::scalar(p.group)]);
-    args.extend(p.q_strides.map(Arg::scalar));
-    args.extend(p.k_strides.map(Arg::scalar));
-    if p.v_head_dim != p.head_dim {
-        args.extend(p.v_strides.map(Arg::scalar));
-        args.extend(p.o_strides.map(Arg::scalar));
-    }
-    if let Some(mb) = &p.mask_bias {
-        mb.push_strides(&mut args);
-    }
+    let cache = p.kv == KvSource::Cache;
+    let (v_strides, o_strides) = (p.v_head_dim != p.head_dim).then_some((p.v_strides, p.o_strides)).unzip();
+    let mb = p.mask_bias.as_ref();
+    let (ms, bs) = (mb.map(|m| m.mask_strides), mb.map(|m| m.bias_strides));
+    let args = AttentionPrefillParams {
+        q: p.q,
+        k: p.k,
+        v: p.v,
+        out: p.out,
+        cu_q: p.cu_q,
+        cu_k: (!cache).then_some(p.cu_k),
+        seq_lens: cache.then_some(p.cu_k),
+        mask: mb.map(|m| m.mask),
+        bias: mb.map(|m| m.bias),
+        scale: p.scale,
+        total_q: p.total_q,
+        total_k: p.total_k,
+        group: p.group,
+        q_token: p.q_strides[0],
+        q_head: p.q_strides[1],
+        q_batch: p.q_strides[2],
+        k_token: p.k_strides[0],
+        k_head: p.k_strides[1],
+        k_batch: p.k_strides[2],
+        v_token: nth(v_strides, 0),
+        v_head: nth(v_strides, 1),
+        v_batch: nth(v_strides, 2),
+        o_token: nth(o_strides, 0),
+        o_head: nth(o_strides, 1),
+        o_batch: nth(o_strides, 2),
+        mask_batch: nth(ms, 0),
+        mask_head: nth(ms, 1),
+        mask_query: nth(ms, 2),
+        mask_key: nth(ms, 3),
+        bias_batch: nth(bs, 0),
+        bias_head: nth(bs, 1),
+        bias_query: nth(bs, 2),
+        bias_key: nth(bs, 3),
+    };
     let launch = LaunchConfig { grid: [tiles, heads, batch], block: [THREADS, 1, 1], dynamic_shared_bytes: 0 };
-    stream.launch(&*k, launch, &args)?;
-    Ok(())
+    params::launch(stream, &k, launch, &args.args())
 }
 
 /// Checks of the query side shared by the prefill entry points: `q` `[T, Hq, D]`, `out`
@@ -773,23 +786,22 @@ pub fn attention_decode_into(
     let rows = grid_limit(op, "batch × query heads", batch * q_heads, i32::MAX as usize)?;
     let partial = kernel(cfg.id(), || kern::attention_decode(&cfg))?;
     let combine = kernel(cfg.combine_id(), || kern::attention_decode_combine(&cfg))?;
-    let args = [
-        Arg::Tensor(q),
-        Arg::Tensor(k_cache),
-        Arg::Tensor(v_cache),
-        Arg::Tensor(seq_lens),
-        Arg::Tensor(&ws.tensor),
-        Arg::scalar(scale),
-        Arg::scalar(to_u32(op, "max_seq_len", s_max)?),
-        Arg::scalar(to_u32(op, "kv heads", kv_heads)?),
-        Arg::scalar(group),
-        Arg::scalar(to_u32(op, "split length", split_len)?),
-    ];
+    let args = AttentionDecodeParams {
+        q,
+        k_cache,
+        v_cache,
+        seq_lens,
+        workspace: &ws.tensor,
+        scale,
+        s_max: to_u32(op, "max_seq_len", s_max)?,
+        kv_heads: to_u32(op, "kv heads", kv_heads)?,
+        group,
+        split_len: to_u32(op, "split length", split_len)?,
+    };
     let launch = LaunchConfig { grid: [splits, y, z], block: [THREADS, 1, 1], dynamic_shared_bytes: 0 };
-    stream.launch(&*partial, launch, &args)?;
-    let args = [Arg::Tensor(&ws.tensor), Arg::Tensor(out), Arg::scalar(splits)];
-    stream.launch(&*combine, LaunchConfig::linear(rows, v_head_dim), &args)?;
-    Ok(())
+    params::launch(stream, &partial, launch, &args.args())?;
+    let args = AttentionDecodeCombineParams { workspace: &ws.tensor, out, splits };
+    params::launch(stream, &combine, LaunchConfig::linear(rows, v_head_dim), &args.args())
 }
 
 /// [`attention_decode_into`] into a new tensor with a new workspace, on `q`'s default stream:
@@ -914,7 +926,7 @@ pub fn attention(
             contiguous_nonempty(op, "attn_bias", x)?;
             same_device(op, &stream, &[("attn_bias", x)])?;
             let strides = broadcast_strides("attn_bias", x, scores)?;
-            let x = if x.dtype() == DType::F32 { x.clone() } else { super::cast(x, DType::F32)? };
+            let x = if x.dtype() == DType::F32 { x.clone() } else { crate::api::cast(x, DType::F32)? };
             Some((x, strides))
         }
         None => None,
@@ -1029,7 +1041,7 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
     let op = "attention";
     let dev = c.q.device();
     let f32_of = |x: &Tensor| -> SetupResult<Tensor> {
-        Ok(if x.dtype() == DType::F32 { x.clone() } else { super::cast(x, DType::F32)? })
+        Ok(if x.dtype() == DType::F32 { x.clone() } else { crate::api::cast(x, DType::F32)? })
     };
     let (q, k, v) = (f32_of(c.q)?, f32_of(c.k)?, f32_of(c.v)?);
     let out = if c.out.dtype() == DType::F32 { c.out.clone() } else { Tensor::empty(dev, DType::F32, c.out.shape())? };
@@ -1050,22 +1062,33 @@ fn fallback_dense(stream: &Stream, c: &Dense<'_>, mask_bias: Option<&MaskBias<'_
         for h in 0..c.hq {
             let kv = bi * c.hkv + h / c.group as usize;
             let qs = slice(&q3, bi * c.hq + h, c.t)?;
-            super::linear_into(stream, &qs, &slice(&k3, kv, c.s)?, &scores)?;
-            let mut args = vec![Arg::Tensor(&scores), Arg::Tensor(&probs)];
-            if let Some(mb) = mask_bias {
-                mb.push_tensors(&mut args);
-            }
-            args.extend([Arg::scalar(c.scale), Arg::scalar(q_len), Arg::scalar(kv_len)]);
-            if let Some(mb) = mask_bias {
-                args.extend([Arg::scalar(to_u32(op, "batch", bi)?), Arg::scalar(to_u32(op, "head", h)?)]);
-                mb.push_strides(&mut args);
-            }
-            stream.launch(&*softmax, LaunchConfig::linear(q_len, SOFTMAX_THREADS), &args)?;
-            super::matmul_into(stream, &probs, &slice(&v3, kv, c.s)?, &slice(&o3, bi * c.hq + h, c.t)?)?;
+            crate::api::linear_into(stream, &qs, &slice(&k3, kv, c.s)?, &scores)?;
+            let (ms, bs) = (mask_bias.map(|m| m.mask_strides), mask_bias.map(|m| m.bias_strides));
+            let args = AttentionSoftmaxParams {
+                scores: &scores,
+                probs: &probs,
+                mask: mask_bias.map(|m| m.mask),
+                bias: mask_bias.map(|m| m.bias),
+                scale: c.scale,
+                q_len,
+                kv_len,
+                batch: mask_bias.map(|_| to_u32(op, "batch", bi)).transpose()?,
+                head: mask_bias.map(|_| to_u32(op, "head", h)).transpose()?,
+                mask_batch: nth(ms, 0),
+                mask_head: nth(ms, 1),
+                mask_query: nth(ms, 2),
+                mask_key: nth(ms, 3),
+                bias_batch: nth(bs, 0),
+                bias_head: nth(bs, 1),
+                bias_query: nth(bs, 2),
+                bias_key: nth(bs, 3),
+            };
+            params::launch(stream, &softmax, LaunchConfig::linear(q_len, SOFTMAX_THREADS), &args.args())?;
+            crate::api::matmul_into(stream, &probs, &slice(&v3, kv, c.s)?, &slice(&o3, bi * c.hq + h, c.t)?)?;
         }
     }
     if c.out.dtype() != DType::F32 {
-        super::cast_into(stream, &out, c.out)?;
+        crate::api::cast_into(stream, &out, c.out)?;
     }
     Ok(())
 }

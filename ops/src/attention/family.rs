@@ -1,19 +1,17 @@
-//! The attention families' [`Family`], a thin adapter over the attention code where it is today
-//! (`kernels/attention.rs`, `api/attention.rs`, `tune/attention.rs`) until attention moves into
-//! a folder of its own: flash prefill (every dtype, head dim, causal or not; packed with or
+//! The attention families' [`Family`]: flash prefill (every dtype, head dim, causal or not; packed with or
 //! without mask and bias, or over a KV cache), split-KV decode with its combine, and the
 //! fallback's f32 masked softmax.
 
 use ruda_ir::ScalarType;
 use ruda_runtime::DType;
 
-use crate::blocks::FLOAT_DTYPES;
-use crate::family::{Family, ShapeLine};
-use crate::kernels::attention::{
+use super::kernels::{
     attention_decode, attention_decode_combine, attention_prefill, attention_softmax, head_dims_of_id,
     AttentionDecodeConfig, AttentionPrefillConfig, AttentionSoftmaxConfig, KvSource, FLASH_GENERAL_HEAD_DIMS,
     FLASH_HEAD_DIMS,
 };
+use crate::blocks::FLOAT_DTYPES;
+use crate::family::{Family, ShapeLine};
 use crate::problem::Case;
 use crate::registry::Registered;
 use crate::tune::{DecodeShape, TuneShape};

@@ -167,6 +167,12 @@ fn qwen3_matches_transformers() {
     check_model("qwen3");
 }
 
+/// Qwen3 with `attention_bias` (biases on q, k, v and o), at head dim 48 and GQA 3.
+#[test]
+fn qwen3_with_attention_bias_matches_transformers() {
+    check_model("qwen3-bias");
+}
+
 /// bf16 compute (the GPU's dtype) stays close to the f32 reference: a check of the bf16 kernels
 /// and conversions (prompts over 16 tokens take the tensor-core GEMM with Qwen2's bias fused).
 /// bf16 rounding through these random models is large: transformers' own bf16 forward is up to
@@ -212,7 +218,7 @@ const BF16_ERROR_FACTOR: f64 = 1.5;
 /// prompt's logits) cannot catch a wrong layer: random-weight models amplify bf16 rounding.
 #[test]
 fn bf16_forward_tracks_transformers_bf16() {
-    for name in ["qwen2-tied", "qwen2-untied", "qwen3"] {
+    for name in ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias"] {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;

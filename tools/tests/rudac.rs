@@ -61,6 +61,42 @@ fn parses_commands_and_flags() {
     }
 }
 
+/// `rudac passes`: one line per pass of the IR's pass list (name, then what it does), and the
+/// default pipeline as the IR runs it.
+#[test]
+fn passes_lists_every_pass_and_the_default_pipeline() {
+    let (ok, text) = output("passes").unwrap();
+    assert!(ok);
+    let passes = ruda_ir::passes::all_passes();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), passes.len() + 1, "{text}");
+    for (line, pass) in lines.iter().zip(&passes) {
+        let (name, what) = line.split_once(char::is_whitespace).expect("NAME DESCRIPTION");
+        assert_eq!(name, pass.name());
+        assert!(!what.trim().is_empty(), "{line}");
+    }
+    assert_eq!(lines[passes.len()], format!("default pipeline: {}", ruda_ir::passes::DEFAULT_PIPELINE.join(",")));
+}
+
+/// `rudac check`'s failure path: a `ptxas` that rejects everything fails every configuration,
+/// each with the kept PTX and a one-line repro, and the command exits 1.
+#[test]
+fn check_fails_when_ptxas_rejects_the_ptx() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rudac"))
+        .args(["check", "--target", "sm_80"])
+        .env("RUDA_PTXAS", "/bin/false")
+        .output()
+        .expect("runs rudac");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let n = ruda_ops::registry::registry().len();
+    assert!(
+        text.contains(&format!("0 of {n} configurations assembled with zero spills; 0 spilled; {n} failed")),
+        "{text}"
+    );
+    assert!(text.contains("ptxas FAILED") && text.contains("repro: /bin/false"), "{text}");
+}
+
 #[test]
 fn list_prints_one_configuration_per_line() {
     let (ok, text) = output("list").unwrap();

@@ -1,6 +1,7 @@
 //! Every integration test of `ruda-ir` in one binary (one module per former test file), so
 //! CI links one executable instead of two dozen. `interp_env` stays a binary of its own: it
 //! changes the process environment.
+//! A new test file compiles only once it has a `mod` line here (the crate sets `autotests = false`).
 
 mod interp_support;
 mod passes_support;

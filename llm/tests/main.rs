@@ -1,4 +1,5 @@
 //! The integration tests of `ruda-llm`, one module per area, in one binary.
+//! A new test file compiles only once it has a `mod` line here (the crate sets `autotests = false`).
 
 mod bad_inputs;
 mod chat_goldens;

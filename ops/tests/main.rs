@@ -2,6 +2,7 @@
 //! former test file is a module; `common` holds their shared helpers. Tests that set
 //! environment variables or count per-process state would keep binaries of their own (see
 //! ops/Cargo.toml); none does today.
+//! A new test file compiles only once it has a `mod` line here (the crate sets `autotests = false`).
 
 mod common;
 

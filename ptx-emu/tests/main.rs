@@ -1,4 +1,5 @@
 //! Every integration test of `ruda-ptx-emu` in one binary (one module per former test file).
+//! A new test file compiles only once it has a `mod` line here (the crate sets `autotests = false`).
 
 mod common;
 

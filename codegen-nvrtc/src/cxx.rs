@@ -35,7 +35,7 @@ pub(crate) struct Module {
 pub(crate) fn module(kernels: &[&Kernel]) -> Result<Module, NvrtcError> {
     let mut seen = HashSet::new();
     for k in kernels {
-        ruda_ir::verify(k)?;
+        ruda_ir::verify_form(k)?;
         if !seen.insert(k.name.as_str()) {
             return Err(NvrtcError::Unsupported(format!("two kernels named `{}` in one CUDA C++ module", k.name)));
         }

@@ -45,7 +45,7 @@ impl From<VersionError> for CodegenError {
 
 /// Emit PTX for one kernel.
 pub fn emit_ptx(kernel: &Kernel, target: &Target) -> Result<String, CodegenError> {
-    ruda_ir::verify(kernel)?;
+    ruda_ir::verify_form(kernel)?;
     let in_kernel = |e: CodegenError| match e {
         CodegenError::Version(m) => CodegenError::Version(format!("kernel `{}`: {m}", kernel.name)),
         other => other,

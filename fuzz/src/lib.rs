@@ -5,7 +5,7 @@
 use ruda_codegen_ptx::{emit_ptx, Arch, CodegenError, Target};
 use ruda_ir::gen::{generate, run_generated, Entropy, GenConfig, GeneratedKernel};
 use ruda_ir::passes::{all_passes, parse_pipeline, run_pipeline};
-use ruda_ir::{parse_kernel, print_kernel, print_kernel_with_locs, verify, Kernel};
+use ruda_ir::{parse_kernel, print_kernel, print_kernel_with_locs, verify, verify_form, Kernel};
 
 /// `parse` target: any bytes. The parser must not panic; a kernel it returns must print and
 /// parse back to the same text (with and without locations); a kernel that also verifies must
@@ -64,7 +64,7 @@ fn later_stages(k: &Kernel, generated: Option<&GeneratedKernel>) {
     for pass in all_passes() {
         let mut out = k.clone();
         pass.run(&mut out);
-        if let Err(e) = verify(&out) {
+        if let Err(e) = verify_form(&out) {
             panic!("pass `{}` produced IR that does not verify: {e}\ninput:\n{}", pass.name(), print_kernel(k));
         }
         round_trip(&out);

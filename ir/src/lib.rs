@@ -25,4 +25,4 @@ pub use kernel::*;
 pub use parse::{parse_kernel, ParseError};
 pub use print::{print_kernel, print_kernel_with_locs};
 pub use types::{AddrSpace, ScalarType, Type};
-pub use verify::{verify, VerifyError};
+pub use verify::{verify, verify_form, VerifyError};

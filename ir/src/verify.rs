@@ -55,9 +55,22 @@ fn is_arith(t: ScalarType) -> bool {
     is_arith_int(t) || t.is_arith_float()
 }
 
-/// Verify a kernel.
+/// Verify a kernel as it enters the compiler (from the builder, a file or a test): everything
+/// [`verify_form`] checks, and that no `for` has the constant 0 as its step (written so, such a
+/// loop is a mistake: once entered it never ends).
 pub fn verify(k: &Kernel) -> Result<(), VerifyError> {
-    let mut v = Verifier { k, scopes: vec![], defined: HashSet::new() };
+    check(k, true)
+}
+
+/// Verify that a kernel is well formed: what every pass must preserve. Unlike [`verify`] it
+/// accepts a constant zero loop step, which folding can derive from a computed one (`shr 5, 5`)
+/// without changing what the kernel does; the interpreter stops such a loop if a lane enters it.
+pub fn verify_form(k: &Kernel) -> Result<(), VerifyError> {
+    check(k, false)
+}
+
+fn check(k: &Kernel, reject_zero_steps: bool) -> Result<(), VerifyError> {
+    let mut v = Verifier { k, scopes: vec![], defined: HashSet::new(), reject_zero_steps };
     v.kernel_level()?;
     let params: Vec<Value> = k.params.iter().map(|p| p.value).collect();
     v.region(k.body, &params)?;
@@ -71,6 +84,8 @@ struct Verifier<'a> {
     scopes: Vec<HashSet<Value>>,
     /// Every value defined so far (each may be defined once).
     defined: HashSet<Value>,
+    /// Whether a constant zero loop step is an error (see [`verify`]).
+    reject_zero_steps: bool,
 }
 
 impl<'a> Verifier<'a> {
@@ -505,7 +520,7 @@ impl<'a> Verifier<'a> {
                 }
                 same(*start, *end)?;
                 same(*start, *step)?;
-                if constant_of(k, *step).is_some_and(|c| c.bits == 0) {
+                if self.reject_zero_steps && constant_of(k, *step).is_some_and(|c| c.bits == 0) {
                     return e(format!("loop step {step} is the constant 0: a loop that starts never ends"));
                 }
                 let region = k.region(*body);

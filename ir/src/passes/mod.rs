@@ -53,7 +53,7 @@ pub use vectorize::Vectorize;
 
 use crate::kernel::Kernel;
 use crate::print::print_kernel_with_locs;
-use crate::verify::{verify, VerifyError};
+use crate::verify::{verify_form, VerifyError};
 
 /// One optimisation pass.
 pub trait Pass: Send + Sync {
@@ -143,7 +143,7 @@ pub fn run_pipeline(kernel: &mut Kernel, passes: &[Box<dyn Pass>], dump: Option<
     write(kernel, 0, "input")?;
     for (i, pass) in passes.iter().enumerate() {
         pass.run(kernel);
-        verify(kernel).map_err(|error| PassError::BrokeVerifier { pass: pass.name(), error: Box::new(error) })?;
+        verify_form(kernel).map_err(|error| PassError::BrokeVerifier { pass: pass.name(), error: Box::new(error) })?;
         write(kernel, i + 1, pass.name())?;
     }
     Ok(())

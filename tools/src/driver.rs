@@ -14,12 +14,15 @@ use ruda_ir::{Constant, Kernel, ScalarType};
 use ruda_ops::registry::{find, registry, Registered};
 use ruda_ops::sample::{checksum, file_problem, sample_problem, Problem, SampleArg};
 use ruda_ops::tune::TuneCommand;
+
+use crate::profile::ProfileArgs;
 use ruda_runtime::Compiler;
 
 const ENVIRONMENT: &str = "\
 environment: RUDA_PTX_VERSION (PTX ISA version, e.g. 8.0), RUDA_CUDA_COMPILER (ptx|nvrtc),
-RUDA_PTXAS (path to ptxas), RUDA_NVRTC (path to libnvrtc), RUDA_DUMP_IR (folder for the IR
-after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache folder), RUDA_DEVICE (tune)";
+RUDA_PTXAS (path to ptxas), RUDA_NVDISASM (path to nvdisasm), RUDA_NVRTC (path to libnvrtc),
+RUDA_DUMP_IR (folder for the IR after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache
+folder), RUDA_DEVICE (tune), RUDA_INTERP_THREADS (interpreter threads)";
 
 /// What `rudac emit` prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -52,6 +55,7 @@ pub enum Command {
     Passes,
     BenchCompile { arch: Arch },
     Run(RunArgs),
+    Profile(ProfileArgs),
     Tune(TuneCommand),
 }
 
@@ -185,6 +189,34 @@ enum Sub {
         #[arg(long, value_name = "NAME=FILE|VALUE")]
         input: Vec<OsString>,
     },
+    /// Profile one configuration on its sample problem, as a GPU profiler would show it, on the
+    /// CPU: memory requests, sectors, shared-memory wavefronts and bank conflicts, instruction
+    /// mix and flops (counted by the interpreter), registers and spills (ptxas), occupancy,
+    /// SASS opcodes (nvdisasm) and a roofline estimate for --gpu.
+    ///
+    /// A --file kernel runs one block of its launch bound, as in `rudac run`. Without ptxas or
+    /// nvdisasm the parts that need them are null and a notice says why.
+    Profile {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// The seed the inputs are drawn from.
+        #[arg(long, value_name = "N", default_value_t = 0, value_parser = parse_seed, allow_hyphen_values = true)]
+        seed: u64,
+        /// As for `rudac run`. Repeatable.
+        #[arg(long, value_name = "NAME=FILE|VALUE")]
+        input: Vec<OsString>,
+        /// The GPU whose peaks the roofline uses: a100, h100-sxm, h200.
+        #[arg(long, value_name = "GPU", default_value = "h200")]
+        gpu: String,
+        /// The target ptxas assembles for and occupancy is computed on [default: the GPU's].
+        #[arg(long, value_name = "ARCH", value_parser = parse_arch)]
+        target: Option<Arch>,
+        #[command(flatten)]
+        compiler: CompilerArg,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Autotune the op shapes of a file on the RUDA_DEVICE GPU, or show the autotune caches.
     ///
     /// --shapes: a progress line per shape on stderr; results cached per GPU under
@@ -316,6 +348,15 @@ impl Sub {
             Sub::Run { source, engine, compiler, target, seed, input } => {
                 Command::Run(run_args(source.source("run")?, engine, compiler.compiler, target, seed, &input)?)
             }
+            Sub::Profile { source, seed, input, gpu, target, compiler, json } => Command::Profile(ProfileArgs {
+                source: source.source("profile")?,
+                seed,
+                inputs: parse_inputs(&input)?,
+                gpu,
+                arch: target,
+                compiler: compiler.compiler,
+                json,
+            }),
             Sub::Tune { shapes, show } => Command::Tune(match (shapes, show) {
                 (Some(file), false) => TuneCommand::Shapes(file),
                 (None, true) => TuneCommand::Show,
@@ -347,6 +388,11 @@ fn run_args(
             }
         ));
     }
+    Ok(RunArgs { source, engine, compiler, arch, seed, inputs: parse_inputs(input)? })
+}
+
+/// The `--input`s, each name at most once.
+fn parse_inputs(input: &[OsString]) -> Result<Vec<(String, OsString)>, String> {
     let mut inputs: Vec<(String, OsString)> = Vec::new();
     for arg in input {
         let (name, value) = parse_input(arg)?;
@@ -355,12 +401,12 @@ fn run_args(
         }
         inputs.push((name, value));
     }
-    Ok(RunArgs { source, engine, compiler, arch, seed, inputs })
+    Ok(inputs)
 }
 
 /// The compiler: `--compiler`, else `RUDA_CUDA_COMPILER`, else `ptx`. A bad value is blamed on
 /// where it came from.
-fn resolve_compiler(flag: &Option<String>) -> Result<Compiler, String> {
+pub(crate) fn resolve_compiler(flag: &Option<String>) -> Result<Compiler, String> {
     match flag {
         Some(c) => Compiler::parse(Some(c))
             .map_err(|_| format!("--compiler `{c}` is not valid; accepted values: ptx (the default), nvrtc")),
@@ -393,7 +439,7 @@ fn load(source: &Source) -> Result<Kernel, String> {
 }
 
 /// PTX for `kernel` through `compiler`, with `RUDA_PTX_VERSION` applied.
-fn compile(kernel: &Kernel, arch: Arch, compiler: Compiler) -> Result<String, String> {
+pub(crate) fn compile(kernel: &Kernel, arch: Arch, compiler: Compiler) -> Result<String, String> {
     let target = Target::from_env(arch).map_err(|e| e.to_string())?;
     match compiler {
         Compiler::Ptx => emit_ptx(kernel, &target).map_err(|e| e.to_string()),
@@ -482,25 +528,45 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
             writeln!(out, "checksum={checksum:016x} time_ms={ms:.3}").map_err(io)?;
             Ok(true)
         }
+        Command::Profile(args) => {
+            let p = crate::profile::profile(args)?;
+            if args.json {
+                writeln!(out, "{}", crate::profile::to_json(&p)).map_err(io)?;
+            } else {
+                crate::profile::write_table(&p, out).map_err(io)?;
+            }
+            Ok(true)
+        }
         Command::Tune(tune) => ruda_ops::tune::run_tune(tune, out, &mut std::io::stderr()),
     }
 }
 
-/// `rudac run`: the checksum of the output buffers and the launch's wall time in ms.
-pub fn run_sample(args: &RunArgs) -> Result<(u64, f64), String> {
-    let kernel = load(&args.source)?;
-    let mut problem = match &args.source {
+/// The kernel of `source` after the default passes (as the op library launches it) and its
+/// sample problem drawn from `seed`, with `--input`s applied: what `rudac run` and `rudac
+/// profile` launch.
+pub(crate) fn prepare(
+    source: &Source,
+    seed: u64,
+    inputs: &[(String, OsString)],
+) -> Result<(Kernel, Problem), String> {
+    let kernel = load(source)?;
+    let mut problem = match source {
         Source::Id(id) => {
             let reg = find(id).ok_or_else(|| format!("no registered kernel `{id}` (see `rudac list`)"))?;
-            sample_problem(reg.family, id, &kernel, args.seed)?
+            sample_problem(reg.family, id, &kernel, seed)?
         }
-        Source::File(_) => file_problem(&kernel, args.seed)?,
+        Source::File(_) => file_problem(&kernel, seed)?,
     };
-    // As the op library launches it.
     let kernel = optimize(kernel, "default")?;
-    for (name, value) in &args.inputs {
+    for (name, value) in inputs {
         set_input(&mut problem, &kernel.name, name, value)?;
     }
+    Ok((kernel, problem))
+}
+
+/// `rudac run`: the checksum of the output buffers and the launch's wall time in ms.
+pub fn run_sample(args: &RunArgs) -> Result<(u64, f64), String> {
+    let (kernel, problem) = prepare(&args.source, args.seed, &args.inputs)?;
     let mut ms = 0.0;
     let buffers = match args.engine {
         Engine::Interp => problem.run_with(|a| {

@@ -59,14 +59,15 @@ pub const GPUS: &[Gpu] = &[
         sms: 132,
         // Whitepaper, H100 SXM5 column: "Peak FP32 TFLOPS 66.9" (the datasheet rounds to 67).
         fp32_flops: 66.9 * TERA,
-        // See `HOPPER_MMA_SYNC`: mma.sync issues at half of wgmma's rate.
+        // See `HOPPER_MMA_SYNC_FRACTION`: mma.sync assumed at half of wgmma's rate.
         fp16_mma_sync_flops: HOPPER_MMA_SYNC_FRACTION * 989.4 * TERA,
         // Whitepaper, H100 SXM5: "Peak FP16 Tensor TFLOPS with FP32 Accumulate 989.4/1978.9"
         // (dense/sparse; the datasheet's "1,979 teraFLOPS" is the sparse figure).
         fp16_wgmma_flops: Some(989.4 * TERA),
         source: "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 3.35 TB/s); NVIDIA H100 Tensor Core GPU \
                  Architecture whitepaper (H100 SXM5: 132 SMs, FP32 66.9 TFLOPS, FP16 tensor 989.4 TFLOPS \
-                 dense through wgmma); mma.sync at half the wgmma rate (see HOPPER_MMA_SYNC_FRACTION)",
+                 dense through wgmma); mma.sync at half the wgmma rate, an assumption (see \
+                 HOPPER_MMA_SYNC_FRACTION)",
     },
     Gpu {
         name: "h200",
@@ -82,15 +83,19 @@ pub const GPUS: &[Gpu] = &[
         fp16_wgmma_flops: Some(989.4 * TERA),
         source: "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: 4.8 TB/s, FP32 67 TFLOPS, FP16/BF16 tensor \
                  1,979 TFLOPS sparse = 989 dense, the compute of H100 SXM5: 132 SMs); mma.sync at half the \
-                 wgmma rate (see HOPPER_MMA_SYNC_FRACTION)",
+                 wgmma rate, an assumption (see HOPPER_MMA_SYNC_FRACTION)",
     },
 ];
 
-/// Hopper's `mma.sync` rate as a fraction of its `wgmma` rate. The datasheets quote only the
-/// `wgmma` figure. Assumption, derived: an A100 SM does 1,024 dense FP16 FMAs per clock
+/// Hopper's `mma.sync` rate as a fraction of its `wgmma` rate. NVIDIA publishes only the
+/// `wgmma` figure, and we found no measured `mma.sync` peak we could read (Luo et al. benchmark
+/// both on H800 in "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture",
+/// arXiv 2402.13499, and "Dissecting the NVIDIA Hopper Architecture through Microbenchmarking
+/// and Multiple Level Analysis", arXiv 2501.12084, but their tables were not available to us).
+/// So this is an assumption, derived: an A100 SM does 1,024 dense FP16 FMAs per clock
 /// (312 TFLOPS / (108 SMs x 1.41 GHz x 2)), a Hopper SM 2,048 through `wgmma`
 /// (989.4 TFLOPS / (132 SMs x 1.83 GHz x 2)); warp-level `mma.sync` is taken to issue at the
-/// Ampere rate per SM, half of `wgmma`'s.
+/// Ampere rate per SM, half of `wgmma`'s. Replace it with a measurement when a GPU is lent.
 pub const HOPPER_MMA_SYNC_FRACTION: f64 = 0.5;
 
 /// The GPU named `name` (`a100`, `h100-sxm`, `h200`); the error lists the known names.

@@ -71,8 +71,9 @@ const MAX_THREADS_PER_BLOCK: u32 = 1024;
 const REGISTER_GRANULE: u32 = 256;
 /// Register file sub-partitions per SM (`cudaOccSubPartitionsPerMultiprocessor`).
 const SUB_PARTITIONS: u32 = 4;
-/// Shared memory is allocated in units of 128 bytes on sm_80 and later
-/// (`cudaOccSMemAllocationGranularity`).
+/// Shared memory is allocated in units of 128 bytes (`cudaOccSMemAllocationGranularity` for
+/// compute capability 8.x; taken to hold for 9.0 too, which the copy of the header we read
+/// predates).
 const SHARED_GRANULE: u32 = 128;
 
 /// The limits of `arch`, from the Programming Guide's table (the calculator agrees where it

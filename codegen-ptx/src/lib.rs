@@ -1,4 +1,5 @@
-//! `ruda-codegen-ptx`: structured IR to PTX text, and a `ptxas` wrapper to validate it.
+//! `ruda-codegen-ptx`: structured IR to PTX text, a `ptxas` wrapper to validate it, and an
+//! `nvdisasm` wrapper for the SASS it makes ([`sass`]).
 //!
 //! [`emit_ptx`] verifies the kernel, lowers it (module `lower`, conversions in `cvt`, virtual
 //! registers in `regs`), chooses the PTX ISA version and writes the module text (`module`).
@@ -17,6 +18,7 @@ mod lower;
 mod module;
 pub mod ptxas;
 mod regs;
+pub mod sass;
 
 pub use ruda_ir::target::{Arch, PtxVersion, Target, VersionError};
 

@@ -131,8 +131,22 @@ pub fn assemble(ptx: &str, arch: Arch) -> Result<PtxasReport, PtxasError> {
     assemble_with(&find_ptxas().ok_or(PtxasError::NotFound)?, ptx, arch)
 }
 
+/// [`assemble`], keeping the cubin ptxas wrote (for `nvdisasm`, see [`crate::sass`]).
+pub fn assemble_cubin(ptx: &str, arch: Arch) -> Result<(PtxasReport, Vec<u8>), PtxasError> {
+    assemble_cubin_with(&find_ptxas().ok_or(PtxasError::NotFound)?, ptx, arch)
+}
+
 /// Removes a temporary file when dropped.
-struct TempFile(PathBuf);
+pub(crate) struct TempFile(pub(crate) PathBuf);
+
+impl TempFile {
+    /// A fresh path in the temporary directory, unique to this process and call.
+    pub(crate) fn new(prefix: &str, extension: &str) -> TempFile {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        TempFile(std::env::temp_dir().join(format!("{prefix}-{}-{n}.{extension}", std::process::id())))
+    }
+}
 
 impl Drop for TempFile {
     fn drop(&mut self) {
@@ -142,11 +156,18 @@ impl Drop for TempFile {
 
 /// Assemble `ptx` for `arch` with the given `ptxas`: `ptxas -v --gpu-name sm_XX -o OUT IN`.
 pub fn assemble_with(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport, PtxasError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let stem = format!("ruda-ptxas-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-    let dir = std::env::temp_dir();
-    let input = TempFile(dir.join(format!("{stem}.ptx")));
-    let output = TempFile(dir.join(format!("{stem}.cubin")));
+    run(ptxas, ptx, arch, false).map(|(report, _)| report)
+}
+
+/// [`assemble_with`], keeping the cubin.
+pub fn assemble_cubin_with(ptxas: &Path, ptx: &str, arch: Arch) -> Result<(PtxasReport, Vec<u8>), PtxasError> {
+    run(ptxas, ptx, arch, true).map(|(report, cubin)| (report, cubin.unwrap_or_default()))
+}
+
+/// Run ptxas; read the cubin back when `keep_cubin`.
+fn run(ptxas: &Path, ptx: &str, arch: Arch, keep_cubin: bool) -> Result<(PtxasReport, Option<Vec<u8>>), PtxasError> {
+    let input = TempFile::new("ruda-ptxas", "ptx");
+    let output = TempFile::new("ruda-ptxas", "cubin");
     std::fs::write(&input.0, ptx).map_err(|e| PtxasError::Io(format!("writing {}: {e}", input.0.display())))?;
     let out = Command::new(ptxas)
         .arg("-v")
@@ -165,7 +186,13 @@ pub fn assemble_with(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport,
         Err(format!("ptxas exited with {}", out.status))
     };
     match parsed {
-        Ok(entries) => Ok(PtxasReport { arch, entries, log }),
+        Ok(entries) => {
+            let cubin = keep_cubin
+                .then(|| std::fs::read(&output.0))
+                .transpose()
+                .map_err(|e| PtxasError::Io(format!("reading the cubin {}: {e}", output.0.display())))?;
+            Ok((PtxasReport { arch, entries, log }, cubin))
+        }
         Err(why) => {
             let (ptx_path, note) = keep_failed(ptx);
             let log = format!("{log}{why}{note}");

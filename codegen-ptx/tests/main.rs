@@ -11,4 +11,5 @@ mod filetests;
 mod prop_ptxas;
 mod ptxas_control;
 mod ptxas_ops;
+mod sass;
 mod tensor_core;

@@ -6,13 +6,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 /// The kinds of test a file may ask for.
-pub const KINDS: [&str; 4] = ["verify", "interpret", "optimize", "compile"];
+pub const KINDS: [&str; 5] = ["verify", "interpret", "optimize", "profile", "compile"];
 
 /// Header keys written as `; key: value`.
 const COLON_KEYS: [&str; 5] = ["error", "passes", "target", "ptx", "ptx-not"];
 
 /// Header keys written as `; key value`.
-const WORD_KEYS: [&str; 4] = ["test", "launch", "arg", "expect"];
+const WORD_KEYS: [&str; 5] = ["test", "launch", "arg", "expect", "count"];
 
 /// One header line.
 pub struct Directive {
@@ -26,7 +26,7 @@ pub struct Directive {
 pub struct FileTest {
     pub path: PathBuf,
     pub text: String,
-    /// `verify`, `interpret`, `optimize` or `compile`.
+    /// `verify`, `interpret`, `optimize`, `profile` or `compile`.
     pub kind: String,
     pub directives: Vec<Directive>,
 }

@@ -1,5 +1,5 @@
 //! Runs every `.rir` file test under `ir/filetests/` (format: `ir/filetests/README.md`):
-//! `verify`, `interpret` and `optimize` here; `compile` files live in `ir/filetests/compile/`
+//! `verify`, `interpret`, `optimize` and `profile` here; `compile` files live in `ir/filetests/compile/`
 //! and run in `codegen-ptx/tests/filetests.rs`. `RUDA_BLESS=1` rewrites the expected output
 //! of `optimize` tests.
 
@@ -7,7 +7,7 @@
 mod harness;
 
 use harness::{blessing, FileTest};
-use ruda_ir::interp::{run, KernelArg, LaunchConfig};
+use ruda_ir::interp::{run, run_profiled, KernelArg, LaunchConfig, Profile};
 use ruda_ir::passes::{parse_pipeline, run_pipeline};
 use ruda_ir::{parse_kernel, print_kernel, verify, Constant, Kernel, ScalarType, Value};
 
@@ -20,6 +20,7 @@ fn filetests() {
         "verify" => verify_test(ft),
         "interpret" => interpret_test(ft),
         "optimize" => optimize_test(ft),
+        "profile" => profile_test(ft),
         _ => Err(format!(
             "`test {}` files belong in {} (run by codegen-ptx/tests/filetests.rs)",
             ft.kind,
@@ -135,6 +136,93 @@ fn optimize_test(ft: &FileTest) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `test profile`: run the launch profiled on 1 and on 4 CPU threads (the profiles must be
+/// equal), check every `; expect` buffer, and every `; count [OP] NAME = N`: the launch's total
+/// of counter `NAME` (`instructions.CLASS` for the mix, `dram_bytes_min`), or with `OP` its sum
+/// over the sites of that mnemonic.
+fn profile_test(ft: &FileTest) -> Result<(), String> {
+    ft.allow_only(&["launch", "arg", "expect", "count"])?;
+    let k = parse(ft)?;
+    verify(&k).map_err(|e| format!("the kernel does not verify:\n{e}"))?;
+    let launch = launch_config(ft)?;
+    let expectations = expectations(ft, &k)?;
+    let mut profiles = vec![];
+    for threads in [1, 4] {
+        let mut args = Args::from_header(ft, &k)?;
+        let profile = args.run_profiled(&k, &launch, threads).map_err(|e| format!("the launch failed: {e}"))?;
+        args.check(&expectations)?;
+        profiles.push(profile);
+    }
+    if profiles[0] != profiles[1] {
+        return Err(format!(
+            "the profile depends on the thread count:\n1 thread: {:?}\n4 threads: {:?}",
+            profiles[0], profiles[1]
+        ));
+    }
+    let profile = &profiles[0];
+    if ft.all("count").next().is_none() {
+        return Err("no `; count NAME = N` line".into());
+    }
+    for d in ft.all("count") {
+        let bad = |why: String| format!("line {}: {why}", d.line);
+        let (lhs, rhs) = d.value.split_once('=').ok_or_else(|| bad("expected `; count [OP] NAME = N`".into()))?;
+        let want: u64 = rhs.trim().parse().map_err(|_| bad(format!("`{}` is not a count", rhs.trim())))?;
+        let words: Vec<&str> = lhs.split_whitespace().collect();
+        let (op, name) = match words[..] {
+            [name] => (None, name),
+            [op, name] => (Some(op), name),
+            _ => return Err(bad("expected `; count [OP] NAME = N`".into())),
+        };
+        let got = count_of(profile, op, name).map_err(bad)?;
+        if got != want {
+            let sites: Vec<String> = profile
+                .sites
+                .iter()
+                .filter(|s| op.is_none_or(|o| s.op == o))
+                .filter_map(|s| {
+                    let n = counter(&s.counters, name).ok()?;
+                    (n != 0).then(|| format!("  {} {}: {n}", s.inst, s.op))
+                })
+                .collect();
+            return Err(bad(format!("{lhs}= {got}, expected {want}; by site:\n{}", sites.join("\n"))));
+        }
+    }
+    Ok(())
+}
+
+/// Counter `name` of the launch, or summed over the sites of mnemonic `op`.
+fn count_of(p: &Profile, op: Option<&str>, name: &str) -> Result<u64, String> {
+    match op {
+        None if name == "dram_bytes_min" => Ok(p.dram_bytes_min),
+        None => counter(&p.totals, name),
+        Some(op) => {
+            let mut sites = p.sites.iter().filter(|s| s.op == op).peekable();
+            if sites.peek().is_none() {
+                let ops: Vec<&str> = p.sites.iter().map(|s| s.op.as_str()).collect();
+                return Err(format!("no site of `{op}` ran; the sites are {ops:?}"));
+            }
+            sites.map(|s| counter(&s.counters, name)).sum()
+        }
+    }
+}
+
+/// One counter by its JSON name.
+fn counter(c: &ruda_ir::interp::Counters, name: &str) -> Result<u64, String> {
+    if let Some(class) = name.strip_prefix("instructions.") {
+        if class == "total" {
+            return Ok(c.instructions.total());
+        }
+        return c.instructions.fields().into_iter().find(|(n, _)| *n == class).map(|(_, v)| v).ok_or_else(|| {
+            let names: Vec<_> = c.instructions.fields().iter().map(|(n, _)| *n).collect();
+            format!("`{class}` is no instruction class; they are {names:?} and `total`")
+        });
+    }
+    c.fields().into_iter().find(|(n, _)| *n == name).map(|(_, v)| v).ok_or_else(|| {
+        let names: Vec<_> = c.fields().iter().map(|(n, _)| *n).collect();
+        format!("`{name}` is no counter; they are {names:?}, `instructions.CLASS` and `dram_bytes_min`")
+    })
 }
 
 /// Lines of `expected` missing from `got` (`-`) and the reverse (`+`), in order, after the
@@ -315,7 +403,7 @@ impl Args {
         Ok(Args { slots, buffers })
     }
 
-    fn run(&mut self, k: &Kernel, launch: &LaunchConfig) -> Result<(), String> {
+    fn args(&mut self) -> Vec<KernelArg<'_>> {
         let mut bufs = self.buffers.iter_mut();
         let mut args: Vec<KernelArg<'_>> = vec![];
         for (_, slot) in &self.slots {
@@ -324,7 +412,15 @@ impl Args {
                 Err(c) => KernelArg::Scalar(*c),
             });
         }
-        run(k, launch, &mut args).map_err(|e| e.to_string())
+        args
+    }
+
+    fn run(&mut self, k: &Kernel, launch: &LaunchConfig) -> Result<(), String> {
+        run(k, launch, &mut self.args()).map_err(|e| e.to_string())
+    }
+
+    fn run_profiled(&mut self, k: &Kernel, launch: &LaunchConfig, threads: usize) -> Result<Profile, String> {
+        run_profiled(k, launch, &mut self.args(), threads).map_err(|e| e.to_string())
     }
 
     fn check(&self, expectations: &[Expectation]) -> Result<(), String> {

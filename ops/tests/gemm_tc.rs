@@ -372,53 +372,20 @@ fn linear_bias_rejects_bad_shapes_and_dtypes() {
     assert!(GemmTile::from_name("tc128x64.s3").is_some() && GemmTile::from_name("tc96x64.s3").is_none());
 }
 
-/// `nvdisasm`: `$RUDA_NVDISASM`, else the PyPI wheel's (`nvidia-cuda-nvdisasm` 13.x, which
-/// reads 12.9 cubins) in the pinned tools folder, else on `PATH`.
-fn find_nvdisasm() -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("RUDA_NVDISASM").filter(|v| !v.is_empty()) {
-        return Some(p.into());
-    }
-    let pinned = ruda_codegen_ptx::ptxas::pinned_tools_dir().map(|d| d.join("nvidia/cu13/bin/nvdisasm"));
-    if let Some(p) = pinned.filter(|p| p.is_file()) {
-        return Some(p);
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join("nvdisasm")).find(|p| p.is_file())
-}
-
 #[test]
 fn sass_uses_hmma_and_async_copies() {
-    use ruda_codegen_ptx::{emit_ptx, ptxas, Arch, Target};
+    use ruda_codegen_ptx::{emit_ptx, ptxas, sass, Arch, Target};
     let Some(ptxas_bin) = ptxas::ptxas_or_skip("gemm_tc::sass_uses_hmma").unwrap() else { return };
-    let Some(nvdisasm) = find_nvdisasm() else {
-        // scripts/install-cuda-tools.sh installs nvdisasm beside ptxas: where ptxas is required
-        // (CI), so is this check.
-        assert!(
-            std::env::var("RUDA_REQUIRE_PTXAS").map_or(true, |v| v != "1"),
-            "nvdisasm not found and RUDA_REQUIRE_PTXAS=1: run scripts/install-cuda-tools.sh or set RUDA_NVDISASM"
-        );
-        eprintln!("SKIPPED: nvdisasm not found (set RUDA_NVDISASM or run scripts/install-cuda-tools.sh): gemm_tc::sass_uses_hmma");
-        return;
-    };
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemm_tc_sass");
-    std::fs::create_dir_all(&dir).unwrap();
+    let Some(nvdisasm) = sass::nvdisasm_or_skip("gemm_tc::sass_uses_hmma").unwrap() else { return };
     let cfgs =
         [GemmTcConfig::new(MmaType::F16, TcTile::T64x64, 2), GemmTcConfig::new(MmaType::BF16, TcTile::T128x128W4, 3)];
     for cfg in cfgs {
         let mut kern = gemm_tc(&cfg).unwrap();
         optimize(&mut kern).unwrap();
         let ptx = emit_ptx(&kern, &Target::new(Arch::Sm80)).unwrap();
-        let (ptx_path, cubin) = (dir.join(format!("{}.ptx", cfg.id())), dir.join(format!("{}.cubin", cfg.id())));
-        std::fs::write(&ptx_path, ptx).unwrap();
-        let st = std::process::Command::new(&ptxas_bin)
-            .args(["-arch=sm_80", "-o"])
-            .arg(&cubin)
-            .arg(&ptx_path)
-            .status()
-            .unwrap();
-        assert!(st.success(), "ptxas failed on {}", cfg.id());
-        let out = std::process::Command::new(&nvdisasm).arg(&cubin).output().unwrap();
-        assert!(out.status.success(), "nvdisasm failed: {}", String::from_utf8_lossy(&out.stderr));
-        let sass = String::from_utf8_lossy(&out.stdout);
+        let (_, cubin) = ptxas::assemble_cubin_with(&ptxas_bin, &ptx, Arch::Sm80)
+            .unwrap_or_else(|e| panic!("ptxas failed on {}: {e}", cfg.id()));
+        let sass = sass::disassemble_with(&nvdisasm, &cubin).unwrap_or_else(|e| panic!("{e}"));
         let (wm, wn) = cfg.tile.warp_tile();
         // Per k-tile: two k steps of (WM / 16) x (WN / 8) mma tiles; ldmatrix as LDSM;
         // cp.async as LDGSTS with its group waits (DEPBAR / LDGDEPBAR).

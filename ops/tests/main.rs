@@ -20,6 +20,7 @@ mod ops_errors;
 mod ops_reference;
 mod params;
 mod passes_registry;
+mod perf;
 mod registry;
 mod rope;
 mod sampling;

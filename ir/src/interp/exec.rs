@@ -8,6 +8,7 @@
 //! order.
 
 use super::compile::*;
+use super::counters::{Dir, Profiling, Recorder};
 use super::memory::{self, Conflict, Global, SharedMem};
 use super::num::{self, FloatLane, Fmt, IntLane};
 use crate::kernel::{CmpOp, InstId, MmaType, Rounding, ShflMode, SpecialReg, VoteMode};
@@ -32,6 +33,8 @@ pub(crate) struct Launch<'a> {
     all: Vec<u32>,
     tid: [Vec<u64>; 3],
     laneid: Vec<u64>,
+    /// Set when the launch is profiled: each worker then counts into a recorder of its own.
+    pub profiling: Option<Profiling>,
 }
 
 impl<'a> Launch<'a> {
@@ -54,6 +57,7 @@ impl<'a> Launch<'a> {
             all: (0..n as u32).collect(),
             tid,
             laneid: (0..n as u64).map(|t| t % 32).collect(),
+            profiling: None,
         }
     }
 }
@@ -422,6 +426,35 @@ fn atomic_apply(f: AtomFn, old: u64, v: u64, expected: u64) -> u64 {
 
 type LaneResult = Result<(), (u32, String)>;
 
+/// Count one execution of `node` by the lanes `idx` (a `for` loop counts each evaluation of
+/// its test instead, in [`Worker::exec_for`]).
+fn count(rec: &mut Recorder, p: &Profiling, regs: &Regs, node: &Node, idx: &[u32]) {
+    let site = node.inst.index();
+    if matches!(node.kind, Kind::For(_)) {
+        return;
+    }
+    rec.executed(p, site, idx);
+    let at = |s: Slot| move |t: usize| regs.at(s, t);
+    let access = |rec: &mut Recorder, space: Space, dir: Dir, bytes: u32, p: Slot| match space {
+        Space::Global => rec.global(site, dir, idx, at(p), |_| bytes),
+        Space::Shared => rec.shared(site, dir, bytes, idx, at(p)),
+    };
+    match node.kind {
+        Kind::Load { space, elem_bytes, lanes, p, .. } => access(rec, space, Dir::Load, elem_bytes * lanes, p),
+        Kind::Store { space, elem_bytes, lanes, p, .. } => access(rec, space, Dir::Store, elem_bytes * lanes, p),
+        Kind::Atomic { space, bytes, p, .. } => access(rec, space, Dir::Atomic, bytes, p),
+        Kind::LdMatrix { count, p, .. } => rec.ldmatrix(site, count, idx, at(p)),
+        Kind::CpAsync { size, dst, src, src_size } => {
+            // A global load of the bytes read (a `src_size` of 0 reads none) and a shared store.
+            let read = |t: usize| src_size.map_or(size, |s| (regs.at(s, t) as u32).min(size));
+            rec.global(site, Dir::Load, idx, at(src), read);
+            rec.shared(site, Dir::Store, size, idx, at(dst));
+        }
+        Kind::If(ref f) => rec.branch(site, idx, |t| regs.at(f.cond, t) != 0),
+        _ => {}
+    }
+}
+
 /// A `cp.async` issued and not yet completed: where it lands and the bytes it carries.
 struct AsyncCopy {
     inst: InstId,
@@ -449,6 +482,16 @@ pub(crate) struct Worker<'a> {
     temp: Vec<u64>,
     /// Per thread, its pending `cp.async` copies (empty until a block issues one).
     copies: Vec<AsyncGroups>,
+    /// This worker's counts when the launch is profiled (checked once per instruction).
+    prof: Option<Box<Recorder>>,
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        if let (Some(p), Some(r)) = (&self.launch.profiling, self.prof.take()) {
+            p.merge(*r);
+        }
+    }
 }
 
 impl<'a> Worker<'a> {
@@ -466,6 +509,7 @@ impl<'a> Worker<'a> {
             pool: vec![],
             temp: vec![],
             copies: vec![],
+            prof: launch.profiling.as_ref().map(|p| Box::new(p.recorder())),
         }
     }
 
@@ -499,6 +543,12 @@ impl<'a> Worker<'a> {
     }
 
     fn node(&mut self, node: &'a Node, m: Mask<'_>) -> Result<(), Fault> {
+        if let Some(rec) = self.prof.as_deref_mut() {
+            // The counts read the instruction's operands, so they come before it runs.
+            if let Some(p) = &self.launch.profiling {
+                count(rec, p, &self.regs, node, m.idx);
+            }
+        }
         let fault = |(lane, message): (u32, String)| Fault { inst: node.inst, lane, message };
         let regs = &mut self.regs;
         match node.kind {
@@ -1026,6 +1076,11 @@ impl<'a> Worker<'a> {
         let mut first = true;
         loop {
             let (iv, end) = (self.regs.get(f.iv), self.regs.get(f.end));
+            if let (Some(rec), Some(p)) = (self.prof.as_deref_mut(), &self.launch.profiling) {
+                let site = inst.index();
+                rec.executed(p, site, &live);
+                with_int!(f.ty, T => rec.branch(site, &live, |t| T::from_lane(iv[t]) < T::from_lane(end[t])));
+            }
             with_int!(f.ty, T => live.retain(|&t| T::from_lane(iv[t as usize]) < T::from_lane(end[t as usize])));
             if live.is_empty() {
                 break;

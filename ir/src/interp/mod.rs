@@ -66,6 +66,7 @@
 //! here (run [`crate::verify()`] for that), but a malformed kernel is an error, not a panic.
 
 mod compile;
+mod counters;
 mod exec;
 mod memory;
 pub mod num;
@@ -77,6 +78,7 @@ use crate::kernel::{Constant, Kernel, Loc};
 use crate::types::{AddrSpace, Type};
 
 use compile::{compile, shared_layout};
+pub use counters::{Counters, InstructionMix, Profile, SiteCounters};
 use exec::{thread_of, Fault, Launch, Worker};
 use memory::{Global, BUFFER_SHIFT};
 
@@ -150,6 +152,29 @@ pub fn run_with_threads(
     args: &mut [KernelArg<'_>],
     threads: usize,
 ) -> Result<(), InterpError> {
+    execute(kernel, launch, args, threads, false).map(|_| ())
+}
+
+/// [`run_with_threads`], counting what the launch does (see "Counters" in the module docs).
+/// The counts do not depend on `threads`.
+pub fn run_profiled(
+    kernel: &Kernel,
+    launch: &LaunchConfig,
+    args: &mut [KernelArg<'_>],
+    threads: usize,
+) -> Result<Profile, InterpError> {
+    let profile = execute(kernel, launch, args, threads, true)?;
+    Ok(profile.expect("a profiled launch returns its profile"))
+}
+
+/// Run a launch; with `profile`, return its counts.
+fn execute(
+    kernel: &Kernel,
+    launch: &LaunchConfig,
+    args: &mut [KernelArg<'_>],
+    threads: usize,
+    profile: bool,
+) -> Result<Option<Profile>, InterpError> {
     validate_shape(kernel, launch).map_err(|m| launch_error(kernel, m))?;
     let param_bits = bind_args(kernel, args).map_err(|m| launch_error(kernel, m))?;
     let layout = shared_layout(kernel, launch.dynamic_shared_bytes).map_err(|m| launch_error(kernel, m))?;
@@ -183,10 +208,11 @@ pub fn run_with_threads(
             regions.push((ptr, buf.len()));
         }
     }
+    let profiling = profile.then(|| counters::Profiling::new(kernel, &regions.iter().map(|r| r.1).collect::<Vec<_>>()));
     // SAFETY: each region is a distinct `&mut [u8]` argument (or our own aligned copy of
     // one), 8-byte aligned, untouched by anything else until the blocks have finished.
     let global = unsafe { Global::new(regions) };
-    let result = run_blocks(kernel, launch, &program, &global, layout.total as usize, threads);
+    let result = run_blocks(kernel, launch, &program, &global, layout.total as usize, threads, profiling);
     drop(global);
     for (i, copy) in &staged {
         if let KernelArg::Buffer(buf) = &mut args[*i] {
@@ -218,10 +244,14 @@ fn run_blocks(
     global: &Global,
     shared_bytes: usize,
     threads: usize,
-) -> Result<(), InterpError> {
-    let launch = Launch::new(program, global, cfg.block, cfg.grid, shared_bytes);
+    profiling: Option<counters::Profiling>,
+) -> Result<Option<Profile>, InterpError> {
+    let mut launch = Launch::new(program, global, cfg.block, cfg.grid, shared_bytes);
+    launch.profiling = profiling;
     run_grid(cfg.grid, threads, || Worker::new(&launch), |w, block| w.run_block(block))
-        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))
+        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))?;
+    // Workers hand their counts to `launch.profiling` when they are dropped, inside `run_grid`.
+    Ok(launch.profiling.map(|p| p.finish(kernel)))
 }
 
 /// Run every block of `grid` on up to `threads` CPU threads, each with a worker made by

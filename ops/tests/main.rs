@@ -7,6 +7,7 @@
 mod common;
 
 mod attention;
+mod budgets;
 mod differential;
 mod exact_sums;
 mod fuzz_corpus;

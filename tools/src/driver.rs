@@ -544,11 +544,7 @@ pub fn run(command: &Command, out: &mut dyn Write) -> Result<bool, String> {
 /// The kernel of `source` after the default passes (as the op library launches it) and its
 /// sample problem drawn from `seed`, with `--input`s applied: what `rudac run` and `rudac
 /// profile` launch.
-pub(crate) fn prepare(
-    source: &Source,
-    seed: u64,
-    inputs: &[(String, OsString)],
-) -> Result<(Kernel, Problem), String> {
+pub(crate) fn prepare(source: &Source, seed: u64, inputs: &[(String, OsString)]) -> Result<(Kernel, Problem), String> {
     let kernel = load(source)?;
     let mut problem = match source {
         Source::Id(id) => {

@@ -84,9 +84,8 @@ pub fn profile(args: &ProfileArgs) -> Result<KernelProfile, String> {
     let ptx = compile(&kernel, arch, compiler)?;
     let (resources, cubin) = match ptxas::assemble_cubin(&ptx, arch) {
         Ok((report, cubin)) => {
-            let entry = report
-                .entry(&kernel.name)
-                .ok_or_else(|| format!("ptxas reported no entry `{}`", kernel.name))?;
+            let entry =
+                report.entry(&kernel.name).ok_or_else(|| format!("ptxas reported no entry `{}`", kernel.name))?;
             let resources = Resources {
                 registers: entry.registers,
                 spill_bytes: entry.spill_store_bytes + entry.spill_load_bytes,
@@ -95,7 +94,10 @@ pub fn profile(args: &ProfileArgs) -> Result<KernelProfile, String> {
             (Some(resources), Some(cubin))
         }
         Err(ptxas::PtxasError::NotFound) => {
-            notices.push(format!("{}: registers, spills, shared memory, occupancy and SASS are null", ptxas::PtxasError::NotFound));
+            notices.push(format!(
+                "{}: registers, spills, shared memory, occupancy and SASS are null",
+                ptxas::PtxasError::NotFound
+            ));
             (None, None)
         }
         Err(e) => return Err(e.to_string()),
@@ -177,13 +179,12 @@ fn mix(c: &Counters) -> Vec<(&'static str, u64)> {
     ]
 }
 
-/// Counters as a JSON object: every scalar counter, the combined bank conflicts and the mix.
+/// Counters as a JSON object: every scalar counter and the instruction mix.
 fn counters_json(c: &Counters) -> Map<String, Value> {
     let mut o = Map::new();
     for (name, value) in c.fields() {
         o.insert(name.into(), json!(value));
     }
-    o.insert("shared_bank_conflicts".into(), json!(c.shared_bank_conflicts()));
     let classes: Map<String, Value> = mix(c).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
     o.insert("instructions".into(), Value::Object(classes));
     o

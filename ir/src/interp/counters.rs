@@ -35,6 +35,10 @@ pub struct Counters {
     pub divergent_branches: u64,
     /// Bytes the active lanes asked for (global, local and shared, atomics included).
     pub bytes_requested: u64,
+    /// The part of `bytes_requested` that global loads (`cp.async`'s source included) and
+    /// global stores asked for: over `32 ×` their sectors, their sector efficiency.
+    pub global_load_bytes_requested: u64,
+    pub global_store_bytes_requested: u64,
     /// Global and local sectors × 32: the bytes that go through L1.
     pub bytes_moved: u64,
     pub flops: u64,
@@ -69,6 +73,8 @@ impl Counters {
             shared_atomic_requests,
             divergent_branches,
             bytes_requested,
+            global_load_bytes_requested,
+            global_store_bytes_requested,
             bytes_moved,
             flops,
             instructions,
@@ -92,6 +98,8 @@ impl Counters {
         self.shared_atomic_requests += shared_atomic_requests;
         self.divergent_branches += divergent_branches;
         self.bytes_requested += bytes_requested;
+        self.global_load_bytes_requested += global_load_bytes_requested;
+        self.global_store_bytes_requested += global_store_bytes_requested;
         self.bytes_moved += bytes_moved;
         self.flops += flops;
         self.instructions.add(instructions);
@@ -121,6 +129,8 @@ impl Counters {
             ("shared_atomic_requests", self.shared_atomic_requests),
             ("divergent_branches", self.divergent_branches),
             ("bytes_requested", self.bytes_requested),
+            ("global_load_bytes_requested", self.global_load_bytes_requested),
+            ("global_store_bytes_requested", self.global_store_bytes_requested),
             ("bytes_moved", self.bytes_moved),
             ("flops", self.flops),
         ]
@@ -522,8 +532,14 @@ impl Recorder {
             }
             let c = &mut self.sites[site];
             let (requests, secs) = match dir {
-                Dir::Load => (&mut c.global_load_requests, &mut c.global_load_sectors),
-                Dir::Store => (&mut c.global_store_requests, &mut c.global_store_sectors),
+                Dir::Load => {
+                    c.global_load_bytes_requested += asked;
+                    (&mut c.global_load_requests, &mut c.global_load_sectors)
+                }
+                Dir::Store => {
+                    c.global_store_bytes_requested += asked;
+                    (&mut c.global_store_requests, &mut c.global_store_sectors)
+                }
                 Dir::Atomic => (&mut c.global_atomic_requests, &mut c.global_atomic_sectors),
             };
             *requests += 1;

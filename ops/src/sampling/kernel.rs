@@ -124,9 +124,17 @@ fn find_bin(
     let lane = b.lane_id();
     let eight = b.const_u32(8);
     let base = b.mul(lane, eight);
+    // Lane l sums bins 8l..8l+7, starting at bin 8l + l/2 (mod 8): read in plain order, the
+    // 8-byte bins of a half-warp would sit in two banks (an 8-way conflict, found by `rudac
+    // profile`); the rotation spreads them over all 32. Integer sums do not depend on the order.
+    let one = b.const_u32(1);
+    let skew = b.shr(lane, one);
+    let seven = b.const_u32(7);
     let mut lane_sum = b.constant(Constant::u64(0));
     for j in 0..8 {
-        let off = b.const_u32(j);
+        let j = b.const_u32(j);
+        let off = b.add(skew, j);
+        let off = b.and(off, seven);
         let i = b.add(base, off);
         let p = b.ptr_add(hist, i);
         let v = b.load(p);
@@ -152,7 +160,6 @@ fn find_bin(
     let lead = b.unary(ruda_ir::UnaryOp::Clz, ballot);
     let thirty_one = b.const_u32(31);
     let top_lane = b.sub(thirty_one, lead);
-    let one = b.const_u32(1);
     let next_lane = b.add(top_lane, one);
     let next = shfl_u64(b, ShflMode::Idx, s, next_lane);
     let last = b.eq(top_lane, thirty_one);

@@ -19,6 +19,12 @@ const THREADS: u32 = 256;
 const SIDE: u32 = 16;
 /// Micro-tile size per thread along each side (BM / SIDE).
 const MICRO: u32 = 4;
+/// Row pitch of both staged tiles (each 64 wide), in f32: the tiles are stored k-major, and a warp's staging
+/// store writes 16 consecutive `k` of two rows, so unpadded rows of 64 would put all 16 in one
+/// bank (a 16-way conflict, found by `rudac profile`); 66 spreads them over every bank. The
+/// compute loop's reads (broadcasts, or 16 consecutive words) stay conflict-free.
+const PITCH: u32 = BM + 2;
+const _: () = assert!(BM == BN, "both tiles share PITCH");
 
 /// Layout of the `B` operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,8 +75,8 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let GemmSimtValues { a: a_ptr, b: b_ptr, c: c_ptr, m, n, k } = GemmSimtParams::declare(&mut b, cfg);
     b.launch_bounds(THREADS, None);
-    let a_tile = b.shared_array("a_tile", ScalarType::F32, BK * BM);
-    let b_tile = b.shared_array("b_tile", ScalarType::F32, BK * BN);
+    let a_tile = b.shared_array("a_tile", ScalarType::F32, BK * PITCH);
+    let b_tile = b.shared_array("b_tile", ScalarType::F32, BK * PITCH);
 
     let tid = b.thread_id_x();
     let side = b.const_u32(SIDE);
@@ -78,6 +84,7 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let ty = b.div(tid, side);
     let bn_c = b.const_u32(BN);
     let bm_c = b.const_u32(BM);
+    let pitch = b.const_u32(PITCH);
     let block_col = b.block_id_x();
     let block_row = b.block_id_y();
     let col0 = b.mul(block_col, bn_c);
@@ -100,7 +107,7 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
                 let idx = b.fma(row, k, kk);
                 load_f32(b, a_ptr, idx)
             });
-            let s = b.fma(ki, bm_c, mi);
+            let s = b.fma(ki, pitch, mi);
             let p = b.ptr_add(a_smem, s);
             b.store(p, v);
         }
@@ -122,15 +129,15 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
                 };
                 load_f32(b, b_ptr, idx)
             });
-            let s = b.fma(ki, bn_c, ni);
+            let s = b.fma(ki, pitch, ni);
             let p = b.ptr_add(b_smem, s);
             b.store(p, v);
         }
         b.barrier();
         let one = b.const_u32(1);
         let acc = b.for_range(zero, bk_c, one, acc, |b, kk, acc| {
-            let a_row = b.mul(kk, bm_c);
-            let b_row = b.mul(kk, bn_c);
+            let a_row = b.mul(kk, pitch);
+            let b_row = b.mul(kk, pitch);
             let a_vals: Vec<Value> = (0..MICRO)
                 .map(|i| {
                     let mi = offset(b, ty, i * SIDE);

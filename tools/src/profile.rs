@@ -285,8 +285,8 @@ pub fn write_table(p: &KernelProfile, out: &mut dyn Write) -> std::io::Result<()
     }
     writeln!(
         out,
-        "bytes requested {}, moved through L1 {}, DRAM at least {}",
-        t.bytes_requested, t.bytes_moved, p.counts.dram_bytes_min
+        "bytes requested by global loads {} and stores {} (all spaces {}); moved through L1 {}; DRAM at least {}",
+        t.global_load_bytes_requested, t.global_store_bytes_requested, t.bytes_requested, t.bytes_moved, p.counts.dram_bytes_min
     )?;
     let classes: Vec<String> = mix(t).iter().filter(|(_, v)| *v > 0).map(|(k, v)| format!("{k} {v}")).collect();
     writeln!(out, "\ninstructions (warp level): {}", classes.join(", "))?;
@@ -324,58 +324,62 @@ pub fn write_table(p: &KernelProfile, out: &mut dyn Write) -> std::io::Result<()
         bound_name(&r.bound),
         r.intensity
     )?;
-    let mut sites: Vec<_> = p
-        .counts
-        .sites
-        .iter()
-        .filter(|s| {
-            let c = &s.counters;
-            c.global_load_requests
-                + c.global_store_requests
-                + c.global_atomic_requests
-                + c.local_load_requests
-                + c.local_store_requests
-                + c.shared_load_requests
-                + c.shared_store_requests
-                + c.shared_atomic_requests
-                > 0
-        })
-        .collect();
-    sites.sort_by_key(|s| {
-        let c = &s.counters;
-        std::cmp::Reverse(
-            c.global_load_sectors
-                + c.global_store_sectors
-                + c.global_atomic_sectors
-                + c.shared_load_wavefronts
-                + c.shared_store_wavefronts,
-        )
-    });
-    writeln!(out, "\nmemory sites, busiest first (sectors, or wavefronts / conflicts for shared):")?;
-    for s in sites.iter().take(12) {
-        let c = &s.counters;
-        let loc = s.loc.as_ref().map_or("?".to_string(), |l| l.to_string());
-        let what = if c.shared_load_requests + c.shared_store_requests > 0 {
-            format!(
+    // Sites by source line: an unrolled loop repeats one line's instruction many times.
+    let mut lines: Vec<(String, String, usize, Counters)> = vec![];
+    for site in &p.counts.sites {
+        let c = &site.counters;
+        let touches = c.global_load_requests
+            + c.global_store_requests
+            + c.global_atomic_requests
+            + c.shared_load_requests
+            + c.shared_store_requests
+            + c.shared_atomic_requests;
+        if touches == 0 {
+            continue;
+        }
+        let loc = site.loc.as_ref().map_or("?".to_string(), |l| l.to_string());
+        match lines.iter_mut().find(|(op, l, _, _)| *op == site.op && *l == loc) {
+            Some((_, _, n, sum)) => {
+                *n += 1;
+                sum.add(c);
+            }
+            None => lines.push((site.op.clone(), loc, 1, c.clone())),
+        }
+    }
+    let weight = |c: &Counters| {
+        c.global_load_sectors
+            + c.global_store_sectors
+            + c.global_atomic_sectors
+            + c.shared_load_wavefronts
+            + c.shared_store_wavefronts
+    };
+    lines.sort_by_key(|(_, _, _, c)| std::cmp::Reverse(weight(c)));
+    writeln!(out, "\nmemory sites by source line, busiest first (--json lists every instruction):")?;
+    for (op, loc, n, c) in lines.iter().take(12) {
+        let mut what = vec![];
+        let global = c.global_load_sectors + c.global_store_sectors;
+        if global > 0 {
+            let asked = c.global_load_bytes_requested + c.global_store_bytes_requested;
+            what.push(format!("{global} sectors, {:.0}% used", 100.0 * asked as f64 / (32 * global) as f64));
+        }
+        if c.global_atomic_requests > 0 {
+            what.push(format!("{} atomic sectors", c.global_atomic_sectors));
+        }
+        if c.shared_load_requests + c.shared_store_requests > 0 {
+            what.push(format!(
                 "{} wavefronts, {} conflicts",
                 c.shared_load_wavefronts + c.shared_store_wavefronts,
                 c.shared_bank_conflicts()
-            )
-        } else {
-            format!(
-                "{} sectors for {} B",
-                c.global_load_sectors
-                    + c.global_store_sectors
-                    + c.global_atomic_sectors
-                    + c.local_load_sectors
-                    + c.local_store_sectors,
-                c.bytes_requested
-            )
-        };
-        writeln!(out, "  {:<10} {what:<36} {loc}", s.op)?;
+            ));
+        }
+        if c.shared_atomic_requests > 0 {
+            what.push(format!("{} shared atomics", c.shared_atomic_requests));
+        }
+        let op = if *n > 1 { format!("{op} x{n}") } else { op.clone() };
+        writeln!(out, "  {op:<16} {:<40} {loc}", what.join("; "))?;
     }
-    if sites.len() > 12 {
-        writeln!(out, "  ... {} more (--json lists every site)", sites.len() - 12)?;
+    if lines.len() > 12 {
+        writeln!(out, "  ... {} more lines", lines.len() - 12)?;
     }
     for n in &p.notices {
         writeln!(out, "notice: {n}")?;

@@ -11,7 +11,8 @@
 //! - [`family`]: the trait each family implements, and [`registry`], the list of families
 //!   (every registered configuration, `rudac list`);
 //! - [`problem`]: a small valid problem for each configuration (`rudac run`, differential tests);
-//! - [`tune`]: autotuning and the shape files of `rudac tune`.
+//! - [`tune`]: autotuning and the shape files of `rudac tune`;
+//! - [`perf`]: GPU peaks, occupancy and roofline estimates, without a GPU.
 //!
 //! The `rudac` and `ruda-bench` tools live in `ruda-tools` (`tools/`).
 
@@ -22,6 +23,7 @@ pub mod family;
 pub mod host;
 pub mod kernels;
 pub mod params;
+pub mod perf;
 pub mod problem;
 pub mod registry;
 pub mod tune;

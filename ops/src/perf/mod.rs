@@ -1,5 +1,6 @@
-//! Performance estimates that need no GPU: the peaks of the GPUs we target ([`gpu`]), and the
-//! roofline bound of a launch on one of them (`roofline`).
+//! Performance estimates that need no GPU: the peaks of the GPUs we target ([`gpu`]), the
+//! occupancy a kernel's resources allow ([`occupancy`]), and the roofline bound of a launch
+//! ([`roofline`]).
 //!
 //! Each is an estimate with stated limits:
 //!
@@ -10,5 +11,10 @@
 //!   It ignores caches beyond DRAM (the bytes are the distinct sectors a launch must move at
 //!   least once), latency, launch overhead and tails (a grid of a few blocks leaves SMs idle), so
 //!   it is a floor, never a prediction.
+//! - [`occupancy`]: the CUDA occupancy calculator's rules, so the theoretical occupancy: what
+//!   the registers, shared memory and block size allow, not what a launch achieves (the
+//!   carveout the driver picks, barriers and grid tails can lower it).
 
 pub mod gpu;
+pub mod occupancy;
+pub mod roofline;

@@ -34,6 +34,7 @@ mod generation;
 mod layers;
 mod models;
 mod pipeline;
+pub mod profile;
 pub mod safetensors;
 mod tokenizer;
 pub mod tune;

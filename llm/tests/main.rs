@@ -9,5 +9,6 @@ mod decode_plan;
 mod loading;
 mod model_goldens;
 mod pipeline;
+mod profile;
 mod text;
 mod tokenizer_goldens;

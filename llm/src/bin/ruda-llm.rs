@@ -133,8 +133,10 @@ fn tune(args: TuneArgs) -> Result<bool, LlmError> {
     )
 }
 
+// `--context`'s help states the default.
+const _: () = assert!(DEFAULT_PROFILE_CONTEXT == 4096);
+
 fn profile(args: ProfileArgs) -> Result<(), LlmError> {
-    debug_assert_eq!(DEFAULT_PROFILE_CONTEXT, 4096, "the --context help says 4096");
     let p = profile_decode(&args.model_dir, args.context, args.dtype, args.gpu)?;
     if args.json {
         println!("{}", p.to_json());

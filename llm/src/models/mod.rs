@@ -194,6 +194,51 @@ mod tests {
         assert!(spec.decode_launches(9, DType::U32).is_err());
     }
 
+    /// Every tensor a spec declares, as zeros stored in bf16.
+    struct Zeros(Vec<(String, Vec<usize>, Vec<u8>)>);
+
+    impl Zeros {
+        fn new(spec: &DecoderSpec) -> Zeros {
+            let zeros =
+                |t: &ExpectedTensor| (t.name.clone(), t.shape.clone(), vec![0; 2 * t.shape.iter().product::<usize>()]);
+            Zeros(spec.tensors().iter().map(zeros).collect())
+        }
+    }
+
+    impl TensorSource for Zeros {
+        fn stored(&self, name: &str) -> Option<(DType, &[usize], &[u8])> {
+            self.0.iter().find(|t| t.0 == name).map(|t| (DType::BF16, t.1.as_slice(), t.2.as_slice()))
+        }
+        fn check(&self, _: &str) -> Result<(), crate::LoadError> {
+            Ok(())
+        }
+    }
+
+    /// Odd shapes the fixtures lack: an intermediate size of 20 (bf16 GEMV rows that are not a
+    /// whole number of 16-byte loads), a 48-byte embedding row, head dim 6 (qwen2: 24 / 4).
+    #[test]
+    fn a_decode_step_of_odd_shapes_launches_its_plan() {
+        use ruda_ops::api;
+        let device = Device::cpu();
+        for c in [config("qwen2", json!({})), config("qwen3", json!({"attention_bias": true}))] {
+            let spec = architecture(c.model_type).spec(&c);
+            let model = architecture(c.model_type).load(&c, &Zeros::new(&spec), &device, DType::BF16).unwrap();
+            let mut cache = model.new_cache(3).unwrap();
+            model.forward(&mut cache, &[1, 2], 8, false).unwrap();
+            let workspace = model.decode_workspace().unwrap();
+            let stream = device.default_stream();
+            stream.start_launch_record();
+            let logits = model.decode_step(&mut cache, 3, &workspace).unwrap();
+            let chosen = Tensor::zeros(&device, DType::U32, &[1]).unwrap();
+            api::argmax_into(&stream, &logits, &chosen, None).unwrap();
+            let launched: Vec<String> = stream.take_launch_record().into_iter().map(|l| l.kernel).collect();
+            let planned: Vec<String> =
+                spec.decode_launches(3, DType::BF16).unwrap().iter().map(|l| l.kernel_name()).collect();
+            assert_eq!(launched, planned, "{:?}", c.model_type);
+            assert!(planned.contains(&"gemv_bf16_m1_scalar".to_string()), "{planned:?}");
+        }
+    }
+
     /// A source that holds nothing: loading must fail before it reads a tensor.
     struct NoTensors;
 

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use crate::error::LlmError;
 use crate::layers::PlannedLaunch;
-use crate::pipeline::architecture_of;
+use crate::models::architecture;
+use crate::pipeline::check_model_dir;
 
 /// The context `ruda-llm profile` assumes without `--context`: a pipeline's (capped at the
 /// model's `max_position_embeddings`).
@@ -210,10 +211,10 @@ pub fn profile_decode(
     dtype: DType,
     gpu: &'static Gpu,
 ) -> Result<DecodeProfile, LlmError> {
-    let arch = architecture_of(dir)?;
+    check_model_dir(dir)?;
     let config = crate::load_config(dir)?;
     let context = context.unwrap_or(DEFAULT_PROFILE_CONTEXT.min(config.max_position_embeddings));
-    let spec = arch.spec(&config);
+    let spec = architecture(config.model_type).spec(&config);
     let planned = spec.decode_launches(context, dtype)?;
     let bandwidth = gpu.dram_bytes_per_s;
     let launches: Vec<LaunchEstimate> = planned

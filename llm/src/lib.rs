@@ -34,6 +34,7 @@ mod generation;
 mod layers;
 mod models;
 mod pipeline;
+pub mod profile;
 pub mod safetensors;
 mod tokenizer;
 pub mod tune;
@@ -48,7 +49,10 @@ pub use generate::{
     StreamControl,
 };
 pub use generation::GenerationConfig;
-pub use layers::{AttentionShape, ExpectedTensor, LinearShape, TensorSource, WeightDType, EMBED_TOKENS, LM_HEAD};
+pub use layers::{
+    AttentionShape, DecodeChoices, ExpectedTensor, LinearShape, PlannedLaunch, TensorSource, WeightDType, EMBED_TOKENS,
+    LM_HEAD,
+};
 pub use models::{architecture, Architecture, CausalLm, DecoderSpec, Workspace};
 pub use pipeline::{
     architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole,

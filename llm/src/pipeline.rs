@@ -124,7 +124,7 @@ pub fn architecture_of(dir: &Path) -> Result<&'static dyn Architecture, LlmError
     Ok(architecture(load_config(dir)?.model_type))
 }
 
-fn check_model_dir(dir: &Path) -> Result<(), LlmError> {
+pub(crate) fn check_model_dir(dir: &Path) -> Result<(), LlmError> {
     if !dir.is_dir() {
         return Err(LlmError::InvalidArgument(format!("{}: not a model directory", dir.display())));
     }

@@ -124,6 +124,8 @@ enum Program {
     Example,
     /// `ruda-llm generate` (the row's arguments follow `generate`).
     Generate,
+    /// `ruda-llm profile` (the row's arguments follow `profile`).
+    Profile,
 }
 
 struct Row {
@@ -152,6 +154,11 @@ const fn fails(name: &'static str, setup: fn(&Path), output: &'static str) -> Ro
 /// A `ruda-llm generate` row with these arguments that fails with `output`.
 const fn generate(name: &'static str, args: &'static [Arg], output: &'static str) -> Row {
     Row { args, program: Program::Generate, ..fails(name, nothing, output) }
+}
+
+/// A `ruda-llm profile` row with these arguments that fails with `output` (exit status 2).
+const fn profile(name: &'static str, args: &'static [Arg], output: &'static str) -> Row {
+    Row { args, program: Program::Profile, status: 2, ..fails(name, nothing, output) }
 }
 
 /// The table. `{dir}` in an expected message is the model folder.
@@ -503,6 +510,35 @@ fn rows() -> Vec<Row> {
             |d| poke_bf16(d, "model.embed_tokens.weight", 130, 0xff80),
             "tensor model.embed_tokens.weight holds -inf at element 130 (index [1, 2] of shape [400, 128])",
         ),
+        // `ruda-llm profile`: analytic, so it needs the config only.
+        profile("profile: missing folder", &[Text("missing"), Text("--json")], "missing: not a model directory"),
+        profile(
+            "profile: unknown GPU",
+            &[Model, Text("--gpu"), Text("v100")],
+            "invalid value 'v100' for '--gpu <NAME>': unknown GPU `v100` (known: a100, h100-sxm, h200)",
+        ),
+        profile(
+            "profile: zero context",
+            &[Model, Text("--context"), Text("0")],
+            "invalid value '0' for '--context <N>': must be a positive integer",
+        ),
+        profile(
+            "profile: context beyond max_position_embeddings",
+            &[Model, Text("--context=257")],
+            "a context of 257 positions: the model supports 1 to 256 (max_position_embeddings)",
+        ),
+        profile(
+            "profile: unknown dtype",
+            &[Model, Text("--dtype"), Text("f64")],
+            "invalid value 'f64' for '--dtype <f32|f16|bf16>': expected f32, f16 or bf16",
+        ),
+        Row {
+            name: "profile: no weights needed",
+            setup: |d| std::fs::remove_file(d.join("model.safetensors")).unwrap(),
+            status: 0,
+            output: "\"estimate\":true",
+            ..profile("", &[Model, Text("--json")], "")
+        },
         Row {
             name: "NaN in a weight, RUDA_CHECK_WEIGHTS=off",
             setup: |d| poke_bf16(d, NORM, 5, 0x7fc1),
@@ -568,6 +604,11 @@ fn every_bad_input_is_a_clear_error_with_its_exit_status() {
             Program::Generate => {
                 let mut cmd = Command::new(common::ruda_llm());
                 cmd.arg("generate");
+                cmd
+            }
+            Program::Profile => {
+                let mut cmd = Command::new(common::ruda_llm());
+                cmd.arg("profile");
                 cmd
             }
         };

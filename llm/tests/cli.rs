@@ -1,5 +1,6 @@
 //! The `ruda-llm` command, run as a built binary: `generate` prints exactly the examples' JSON
-//! lines for every architecture, `tune` keeps its flags, and errors exit with their statuses.
+//! lines for every architecture, `tune` keeps its flags, and errors exit with their statuses
+//! (`profile`'s own tests are in `profile.rs`).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -135,6 +136,8 @@ fn help_for_every_subcommand() {
         (os(&["generate", "--help"]), "[MAX_NEW_TOKENS]"),
         (os(&["tune", "--help"]), "--prefill-tokens"),
         (os(&["help", "tune"]), "--context"),
+        (os(&["--help"]), "profile"),
+        (os(&["profile", "--help"]), "--gpu <NAME>"),
     ] {
         let out = ruda_llm(&args);
         assert_eq!(out.status.code(), Some(0), "{args:?}");

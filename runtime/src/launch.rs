@@ -11,6 +11,7 @@ use ruda_ir::interp::{self, KernelArg, LaunchConfig};
 use ruda_ir::{AddrSpace, Constant, Kernel, Type};
 
 use crate::cache::ModuleKey;
+use crate::context::LaunchRecord;
 use crate::cuda::{load_module, CudaCore, LoadedModule, DEFAULT_DYNAMIC_SHARED_LIMIT};
 use crate::device::Device;
 use crate::dtype::Element;
@@ -102,9 +103,16 @@ impl Stream {
         validate_launch(k, &cfg)?;
         check_args(k, self.device(), args)?;
         match self.device().cuda_core() {
-            None => launch_cpu(k, &cfg, args),
-            Some(core) => self.launch_cuda(core, kernel, &cfg, args),
+            None => launch_cpu(k, &cfg, args)?,
+            Some(core) => self.launch_cuda(core, kernel, &cfg, args)?,
         }
+        self.note_launch(|| LaunchRecord {
+            kernel: k.name.clone(),
+            grid: cfg.grid,
+            block: cfg.block,
+            dynamic_shared_bytes: cfg.dynamic_shared_bytes,
+        });
+        Ok(())
     }
 
     fn launch_cuda<K: Launchable + ?Sized>(

@@ -44,6 +44,10 @@
 //! [`Device::memory_stats`] the counters, [`Device::release_cached_memory`] returns the cache
 //! to the driver.
 //!
+//! [`Stream::start_launch_record`] and [`Stream::take_launch_record`] keep a list of the kernels
+//! a stream launched ([`LaunchRecord`]: name, grid, block, dynamic shared memory), off unless
+//! started, so that tests can compare what ran with a plan (the model's decode step).
+//!
 //! Module layers, bottom up: `context` (raw stream handles, the CPU device's state) and `cuda`
 //! (a GPU's shared state) under `device`; `stream` and `event` on devices; `buffer` on streams;
 //! `tensor` on buffers; `launch` on tensors and streams.
@@ -93,6 +97,7 @@ pub use autotune::{
 };
 pub use buffer::Buffer;
 pub use cache::{CacheStats, ModuleCache, ModuleKey};
+pub use context::LaunchRecord;
 pub use cuda::CudaDeviceInfo;
 pub use device::{Device, DeviceKind, MemoryPool};
 pub use dtype::{DType, Element};

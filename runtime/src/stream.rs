@@ -3,11 +3,12 @@
 //! ([`crate::Event`]) order it across streams.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use crate::context::StreamCore;
+use crate::context::{LaunchRecord, StreamCore};
 use crate::cuda::describe;
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
@@ -78,6 +79,28 @@ impl Stream {
                     describe(e),
                 )
             }),
+        }
+    }
+
+    /// Start recording the kernels launched on this stream (through any handle of it), dropping
+    /// an earlier record. Off unless started: a launch then pays one atomic load for it.
+    pub fn start_launch_record(&self) {
+        self.core.record.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.core.recording.store(true, Ordering::Release);
+    }
+
+    /// Stop recording and return the launches made since [`Stream::start_launch_record`], in
+    /// the order they were queued (empty when it was not started).
+    pub fn take_launch_record(&self) -> Vec<LaunchRecord> {
+        self.core.recording.store(false, Ordering::Release);
+        std::mem::take(&mut *self.core.record.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Add a launch to the record when one is being kept.
+    pub(crate) fn note_launch(&self, launch: impl FnOnce() -> LaunchRecord) {
+        if self.core.recording.load(Ordering::Acquire) {
+            let launch = launch();
+            self.core.record.lock().unwrap_or_else(|e| e.into_inner()).push(launch);
         }
     }
 

@@ -4,7 +4,7 @@ use crate::common;
 
 use ruda_ir::interp::LaunchConfig;
 use ruda_ir::Constant;
-use ruda_runtime::{Arg, DType, Device, HashedKernel, RuntimeError, Tensor};
+use ruda_runtime::{Arg, DType, Device, HashedKernel, LaunchRecord, RuntimeError, Tensor};
 
 #[test]
 fn scale_by_two_runs_in_the_interpreter() {
@@ -19,6 +19,39 @@ fn scale_by_two_runs_in_the_interpreter() {
         .unwrap();
     let want: Vec<f32> = xs.iter().map(|v| v * 2.0).collect();
     assert_eq!(y.to_vec::<f32>().unwrap(), want);
+}
+
+#[test]
+fn the_launch_record_keeps_what_ran_while_it_is_on() {
+    let d = Device::cpu();
+    let k = common::scale2_kernel();
+    let x = Tensor::from_slice(&d, &[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let y = Tensor::zeros(&d, DType::F32, &[3]).unwrap();
+    let s = d.default_stream();
+    let run =
+        |blocks: u32| s.launch(&k, LaunchConfig::linear(blocks, 32), &[(&x).into(), (&y).into(), Arg::scalar(3u32)]);
+    run(1).unwrap();
+    assert_eq!(s.take_launch_record(), [], "off unless started");
+    s.start_launch_record();
+    run(2).unwrap();
+    // Another handle of the same stream records into the same list; a failed launch is not kept.
+    let again = d.default_stream();
+    again.launch(&k, LaunchConfig::linear(1, 32), &[(&x).into(), (&x).into(), Arg::scalar(3u32)]).unwrap_err();
+    run(3).unwrap();
+    let want = |blocks: u32| LaunchRecord {
+        kernel: k.name.clone(),
+        grid: [blocks, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    assert_eq!(again.take_launch_record(), [want(2), want(3)]);
+    run(4).unwrap();
+    assert_eq!(s.take_launch_record(), [], "taking the record stops it");
+    // A stream of its own keeps its own record.
+    let other = d.create_stream().unwrap();
+    other.start_launch_record();
+    run(5).unwrap();
+    assert_eq!(other.take_launch_record(), []);
 }
 
 #[test]

@@ -6,6 +6,10 @@
 //! - `ruda-llm tune MODEL_DIR [--context N] [--prefill-tokens N] [--dtype f32|f16|bf16]`:
 //!   autotune the op shapes of a model folder on the `RUDA_DEVICE` GPU ahead of generation (see
 //!   `ruda_llm::tune`); exit status 1 when a shape failed, 2 on any other error.
+//! - `ruda-llm profile MODEL_DIR [--context N] [--dtype f32|f16|bf16] [--gpu NAME] [--json]`: one
+//!   decode step on paper (`ruda_llm::profile`): each launch's bytes, flops and roofline bound on
+//!   the GPU, their sum against the ideal; runs nothing and reads only `config.json`; exit
+//!   status 2 on any error.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -14,8 +18,10 @@ use std::process::ExitCode;
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use ruda_llm::example::{self, ExampleArgs};
+use ruda_llm::profile::{profile_decode, DEFAULT_PROFILE_CONTEXT};
 use ruda_llm::tune::{tune_model, Progress};
 use ruda_llm::LlmError;
+use ruda_ops::perf::gpu::{gpu, Gpu};
 use ruda_runtime::{DType, Device};
 
 #[derive(Parser)]
@@ -33,6 +39,29 @@ enum Command {
     /// Autotune the op shapes of a model's prefill and decode on the RUDA_DEVICE GPU (on the CPU,
     /// or with RUDA_AUTOTUNE=off, list them)
     Tune(TuneArgs),
+    /// ESTIMATE one decode step on paper: each kernel launch's bytes, flops and roofline bound on
+    /// a GPU, their sum, the ideal (weights and KV cache at peak DRAM bandwidth) and the launches
+    /// furthest short. Runs no kernel and reads only config.json
+    Profile(ProfileArgs),
+}
+
+#[derive(Args)]
+struct ProfileArgs {
+    /// A Hugging Face model folder
+    model_dir: PathBuf,
+    /// Keys the step's attention reads (the cached positions and the new one) [default: 4096, at
+    /// most max_position_embeddings]
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true)]
+    context: Option<usize>,
+    /// The compute dtype
+    #[arg(long, value_name = "f32|f16|bf16", value_parser = compute_dtype, default_value = "bf16")]
+    dtype: DType,
+    /// The GPU whose peaks bound each launch (a100, h100-sxm, h200)
+    #[arg(long, value_name = "NAME", value_parser = gpu, default_value = "h200")]
+    gpu: &'static Gpu,
+    /// One JSON object instead of the table
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -104,6 +133,19 @@ fn tune(args: TuneArgs) -> Result<bool, LlmError> {
     )
 }
 
+// `--context`'s help states the default.
+const _: () = assert!(DEFAULT_PROFILE_CONTEXT == 4096);
+
+fn profile(args: ProfileArgs) -> Result<(), LlmError> {
+    let p = profile_decode(&args.model_dir, args.context, args.dtype, args.gpu)?;
+    if args.json {
+        println!("{}", p.to_json());
+    } else {
+        print!("{}", p.table());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&argv) {
@@ -125,6 +167,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::from(1)
+            }
+        },
+        Command::Profile(args) => match profile(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
             }
         },
         Command::Tune(args) => match tune(args) {

@@ -4,6 +4,7 @@
 use ruda_ops::api::{self, DecodeWorkspace};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
+use super::plan::{launch, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader, RmsNorm, RmsNormSpec, Rope};
 use crate::cache::KvCache;
 use crate::error::LlmError;
@@ -76,6 +77,68 @@ impl AttentionSpec {
 
     pub fn linear_shapes(&self, tokens: usize) -> [LinearShape; 4] {
         [&self.q, &self.k, &self.v, &self.o].map(|l| l.linear_shape(tokens))
+    }
+
+    /// The launches of [`Attention::forward`] for one token at `step.context - 1`: q, k and v,
+    /// the per-head norms, RoPE of q, RoPE of k with the cache append, split-KV decode attention
+    /// over `step.context` keys and its combine, the output projection.
+    pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
+        let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
+        let (e, dt) = (step.elem(), step.dt());
+        for lin in [&self.q, &self.k, &self.v] {
+            lin.decode_launches(step, out);
+        }
+        if let Some((qn, kn)) = &self.qk_norm {
+            out.push(qn.decode_launch(step, hq, false));
+            out.push(kn.decode_launch(step, hkv, false));
+        }
+        let label = self.q.label();
+        let p = label.rsplit_once('.').map_or("self_attn", |(p, _)| p);
+        let (q, kv) = ((hq * d) as u64, (hkv * d) as u64);
+        // The rotary table is f32 `cos` and `sin`, `d / 2` of each per position.
+        let table = 4 * d as u64;
+        out.push(launch(
+            format!("{p}.rope (q)"),
+            format!("rope.{dt}.d{d}"),
+            format!("[1, {hq}, {d}]"),
+            q * e + 4 + table,
+            q * e,
+            3 * q,
+        ));
+        out.push(launch(
+            format!("{p}.rope (k) + cache append"),
+            format!("rope_kv_cache.{dt}.d{d}"),
+            format!("k, v [1, {hkv}, {d}]"),
+            2 * kv * e + 8 + table,
+            2 * kv * e,
+            3 * kv,
+        ));
+        // Keys and values of every cached position and the new one.
+        let keys = (step.context * hkv * d) as u64;
+        let splits = step.attention_splits as u64;
+        // Per (query head, split): an f32 accumulator of `d` and a (max, sum) pair.
+        let partials = splits * hq as u64 * (d as u64 + 2) * 4;
+        out.push(PlannedLaunch {
+            kv_bytes: 2 * keys * e,
+            ..launch(
+                format!("{p}.attention"),
+                format!("attention_decode.{dt}.d{d}"),
+                format!("q[1, {hq}, {d}] · kv[{hkv}, {}, {d}], {splits} splits", step.context),
+                q * e + 2 * keys * e + 4,
+                partials,
+                // q·k and p·v for each query head over every key.
+                4 * (step.context * hq * d) as u64,
+            )
+        });
+        out.push(launch(
+            format!("{p}.attention (combine splits)"),
+            format!("attention_decode_combine.{dt}.d{d}"),
+            format!("{splits} × [{hq}, {d}] f32"),
+            partials,
+            q * e,
+            2 * splits * q,
+        ));
+        self.o.decode_launches(step, out);
     }
 
     pub fn load(&self, ld: &Loader) -> Result<Attention, LlmError> {

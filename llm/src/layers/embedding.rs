@@ -3,6 +3,7 @@
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{Stream, Tensor};
 
+use super::plan::{launch, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Linear, LinearShape, LinearSpec, Loader};
 use crate::error::LlmError;
 
@@ -20,6 +21,24 @@ pub struct EmbeddingSpec {
 impl EmbeddingSpec {
     pub fn new(vocab: usize, hidden: usize) -> EmbeddingSpec {
         EmbeddingSpec { weight: ExpectedTensor::compute(EMBED_TOKENS.into(), vec![vocab, hidden]) }
+    }
+
+    /// The gather of one token's row: 16-byte accesses when a row is a multiple of 16 bytes.
+    pub fn decode_launch(&self, step: &DecodeStep) -> PlannedLaunch {
+        let hidden = self.weight.shape[1];
+        let row = hidden as u64 * step.elem();
+        let scalar = if row.is_multiple_of(16) { "" } else { ".scalar" };
+        PlannedLaunch {
+            weight_bytes: row,
+            ..launch(
+                "model.embed_tokens".into(),
+                format!("embedding.{}{scalar}", step.dt()),
+                format!("ids[1] → [1, {hidden}]"),
+                4 + row,
+                row,
+                0,
+            )
+        }
     }
 
     pub fn load(&self, ld: &Loader) -> Result<Embedding, LlmError> {
@@ -61,6 +80,15 @@ impl LmHeadSpec {
         if self.tied {
             return Ok(Linear::Dense { weight: embedding.weight.clone(), bias: None });
         }
-        LinearSpec { name: "lm_head", weights: vec![self.weight.clone()], bias: None }.load(ld)
+        self.linear().load(ld)
+    }
+
+    /// The logits' GEMV in a decode step (the embedding's table when tied: the same bytes).
+    pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
+        self.linear().decode_launches(step, out);
+    }
+
+    fn linear(&self) -> LinearSpec {
+        LinearSpec { name: "lm_head", weights: vec![self.weight.clone()], bias: None }
     }
 }

@@ -7,6 +7,7 @@ use ruda_ops::api::{self, Epilogue, GemmTile, LinearProblem, OpError, Strategy, 
 use ruda_ops::tune;
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
+use super::plan::{launch, prefix, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Loader};
 use crate::error::LlmError;
 
@@ -54,6 +55,71 @@ impl LinearSpec {
     pub fn linear_shape(&self, m: usize) -> LinearShape {
         let (n, k) = self.shape();
         LinearShape { name: self.name, m, n, k }
+    }
+
+    /// `model.layers.0.self_attn.q_proj`, `model.layers.0.mlp.gate_up_proj`, `lm_head`.
+    pub fn label(&self) -> String {
+        let first = self.weights.first().map_or("", |w| prefix(&w.name));
+        match first.rsplit_once('.') {
+            Some((parent, _)) => format!("{parent}.{}", self.name),
+            None => self.name.to_string(),
+        }
+    }
+
+    /// The launches of this projection in a decode step (one row), as [`Linear::forward`] makes
+    /// them: the GEMV with the bias in its epilogue, or with `K` split (the step's choice for
+    /// this weight) partials and a reduction that adds the bias.
+    pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
+        let (n, k) = self.shape();
+        let (e, dt) = (step.elem(), step.dt());
+        let bias = self.bias.is_some();
+        // The GEMV's own rules (`ruda_ops::api::linear_with_into`): 16-byte loads when every row
+        // starts 16-byte aligned (weights and decode rows start at an allocation), and whole
+        // warps' worth of chunks per split, which may leave fewer splits than asked.
+        let chunk = 16 / e as usize;
+        let vector = k.is_multiple_of(chunk);
+        let chunks = if vector { k / chunk } else { k };
+        let asked = step.choices.gemv_splits.get(&(n, k)).copied().unwrap_or(1).max(1);
+        let per_split = chunks.div_ceil(asked).next_multiple_of(32).max(32);
+        let splits = chunks.div_ceil(per_split).max(1);
+        let loads = if vector { "" } else { ".scalar" };
+        let (nk, n64) = ((n * k) as u64, n as u64);
+        let weights = nk * e + if bias { n64 * e } else { 0 };
+        let shape = format!("x[1, {k}] · w[{n}, {k}]ᵀ{}", if bias { " + b" } else { "" });
+        let label = self.label();
+        if splits == 1 {
+            let kernel = format!("gemv.{dt}.m1{loads}{}", if bias { ".bias" } else { "" });
+            let flops = 2 * nk + if bias { n64 } else { 0 };
+            out.push(PlannedLaunch {
+                weight_bytes: weights,
+                ..launch(label, kernel, shape, weights + k as u64 * e, n64 * e, flops)
+            });
+            return;
+        }
+        let partials = (splits * n) as u64 * 4;
+        out.push(PlannedLaunch {
+            weight_bytes: nk * e,
+            ..launch(
+                label.clone(),
+                format!("gemv.{dt}.m1{loads}.splitk"),
+                shape,
+                nk * e + k as u64 * e,
+                partials,
+                2 * nk,
+            )
+        });
+        let bias_bytes = if bias { n64 * e } else { 0 };
+        out.push(PlannedLaunch {
+            weight_bytes: bias_bytes,
+            ..launch(
+                format!("{label} (split-K sum)"),
+                format!("gemv.{dt}.splitk_reduce{}", if bias { ".bias" } else { "" }),
+                format!("{splits} × [{n}] f32"),
+                partials + bias_bytes,
+                n64 * e,
+                (splits * n) as u64,
+            )
+        });
     }
 
     pub fn load(&self, ld: &Loader) -> Result<Linear, LlmError> {

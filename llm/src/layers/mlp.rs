@@ -4,6 +4,7 @@
 use ruda_ops::api;
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
+use super::plan::{launch, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader};
 use crate::error::LlmError;
 
@@ -34,6 +35,23 @@ impl MlpSpec {
     /// Features between the two products.
     pub fn intermediate(&self) -> usize {
         self.down.shape().1
+    }
+
+    /// The launches of [`Mlp::forward`] for one row: gate/up, the activation, down.
+    pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
+        self.gate_up.decode_launches(step, out);
+        let (i, e) = (self.intermediate() as u64, step.elem());
+        let label = self.gate_up.label();
+        let parent = label.rsplit_once('.').map_or("mlp", |(p, _)| p);
+        out.push(launch(
+            format!("{parent}.act (silu · up)"),
+            format!("swiglu.{}", step.dt()),
+            format!("[1, {}] → [1, {i}]", 2 * i),
+            2 * i * e,
+            i * e,
+            5 * i,
+        ));
+        self.down.decode_launches(step, out);
     }
 
     pub fn load(&self, ld: &Loader) -> Result<Mlp, LlmError> {

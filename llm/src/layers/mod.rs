@@ -9,6 +9,7 @@ mod embedding;
 mod linear;
 mod mlp;
 mod norm;
+mod plan;
 mod rope;
 
 pub use attention::{Attention, AttentionScratch, AttentionShape, AttentionSpec, StepInputs};
@@ -16,6 +17,7 @@ pub use embedding::{Embedding, EmbeddingSpec, LmHeadSpec, EMBED_TOKENS, LM_HEAD}
 pub use linear::{Linear, LinearPlan, LinearShape, LinearSpec};
 pub use mlp::{Mlp, MlpScratch, MlpSpec};
 pub use norm::{RmsNorm, RmsNormSpec};
+pub use plan::{DecodeChoices, DecodeStep, PlannedLaunch};
 pub use rope::{Rope, RopeSpec};
 
 use ruda_ops::api;

@@ -3,6 +3,7 @@
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{Stream, Tensor};
 
+use super::plan::{launch, prefix, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Loader, WeightDType};
 use crate::error::LlmError;
 
@@ -23,6 +24,29 @@ impl RmsNormSpec {
                 required: true,
             },
             eps: eps as f32,
+        }
+    }
+
+    /// The launch that normalises `rows` rows of a decode step, fused with the residual add
+    /// before it (`rms_norm_residual`, two outputs) or alone (`rms_norm_hf`).
+    pub fn decode_launch(&self, step: &DecodeStep, rows: usize, residual: bool) -> PlannedLaunch {
+        let size = self.weight.shape[0];
+        let (e, n) = (step.elem(), (rows * size) as u64);
+        let gamma = 4 * size as u64;
+        let (kernel, op, inputs) = match residual {
+            true => ("rms_norm_residual", format!("{} (+ residual)", prefix(&self.weight.name)), 2),
+            false => ("rms_norm_hf", prefix(&self.weight.name).to_string(), 1),
+        };
+        PlannedLaunch {
+            weight_bytes: gamma,
+            ..launch(
+                op,
+                format!("{kernel}.{}.h{size}", step.dt()),
+                format!("[{rows}, {size}]"),
+                inputs * n * e + gamma,
+                inputs * n * e,
+                4 * n,
+            )
         }
     }
 

@@ -20,9 +20,9 @@ use crate::cache::{Cache, KvCache, LayerCache};
 use crate::config::ModelConfig;
 use crate::error::LlmError;
 use crate::layers::{
-    Attention, AttentionScratch, AttentionShape, AttentionSpec, Embedding, EmbeddingSpec, ExpectedTensor, Linear,
-    LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, RmsNorm, RmsNormSpec, Rope, RopeSpec,
-    StepInputs, TensorSource,
+    Attention, AttentionScratch, AttentionShape, AttentionSpec, DecodeChoices, DecodeStep, Embedding, EmbeddingSpec,
+    ExpectedTensor, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch,
+    RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
 };
 use crate::models::CausalLm;
 
@@ -142,6 +142,72 @@ impl DecoderSpec {
         out
     }
 
+    /// The kernel launches of one decode step in `dtype`, in order, as [`CausalLm::decode_step`]
+    /// and the pipeline's greedy pick make them on a device without tuning: the new token at
+    /// position `context - 1` of a cache of `context` positions, so that attention reads
+    /// `context` keys. See [`DecoderSpec::decode_launches_with`] for a device's own choices.
+    pub fn decode_launches(&self, context: usize, dtype: DType) -> Result<Vec<PlannedLaunch>, LlmError> {
+        self.decode_launches_with(context, dtype, &DecodeChoices::default())
+    }
+
+    /// [`DecoderSpec::decode_launches`] with the split counts a device chose. Each layer's spec
+    /// adds its own launches, in the order `forward_chunk` runs them (a new mixer or ffn kind
+    /// adds its launches in its own `decode_launches`).
+    pub fn decode_launches_with(
+        &self,
+        context: usize,
+        dtype: DType,
+        choices: &DecodeChoices,
+    ) -> Result<Vec<PlannedLaunch>, LlmError> {
+        let max = self.config.max_position_embeddings;
+        if context == 0 || context > max {
+            return Err(LlmError::InvalidArgument(format!(
+                "a context of {context} positions: the model supports 1 to {max} (max_position_embeddings)"
+            )));
+        }
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(LlmError::InvalidArgument(format!("the compute dtype must be f32, f16 or bf16, not {dtype}")));
+        }
+        let first = self.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
+        // One decode workspace serves every layer, made for the first layer's shape (`new_cache`).
+        let MixerSpec::Attention(a) = &first.mixer;
+        let AttentionShape { q_heads, kv_heads, head_dim } = a.shape;
+        let attention_splits =
+            choices.attention_splits.unwrap_or_else(|| api::decode_splits(1, q_heads, kv_heads, head_dim, context));
+        let step = DecodeStep { dtype, context, attention_splits, choices };
+        let mut out = vec![self.embedding.decode_launch(&step), first.input_norm.decode_launch(&step, 1, false)];
+        for (l, layer) in self.layers.iter().enumerate() {
+            match &layer.mixer {
+                MixerSpec::Attention(a) => a.decode_launches(&step, &mut out),
+            }
+            out.push(layer.post_norm.decode_launch(&step, 1, true));
+            match &layer.ffn {
+                FfnSpec::Mlp(m) => m.decode_launches(&step, &mut out),
+            }
+            let next_norm = self.layers.get(l + 1).map_or(&self.norm, |n| &n.input_norm);
+            out.push(next_norm.decode_launch(&step, 1, true));
+        }
+        self.lm_head.decode_launches(&step, &mut out);
+        out.extend(greedy_pick(&step, self.config.vocab_size, choices.argmax_splits.unwrap_or(1)));
+        Ok(out)
+    }
+
+    /// Bytes of every weight the model holds on a device in `dtype` (norm gammas in f32; a
+    /// tied `lm_head` is the embedding, counted once).
+    pub fn weight_bytes(&self, dtype: DType) -> u64 {
+        self.tensors()
+            .iter()
+            .filter(|t| t.required)
+            .map(|t| {
+                let size = match t.dtype {
+                    WeightDType::Compute => dtype.size(),
+                    WeightDType::F32 => 4,
+                };
+                (t.shape.iter().product::<usize>() * size) as u64
+            })
+            .sum()
+    }
+
     /// Upload the layers from `source` (validated against [`DecoderSpec::tensors`]) to `device`
     /// in `dtype` (f32, f16 or bf16).
     pub fn load(self, source: &dyn TensorSource, device: &Device, dtype: DType) -> Result<Decoder, LlmError> {
@@ -184,6 +250,33 @@ impl DecoderSpec {
             spec: self,
         })
     }
+}
+
+/// The pipeline's greedy pick of the next token (`argmax` over the logits, split over `splits`
+/// blocks with a reduction when the device gives it a workspace).
+fn greedy_pick(step: &DecodeStep, vocab: usize, splits: usize) -> Vec<PlannedLaunch> {
+    let (e, dt) = (step.elem(), step.dt());
+    let logits = vocab as u64 * e;
+    // `argmax_into`'s rounding: equal column ranges, none empty.
+    let per_split = vocab.div_ceil(splits.max(1));
+    let splits = vocab.div_ceil(per_split) as u64;
+    let pick = |kernel: String, read: u64, written: u64, flops: u64| PlannedLaunch {
+        op: "greedy pick (argmax)".into(),
+        kernel,
+        shape: format!("[1, {vocab}]"),
+        bytes_read: read,
+        bytes_written: written,
+        weight_bytes: 0,
+        kv_bytes: 0,
+        flops,
+    };
+    if splits == 1 {
+        return vec![pick(format!("argmax.{dt}"), logits, 4, vocab as u64)];
+    }
+    vec![
+        pick(format!("argmax.{dt}.partial"), logits, 8 * splits, vocab as u64),
+        pick("argmax.u64.reduce".into(), 8 * splits, 4, splits),
+    ]
 }
 
 enum Mixer {

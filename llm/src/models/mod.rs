@@ -152,6 +152,93 @@ mod tests {
         }
     }
 
+    #[test]
+    fn decode_plans_follow_the_devices_split_choices() {
+        use crate::layers::DecodeChoices;
+        let c = config("qwen2", json!({"hidden_size": 4096, "max_position_embeddings": 64}));
+        let spec = architecture(c.model_type).spec(&c);
+        let kernels = |choices: &DecodeChoices| -> Vec<(String, String)> {
+            let plan = spec.decode_launches_with(9, DType::BF16, choices).unwrap();
+            plan.into_iter().map(|l| (l.op, l.kernel)).collect()
+        };
+        let plain = kernels(&DecodeChoices::default());
+        let q = ("model.layers.0.self_attn.q_proj".to_string(), "gemv.bf16.m1.bias".to_string());
+        assert_eq!(plain[2], q);
+        // q_proj [64, 4096] in 4 splits of 128 16-byte chunks, its bias added by the reduction;
+        // 64 asked give 16, as no split has less than a warp's 32 chunks.
+        for (asked, splits) in [(4, 4), (64, 16)] {
+            let choices = DecodeChoices { gemv_splits: [((64, 4096), asked)].into(), ..Default::default() };
+            let plan = spec.decode_launches_with(9, DType::BF16, &choices).unwrap();
+            assert_eq!(
+                (plan[2].kernel.as_str(), plan[3].kernel.as_str()),
+                ("gemv.bf16.m1.splitk", "gemv.bf16.splitk_reduce.bias")
+            );
+            assert_eq!(plan[2].bytes_written, splits * 64 * 4, "f32 partials");
+            assert_eq!((plan[3].bytes_read, plan[3].weight_bytes), (splits * 64 * 4 + 64 * 2, 64 * 2));
+            assert_eq!(plan[2].weight_bytes, 64 * 4096 * 2);
+            assert_eq!(plan.len(), plain.len() + 2, "a reduction in each of the 2 layers");
+        }
+        // The pick over 40 columns in 3 splits; decode attention in 2.
+        let choices = DecodeChoices { argmax_splits: Some(3), attention_splits: Some(2), ..Default::default() };
+        let plan = spec.decode_launches_with(9, DType::BF16, &choices).unwrap();
+        let tail: Vec<&str> = plan[plan.len() - 2..].iter().map(|l| l.kernel.as_str()).collect();
+        assert_eq!(tail, ["argmax.bf16.partial", "argmax.u64.reduce"]);
+        let combine = plan.iter().find(|l| l.kernel == "attention_decode_combine.bf16.d16").unwrap();
+        assert_eq!(combine.bytes_read, 2 * 4 * (16 + 2) * 4, "2 splits × 4 heads × (16 + max, sum) f32");
+        let attention = plan.iter().find(|l| l.kernel == "attention_decode.bf16.d16").unwrap();
+        assert_eq!(attention.kv_bytes, 2 * 2 * 9 * 16 * 2, "K and V of 2 heads × 9 keys × 16");
+        for bad in [0, 65] {
+            let err = spec.decode_launches(bad, DType::BF16).unwrap_err().to_string();
+            assert!(err.contains(&format!("a context of {bad} positions")) && err.contains("1 to 64"), "{err}");
+        }
+        assert!(spec.decode_launches(9, DType::U32).is_err());
+    }
+
+    /// Every tensor a spec declares, as zeros stored in bf16.
+    struct Zeros(Vec<(String, Vec<usize>, Vec<u8>)>);
+
+    impl Zeros {
+        fn new(spec: &DecoderSpec) -> Zeros {
+            let zeros =
+                |t: &ExpectedTensor| (t.name.clone(), t.shape.clone(), vec![0; 2 * t.shape.iter().product::<usize>()]);
+            Zeros(spec.tensors().iter().map(zeros).collect())
+        }
+    }
+
+    impl TensorSource for Zeros {
+        fn stored(&self, name: &str) -> Option<(DType, &[usize], &[u8])> {
+            self.0.iter().find(|t| t.0 == name).map(|t| (DType::BF16, t.1.as_slice(), t.2.as_slice()))
+        }
+        fn check(&self, _: &str) -> Result<(), crate::LoadError> {
+            Ok(())
+        }
+    }
+
+    /// Odd shapes the fixtures lack: an intermediate size of 20 (bf16 GEMV rows that are not a
+    /// whole number of 16-byte loads), a 48-byte embedding row, head dim 6 (qwen2: 24 / 4).
+    #[test]
+    fn a_decode_step_of_odd_shapes_launches_its_plan() {
+        use ruda_ops::api;
+        let device = Device::cpu();
+        for c in [config("qwen2", json!({})), config("qwen3", json!({"attention_bias": true}))] {
+            let spec = architecture(c.model_type).spec(&c);
+            let model = architecture(c.model_type).load(&c, &Zeros::new(&spec), &device, DType::BF16).unwrap();
+            let mut cache = model.new_cache(3).unwrap();
+            model.forward(&mut cache, &[1, 2], 8, false).unwrap();
+            let workspace = model.decode_workspace().unwrap();
+            let stream = device.default_stream();
+            stream.start_launch_record();
+            let logits = model.decode_step(&mut cache, 3, &workspace).unwrap();
+            let chosen = Tensor::zeros(&device, DType::U32, &[1]).unwrap();
+            api::argmax_into(&stream, &logits, &chosen, None).unwrap();
+            let launched: Vec<String> = stream.take_launch_record().into_iter().map(|l| l.kernel).collect();
+            let planned: Vec<String> =
+                spec.decode_launches(3, DType::BF16).unwrap().iter().map(|l| l.kernel_name()).collect();
+            assert_eq!(launched, planned, "{:?}", c.model_type);
+            assert!(planned.contains(&"gemv_bf16_m1_scalar".to_string()), "{planned:?}");
+        }
+    }
+
     /// A source that holds nothing: loading must fail before it reads a tensor.
     struct NoTensors;
 

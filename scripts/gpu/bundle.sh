@@ -65,6 +65,12 @@ done
 if command -v strip >/dev/null; then
   find "$bundle/tests" "$bundle/bin" -type f ! -name '*.skip' -exec strip {} +
 fi
+echo "bundle: the interpreter's counters of the kernels the ncu step compares" >&2
+mkdir -p "$bundle/profile"
+for id in $(cat scripts/gpu/ncu_kernels.txt | grep -v '^#'); do
+  "$target_dir/release/rudac" profile "$id" --json > "$bundle/profile/$id.json"
+done
+cp scripts/gpu/ncu_kernels.txt "$bundle/profile/"
 echo "bundle: writing the PTX backend's GPU semantics check" >&2
 cargo run --release --locked --quiet -p ruda-codegen-ptx --example gpucheck -- "$bundle/gpucheck" >&2
 cp codegen-ptx/gpucheck/*.py "$bundle/gpucheck/"

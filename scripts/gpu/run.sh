@@ -9,11 +9,11 @@
 #
 # Every step has a timeout, and all of them share RUDA_GPU_BUDGET_S (420 s by default, under
 # the device tool's 600 s per call): tests 180 s in all (each executable at most 120 s: a crate's tests are one binary of modules), rudac
-# check 60 s, rudac run 30 s, gpucheck 45 s, the model bench 150 s, ruda-bench 100 s, baseline
+# check 60 s, rudac run 30 s, ncu 40 s, gpucheck 45 s, the model bench 150 s, ruda-bench 100 s, baseline
 # 80 s, each capped by what is left of the budget (less a margin for the summary).
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
-# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run gpucheck model bench"),
+# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model bench"),
 #        RUDA_GPU_BUDGET_S (420), RUDA_BENCH_FILTER (words passed to both benchmark programs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,7 +29,7 @@ if [ -f "$bundle/executables.tar.xz" ]; then
   tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
 fi
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
-steps=" ${RUDA_GPU_STEPS:-tests check run gpucheck model bench} "
+steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model bench} "
 budget=${RUDA_GPU_BUDGET_S:-420}
 filter=${RUDA_BENCH_FILTER:-}
 t_start=$(date +%s)
@@ -110,6 +110,25 @@ if has_step run; then
       echo "$id $engine: $(timeout "$left" "$bundle/bin/rudac" run "$id" --engine $engine 2>&1 | tail -1)"
     done
   done > "$logs/rudac-run.txt"
+fi
+
+# Nsight Compute's memory counters of a few kernels beside the interpreter's (`rudac profile`,
+# computed when the bundle was made): `rudac run --engine cuda` launches twice (warm-up, then
+# timed) on the same inputs; ncu profiles the second launch. Written to ncu_compare.json.
+if has_step ncu && command -v ncu >/dev/null && [ -d "$bundle/profile" ]; then
+  ncu_end=$(( $(date +%s) + $(allot 40) ))
+  metrics=l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+  metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+  metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum
+  metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum
+  mkdir -p "$logs/ncu"
+  for id in $(grep -v '^#' "$bundle/profile/ncu_kernels.txt"); do
+    left=$(( ncu_end - $(date +%s) )); [ "$left" -lt 3 ] && break
+    timeout "$left" ncu --csv --metrics "$metrics" --launch-skip 1 --launch-count 1 \
+      "$bundle/bin/rudac" run "$id" --engine cuda > "$logs/ncu/$id.csv" 2>&1
+  done
+  python3 scripts/gpu/ncu_compare.py "$bundle/profile" "$logs/ncu" > "$results/ncu_compare.json" 2> "$logs/ncu_compare.log"
+  note "ncu done"
 fi
 
 # The PTX backend's lowering of every op and conversion, bit for bit against exact arithmetic.

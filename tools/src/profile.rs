@@ -286,7 +286,11 @@ pub fn write_table(p: &KernelProfile, out: &mut dyn Write) -> std::io::Result<()
     writeln!(
         out,
         "bytes requested by global loads {} and stores {} (all spaces {}); moved through L1 {}; DRAM at least {}",
-        t.global_load_bytes_requested, t.global_store_bytes_requested, t.bytes_requested, t.bytes_moved, p.counts.dram_bytes_min
+        t.global_load_bytes_requested,
+        t.global_store_bytes_requested,
+        t.bytes_requested,
+        t.bytes_moved,
+        p.counts.dram_bytes_min
     )?;
     let classes: Vec<String> = mix(t).iter().filter(|(_, v)| *v > 0).map(|(k, v)| format!("{k} {v}")).collect();
     writeln!(out, "\ninstructions (warp level): {}", classes.join(", "))?;

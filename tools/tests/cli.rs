@@ -35,6 +35,7 @@ fn every_subcommand_has_help() {
         ("passes", &[]),
         ("bench-compile", &["--target"]),
         ("run", &["--file", "--engine", "--compiler", "--target", "--seed", "--input"]),
+        ("profile", &["--file", "--seed", "--input", "--gpu", "--target", "--compiler", "--json"]),
         ("tune", &["--shapes", "--show"]),
     ] {
         let out = rudac([sub, "--help"]);
@@ -48,7 +49,7 @@ fn every_subcommand_has_help() {
     let out = rudac(["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for sub in ["list", "emit", "check", "passes", "bench-compile", "run", "tune", "RUDA_CUDA_COMPILER"] {
+    for sub in ["list", "emit", "check", "passes", "bench-compile", "run", "profile", "tune", "RUDA_CUDA_COMPILER"] {
         assert!(stdout.contains(sub), "rudac --help does not mention {sub}: {stdout}");
     }
     // The values of an enumerated flag and the defaults are in the help.

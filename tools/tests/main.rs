@@ -2,5 +2,6 @@
 //! A new test file compiles only once it has a `mod` line here (the crate sets `autotests = false`).
 
 mod cli;
+mod profile;
 mod rudac;
 mod tune;

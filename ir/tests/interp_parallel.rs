@@ -123,7 +123,7 @@ fn profiles_do_not_depend_on_the_thread_count() {
 }
 
 /// A 256-thread block doing 8 dependent f32 fmas per iteration: `blocks * 256 * iters * 8`
-/// lane-ops, single-threaded.
+/// lane-ops, single-threaded, plain and profiled.
 #[test]
 fn lane_op_throughput() {
     let iters = 640u32;
@@ -166,6 +166,15 @@ fn lane_op_throughput() {
     let got = to_f32s(&buf)[0];
     let want: f32 = (0..4).map(|i| i as f32 * 0.999f32.powi(2 * iters as i32)).sum();
     assert!((got - want).abs() < 1e-3 * want, "{got} vs {want}");
+
+    // Profiled, the same launch counts its flops: per lane, 8 fmas of 2 flops per iteration,
+    // and the scaling mul and the 3 adds of the final sum.
+    let start = Instant::now();
+    let p = run_profiled(&k, &LaunchConfig::linear(blocks, 256), &mut [KernelArg::Buffer(&mut buf)], 1).unwrap();
+    let profiled = start.elapsed().as_secs_f64();
+    eprintln!("interp throughput profiled: {:.1} ms, {:.1}x the plain run", profiled * 1e3, profiled / secs);
+    assert_eq!(p.totals.flops, 2 * lane_ops as u64 + 4 * 256 * blocks as u64);
+    assert!(profiled < 2.0, "the profiled launch took {profiled:.2} s");
 
     // A memory-bound shape: a 64x64x64 matmul, one output per thread.
     let mut b = KernelBuilder::new("matmul");

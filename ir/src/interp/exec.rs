@@ -427,7 +427,10 @@ fn atomic_apply(f: AtomFn, old: u64, v: u64, expected: u64) -> u64 {
 type LaneResult = Result<(), (u32, String)>;
 
 /// Count one execution of `node` by the lanes `idx` (a `for` loop counts each evaluation of
-/// its test instead, in [`Worker::exec_for`]).
+/// its test instead, in [`Worker::exec_for`]). Out of line, so that plain runs keep a small
+/// instruction loop.
+#[cold]
+#[inline(never)]
 fn count(rec: &mut Recorder, p: &Profiling, regs: &Regs, node: &Node, idx: &[u32]) {
     let site = node.inst.index();
     if matches!(node.kind, Kind::For(_)) {

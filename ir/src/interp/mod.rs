@@ -68,8 +68,9 @@
 //! # Counters
 //!
 //! [`run_profiled`] runs a launch as [`run_with_threads`] does and also counts, for the launch
-//! ([`Profile::totals`]) and per instruction ([`Profile::sites`]: its [`InstId`](crate::kernel::InstId), mnemonic and
-//! IR location), what Nsight Compute counts on a GPU. Counting is off unless asked: a plain run
+//! ([`Profile::totals`]) and per instruction ([`Profile::sites`]: its
+//! [`InstId`](crate::kernel::InstId), mnemonic and IR location), what Nsight Compute counts on
+//! a GPU. Counting is off unless asked: a plain run
 //! checks once per instruction that it is not profiled, nothing more. Each CPU worker counts
 //! on its own and the counts are merged when the blocks are done, so they do not depend on the
 //! thread count.
@@ -216,7 +217,7 @@ pub fn run_with_threads(
     args: &mut [KernelArg<'_>],
     threads: usize,
 ) -> Result<(), InterpError> {
-    execute(kernel, launch, args, threads, false).map(|_| ())
+    execute(kernel, launch, args, threads, None)
 }
 
 /// [`run_with_threads`], counting what the launch does (see "Counters" in the module docs).
@@ -227,18 +228,26 @@ pub fn run_profiled(
     args: &mut [KernelArg<'_>],
     threads: usize,
 ) -> Result<Profile, InterpError> {
-    let profile = execute(kernel, launch, args, threads, true)?;
-    Ok(profile.expect("a profiled launch returns its profile"))
+    let buffer_lens: Vec<usize> = args
+        .iter()
+        .filter_map(|a| match a {
+            KernelArg::Buffer(b) => Some(b.len()),
+            KernelArg::Scalar(_) => None,
+        })
+        .collect();
+    let profiling = counters::Profiling::new(kernel, &buffer_lens);
+    execute(kernel, launch, args, threads, Some(&profiling))?;
+    Ok(profiling.finish(kernel))
 }
 
-/// Run a launch; with `profile`, return its counts.
+/// Run a launch, counting into `profiling` when given.
 fn execute(
     kernel: &Kernel,
     launch: &LaunchConfig,
     args: &mut [KernelArg<'_>],
     threads: usize,
-    profile: bool,
-) -> Result<Option<Profile>, InterpError> {
+    profiling: Option<&counters::Profiling>,
+) -> Result<(), InterpError> {
     validate_shape(kernel, launch).map_err(|m| launch_error(kernel, m))?;
     let param_bits = bind_args(kernel, args).map_err(|m| launch_error(kernel, m))?;
     let layout = shared_layout(kernel, launch.dynamic_shared_bytes).map_err(|m| launch_error(kernel, m))?;
@@ -272,7 +281,6 @@ fn execute(
             regions.push((ptr, buf.len()));
         }
     }
-    let profiling = profile.then(|| counters::Profiling::new(kernel, &regions.iter().map(|r| r.1).collect::<Vec<_>>()));
     // SAFETY: each region is a distinct `&mut [u8]` argument (or our own aligned copy of
     // one), 8-byte aligned, untouched by anything else until the blocks have finished.
     let global = unsafe { Global::new(regions) };
@@ -308,14 +316,13 @@ fn run_blocks(
     global: &Global,
     shared_bytes: usize,
     threads: usize,
-    profiling: Option<counters::Profiling>,
-) -> Result<Option<Profile>, InterpError> {
+    profiling: Option<&counters::Profiling>,
+) -> Result<(), InterpError> {
     let mut launch = Launch::new(program, global, cfg.block, cfg.grid, shared_bytes);
     launch.profiling = profiling;
+    // Workers hand their counts to `profiling` when they are dropped, inside `run_grid`.
     run_grid(cfg.grid, threads, || Worker::new(&launch), |w, block| w.run_block(block))
-        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))?;
-    // Workers hand their counts to `launch.profiling` when they are dropped, inside `run_grid`.
-    Ok(launch.profiling.map(|p| p.finish(kernel)))
+        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))
 }
 
 /// Run every block of `grid` on up to `threads` CPU threads, each with a worker made by

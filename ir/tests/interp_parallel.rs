@@ -6,7 +6,7 @@ use crate::interp_support;
 use std::time::Instant;
 
 use interp_support::*;
-use ruda_ir::interp::{run_with_threads, KernelArg, LaunchConfig};
+use ruda_ir::interp::{run_profiled, run_with_threads, KernelArg, LaunchConfig};
 use ruda_ir::{AtomicOp, Kernel, KernelBuilder, ScalarType::*};
 
 /// Per block: a shared-memory prefix pass, a warp reduction, integer atomics into a global
@@ -73,8 +73,57 @@ fn results_do_not_depend_on_the_thread_count() {
     assert!(results.windows(2).all(|w| w[0] == w[1]));
 }
 
+/// Profiles too: the counts are sums over blocks (and a union of sectors) that no schedule
+/// changes, and a profiled launch computes what a plain one does.
+#[test]
+fn profiles_do_not_depend_on_the_thread_count() {
+    let k = busy_kernel();
+    let blocks = 37u32;
+    let n = (blocks * 128) as usize;
+    let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) >> 7).collect();
+    let launch = LaunchConfig::linear(blocks, 128);
+    let mut plain = (u32s(&data), vec![0u8; 4 * n], vec![0u8; 64]);
+    run_with_threads(
+        &k,
+        &launch,
+        &mut [KernelArg::Buffer(&mut plain.0), KernelArg::Buffer(&mut plain.1), KernelArg::Buffer(&mut plain.2)],
+        2,
+    )
+    .unwrap();
+    let mut profiles = vec![];
+    for threads in [1, 4] {
+        let (mut input, mut out, mut hist) = (u32s(&data), vec![0u8; 4 * n], vec![0u8; 64]);
+        let profile = run_profiled(
+            &k,
+            &launch,
+            &mut [KernelArg::Buffer(&mut input), KernelArg::Buffer(&mut out), KernelArg::Buffer(&mut hist)],
+            threads,
+        )
+        .unwrap();
+        assert_eq!((&out, &hist), (&plain.1, &plain.2), "{threads} threads");
+        profiles.push(profile);
+    }
+    assert_eq!(profiles[0], profiles[1]);
+    let p = &profiles[0];
+    // By the kernel's shape: 4 warps per block load their 128 consecutive words once (4
+    // sectors each), store once, and each does one histogram atomic and 5 shuffles.
+    let warps = 4 * blocks as u64;
+    assert_eq!(p.totals.global_load_requests, warps);
+    assert_eq!(p.totals.global_load_sectors, 4 * warps);
+    assert_eq!(p.totals.global_store_sectors, 4 * warps);
+    assert_eq!(p.totals.global_atomic_requests, warps);
+    assert_eq!(p.totals.instructions.shuffles, 5 * warps);
+    assert_eq!(p.totals.instructions.barriers, warps);
+    // The input and output are touched whole, the histogram where a bucket was hit.
+    let hist_sectors = plain.2.chunks(32).filter(|s| s.iter().any(|&b| b != 0)).count() as u64;
+    assert_eq!(p.dram_bytes_min, 2 * 4 * n as u64 + 32 * hist_sectors);
+    assert!(p.sites.windows(2).all(|w| w[0].inst < w[1].inst), "sites in InstId order");
+    assert!(p.sites.iter().all(|s| s.loc.as_ref().is_some_and(|l| l.file.ends_with("interp_parallel.rs"))));
+    assert!(p.sites.iter().any(|s| s.op == "shfl.bfly" && s.counters.instructions.shuffles == warps));
+}
+
 /// A 256-thread block doing 8 dependent f32 fmas per iteration: `blocks * 256 * iters * 8`
-/// lane-ops, single-threaded.
+/// lane-ops, single-threaded, plain and profiled.
 #[test]
 fn lane_op_throughput() {
     let iters = 640u32;
@@ -117,6 +166,15 @@ fn lane_op_throughput() {
     let got = to_f32s(&buf)[0];
     let want: f32 = (0..4).map(|i| i as f32 * 0.999f32.powi(2 * iters as i32)).sum();
     assert!((got - want).abs() < 1e-3 * want, "{got} vs {want}");
+
+    // Profiled, the same launch counts its flops: per lane, 8 fmas of 2 flops per iteration,
+    // and the scaling mul and the 3 adds of the final sum.
+    let start = Instant::now();
+    let p = run_profiled(&k, &LaunchConfig::linear(blocks, 256), &mut [KernelArg::Buffer(&mut buf)], 1).unwrap();
+    let profiled = start.elapsed().as_secs_f64();
+    eprintln!("interp throughput profiled: {:.1} ms, {:.1}x the plain run", profiled * 1e3, profiled / secs);
+    assert_eq!(p.totals.flops, 2 * lane_ops as u64 + 4 * 256 * blocks as u64);
+    assert!(profiled < 2.0, "the profiled launch took {profiled:.2} s");
 
     // A memory-bound shape: a 64x64x64 matmul, one output per thread.
     let mut b = KernelBuilder::new("matmul");

@@ -9,6 +9,7 @@ mod passes_support;
 mod cp_async;
 mod filetests;
 mod interp_control;
+mod interp_counters;
 mod interp_cvt;
 mod interp_errors;
 mod interp_ops;

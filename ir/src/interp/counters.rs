@@ -437,8 +437,10 @@ impl Profiling {
 
     /// The launch's profile from the merged recorders.
     pub(crate) fn finish(self, kernel: &Kernel) -> Profile {
-        let empty = self.recorder();
-        let total = self.total.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or(empty);
+        let Some(total) = self.total.into_inner().unwrap_or_else(|e| e.into_inner()) else {
+            // No worker ran, so nothing executed.
+            return Profile { totals: Counters::default(), dram_bytes_min: 0, sites: vec![] };
+        };
         let mut totals = Counters::default();
         let mut sites = vec![];
         for (i, c) in total.sites.into_iter().enumerate() {
@@ -577,9 +579,9 @@ impl Recorder {
     /// offset of row `r` of matrix `m`, a 16-byte shared load; one group per matrix.
     pub(crate) fn ldmatrix(&mut self, site: usize, count: u32, idx: &[u32], addr: impl Fn(usize) -> u64) {
         for w in warps(idx) {
-            let w0 = w[0] - w[0] % 32;
+            // The whole warp is active (else the instruction fails after this count).
             self.pairs.clear();
-            self.pairs.extend((0..8 * count).map(|l| (l, addr((w0 + l) as usize) as u32)));
+            self.pairs.extend(w.iter().filter(|&&t| t % 32 < 8 * count).map(|&t| (t % 32, addr(t as usize) as u32)));
             let (fronts, ideal) = wavefronts(&self.pairs, 16, &mut self.scratch);
             let c = &mut self.sites[site];
             c.shared_load_requests += 1;

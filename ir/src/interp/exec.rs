@@ -34,7 +34,7 @@ pub(crate) struct Launch<'a> {
     tid: [Vec<u64>; 3],
     laneid: Vec<u64>,
     /// Set when the launch is profiled: each worker then counts into a recorder of its own.
-    pub profiling: Option<Profiling>,
+    pub profiling: Option<&'a Profiling>,
 }
 
 impl<'a> Launch<'a> {
@@ -427,7 +427,10 @@ fn atomic_apply(f: AtomFn, old: u64, v: u64, expected: u64) -> u64 {
 type LaneResult = Result<(), (u32, String)>;
 
 /// Count one execution of `node` by the lanes `idx` (a `for` loop counts each evaluation of
-/// its test instead, in [`Worker::exec_for`]).
+/// its test instead, in [`Worker::exec_for`]). Out of line, so that plain runs keep a small
+/// instruction loop.
+#[cold]
+#[inline(never)]
 fn count(rec: &mut Recorder, p: &Profiling, regs: &Regs, node: &Node, idx: &[u32]) {
     let site = node.inst.index();
     if matches!(node.kind, Kind::For(_)) {
@@ -488,7 +491,7 @@ pub(crate) struct Worker<'a> {
 
 impl Drop for Worker<'_> {
     fn drop(&mut self) {
-        if let (Some(p), Some(r)) = (&self.launch.profiling, self.prof.take()) {
+        if let (Some(p), Some(r)) = (self.launch.profiling, self.prof.take()) {
             p.merge(*r);
         }
     }
@@ -545,7 +548,7 @@ impl<'a> Worker<'a> {
     fn node(&mut self, node: &'a Node, m: Mask<'_>) -> Result<(), Fault> {
         if let Some(rec) = self.prof.as_deref_mut() {
             // The counts read the instruction's operands, so they come before it runs.
-            if let Some(p) = &self.launch.profiling {
+            if let Some(p) = self.launch.profiling {
                 count(rec, p, &self.regs, node, m.idx);
             }
         }
@@ -1076,7 +1079,7 @@ impl<'a> Worker<'a> {
         let mut first = true;
         loop {
             let (iv, end) = (self.regs.get(f.iv), self.regs.get(f.end));
-            if let (Some(rec), Some(p)) = (self.prof.as_deref_mut(), &self.launch.profiling) {
+            if let (Some(rec), Some(p)) = (self.prof.as_deref_mut(), self.launch.profiling) {
                 let site = inst.index();
                 rec.executed(p, site, &live);
                 with_int!(f.ty, T => rec.branch(site, &live, |t| T::from_lane(iv[t]) < T::from_lane(end[t])));

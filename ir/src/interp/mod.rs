@@ -64,6 +64,71 @@
 //! of 0 (it would never end; the verifier rejects a constant 0) are errors naming the kernel,
 //! the op, its Rust location, the block and the thread. The kernel is not verified
 //! here (run [`crate::verify()`] for that), but a malformed kernel is an error, not a panic.
+//!
+//! # Counters
+//!
+//! [`run_profiled`] runs a launch as [`run_with_threads`] does and also counts, for the launch
+//! ([`Profile::totals`]) and per instruction ([`Profile::sites`]: its
+//! [`InstId`](crate::kernel::InstId), mnemonic and IR location), what Nsight Compute counts on
+//! a GPU. Counting is off unless asked: a plain run
+//! checks once per instruction that it is not profiled, nothing more. Each CPU worker counts
+//! on its own and the counts are merged when the blocks are done, so they do not depend on the
+//! thread count.
+//!
+//! Warps are 32 consecutive lanes of the block, as above. Each count is per *warp-level
+//! execution*: one execution of an instruction by the active lanes of one warp (a warp with no
+//! active lane does not execute it).
+//!
+//! - **Global memory.** A load, store or atomic adds one request and the number of distinct
+//!   32-byte-aligned 32-byte sectors the lanes' bytes touch (`global_{load,store,atomic}_*`;
+//!   atomics apart). Buffer `i` starts at `(i + 1) << 40`, 256-byte aligned as the CUDA
+//!   allocator aligns buffers, so sectors depend on offsets only: a coalesced f32 warp touches
+//!   4 sectors, a stride of 8 f32 32, a shift of 4 bytes 5. A `cp.async` is a global load of the
+//!   bytes it reads (`src_size`; one request per warp even when that is 0) and a shared store
+//!   of its `size` bytes, as Nsight Compute counts `LDGSTS`.
+//! - **Local memory.** The IR has none (values live in registers), so `local_*` stay 0; they
+//!   exist so reports from other sources have the same shape.
+//! - **Shared memory.** A load or store (vector accesses, `ldmatrix` and the `cp.async`
+//!   destination included) adds one request and its *wavefronts*: the lanes form groups, and
+//!   each group with an active lane needs as many passes as the largest number of *distinct*
+//!   4-byte words one of the 32 banks (bank = offset / 4 mod 32) holds among the group's
+//!   accesses (lanes on one word are served together). Accesses of at most 4 bytes form one
+//!   group of the whole warp, 8-byte accesses half-warp groups (lanes 0-15, 16-31), 16-byte
+//!   accesses quarter-warp groups; an `ldmatrix` forms one group per 8x8 matrix, its eight
+//!   16-byte rows addressed by lanes `8m..8m+8`. `bank_conflicts` adds wavefronts minus the
+//!   ideal, the number of groups with an active lane (1 for at most 4 bytes; up to 2 and 4 for
+//!   8 and 16 bytes; 1, 2 or 4 for `ldmatrix .x1/.x2/.x4`). Shared atomics only add to
+//!   `shared_atomic_requests`: lanes on one address serialise, which is not modelled.
+//! - **Instruction mix** ([`InstructionMix`]), once per warp-level execution: `fp32`,
+//!   `fp16_bf16`, `fp64` for float arithmetic, comparisons and unary ops by operand type (the IR
+//!   computes in f32 and f64 only, so `fp16_bf16` counts the conversions to or from f16 and
+//!   bf16); `integer` for integer and predicate arithmetic and comparisons, and `ptradd`;
+//!   `mma`; `ldmatrix`; `cp_async` (copy, commit, wait); `shuffles` (`shfl` and `vote`);
+//!   `barriers`; `branches` (an `if` once, a `for` once per evaluation of its test, the last,
+//!   failing one included); `memory` (loads, stores, atomics); `other` (special registers,
+//!   `select`, other conversions, bitcasts, vector element moves). Constants and shared-array
+//!   bases are folded by the interpreter and never execute.
+//! - **Divergent branches**: an `if` whose condition the active lanes of a warp disagree on, or
+//!   a loop test that some live lanes of a warp pass and others fail; once per warp per
+//!   evaluation.
+//! - **Flops**: f32 and f64 `add`, `sub`, `mul` count 1 per active lane, `fma` 2, an
+//!   `mma.m16n8k16` 2 x 16 x 8 x 16 = 4096 per warp; other float ops (`div`, `min`, `max`,
+//!   `sqrt`, `rcp`, the approximate functions, `neg`, `abs`, comparisons) count as
+//!   instructions only.
+//! - **Bytes**: `bytes_requested` is what the active lanes ask for (access size x lanes; 128
+//!   per `ldmatrix` matrix; for `cp.async` the bytes read plus the bytes written), global,
+//!   local and shared; `bytes_moved` is global and local sectors x 32 (the L1 traffic);
+//!   [`Profile::dram_bytes_min`] is the number of distinct global sectors the whole launch
+//!   touches (every block, loads, stores, atomics and `cp.async` sources) x 32: the traffic no
+//!   cache avoids, since tiles re-read through L2 would otherwise count many times.
+//!
+//! Not modelled: merges the hardware makes beyond these groups (for instance a warp whose
+//! lanes all give one 16-byte address is served in fewer passes than its four quarter-warp
+//! groups, and some 8-byte patterns pair half-warps); caches (real DRAM traffic lies between
+//! `dram_bytes_min` and `bytes_moved`, by L2 reuse); timing of any kind (latency, issue
+//! order, occupancy, atomic serialisation, the replay cost of conflicts beyond their count);
+//! and the SASS a backend emits, where one IR instruction may be several machine
+//! instructions or none.
 
 mod compile;
 mod counters;
@@ -152,7 +217,7 @@ pub fn run_with_threads(
     args: &mut [KernelArg<'_>],
     threads: usize,
 ) -> Result<(), InterpError> {
-    execute(kernel, launch, args, threads, false).map(|_| ())
+    execute(kernel, launch, args, threads, None)
 }
 
 /// [`run_with_threads`], counting what the launch does (see "Counters" in the module docs).
@@ -163,18 +228,26 @@ pub fn run_profiled(
     args: &mut [KernelArg<'_>],
     threads: usize,
 ) -> Result<Profile, InterpError> {
-    let profile = execute(kernel, launch, args, threads, true)?;
-    Ok(profile.expect("a profiled launch returns its profile"))
+    let buffer_lens: Vec<usize> = args
+        .iter()
+        .filter_map(|a| match a {
+            KernelArg::Buffer(b) => Some(b.len()),
+            KernelArg::Scalar(_) => None,
+        })
+        .collect();
+    let profiling = counters::Profiling::new(kernel, &buffer_lens);
+    execute(kernel, launch, args, threads, Some(&profiling))?;
+    Ok(profiling.finish(kernel))
 }
 
-/// Run a launch; with `profile`, return its counts.
+/// Run a launch, counting into `profiling` when given.
 fn execute(
     kernel: &Kernel,
     launch: &LaunchConfig,
     args: &mut [KernelArg<'_>],
     threads: usize,
-    profile: bool,
-) -> Result<Option<Profile>, InterpError> {
+    profiling: Option<&counters::Profiling>,
+) -> Result<(), InterpError> {
     validate_shape(kernel, launch).map_err(|m| launch_error(kernel, m))?;
     let param_bits = bind_args(kernel, args).map_err(|m| launch_error(kernel, m))?;
     let layout = shared_layout(kernel, launch.dynamic_shared_bytes).map_err(|m| launch_error(kernel, m))?;
@@ -208,7 +281,6 @@ fn execute(
             regions.push((ptr, buf.len()));
         }
     }
-    let profiling = profile.then(|| counters::Profiling::new(kernel, &regions.iter().map(|r| r.1).collect::<Vec<_>>()));
     // SAFETY: each region is a distinct `&mut [u8]` argument (or our own aligned copy of
     // one), 8-byte aligned, untouched by anything else until the blocks have finished.
     let global = unsafe { Global::new(regions) };
@@ -244,14 +316,13 @@ fn run_blocks(
     global: &Global,
     shared_bytes: usize,
     threads: usize,
-    profiling: Option<counters::Profiling>,
-) -> Result<Option<Profile>, InterpError> {
+    profiling: Option<&counters::Profiling>,
+) -> Result<(), InterpError> {
     let mut launch = Launch::new(program, global, cfg.block, cfg.grid, shared_bytes);
     launch.profiling = profiling;
+    // Workers hand their counts to `profiling` when they are dropped, inside `run_grid`.
     run_grid(cfg.grid, threads, || Worker::new(&launch), |w, block| w.run_block(block))
-        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))?;
-    // Workers hand their counts to `launch.profiling` when they are dropped, inside `run_grid`.
-    Ok(launch.profiling.map(|p| p.finish(kernel)))
+        .map_err(|(block, f)| fault_error(kernel, cfg, block, f))
 }
 
 /// Run every block of `grid` on up to `threads` CPU threads, each with a worker made by

@@ -73,7 +73,7 @@ pub fn profile(args: &ProfileArgs) -> Result<KernelProfile, String> {
         Source::Id(id) => id.clone(),
         Source::File(_) => kernel.name.clone(),
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = ruda_ir::interp::threads_from_env()?;
     let mut counts = None;
     problem.run_with(|a| {
         counts = Some(run_profiled(&kernel, &problem.launch, a, threads).map_err(|e| format!("the interpreter: {e}"))?);

@@ -391,7 +391,9 @@ fn launch_error(kernel: &Kernel, message: String) -> InterpError {
     InterpError { kernel: kernel.name.clone(), op: "launch".into(), loc: None, block: [0; 3], thread: [0; 3], message }
 }
 
-fn threads_from_env() -> Result<usize, String> {
+/// The number of CPU threads [`run`] uses: `RUDA_INTERP_THREADS`, else the machine's
+/// parallelism; an error message for a value that is not a positive integer.
+pub fn threads_from_env() -> Result<usize, String> {
     match std::env::var(THREADS_ENV) {
         Ok(s) => s
             .trim()

@@ -154,27 +154,16 @@ fn shared_limit(stream: &Stream) -> u64 {
     STATIC_SHARED_LIMIT.min(device) as u64
 }
 
-/// Check the state tile fits, allocate the results and launch `k`.
+/// Allocate the results and launch `k`.
 fn run(
-    op: &'static str,
     stream: &Stream,
     input: &GatedDeltaInput<'_>,
     p: &Problem,
-    shared: u64,
     k: &ruda_runtime::HashedKernel,
 ) -> Result<GatedDeltaOutput, OpError> {
     let query = input.query;
     let (b, hv, t) = (p.batch as usize, p.value_heads as usize, p.seq_len as usize);
     let (kd, vd) = (p.cfg.k_dim as usize, p.cfg.v_dim as usize);
-    let limit = shared_limit(stream);
-    if shared > limit {
-        return Err(OpError::InvalidArgument {
-            op,
-            message: format!(
-                "key_dim {kd} needs {shared} bytes of shared memory per block, more than the {limit} allowed"
-            ),
-        });
-    }
     let output = Tensor::empty_on(stream, query.dtype(), &[b, hv, t, vd])?;
     let final_state = Tensor::empty_on(stream, DType::F32, &[b, hv, kd, vd])?;
     let zeros;
@@ -233,7 +222,7 @@ pub fn chunk_gated_delta_rule(
                 "chunk_size {chunk_size} needs a workspace of 4 · (C² + C) = {} bytes plus {} of state and values \
                  (key_dim {}), more than the {limit} bytes of shared memory a block may use",
                 4u64.saturating_mul(c.saturating_mul(c).saturating_add(c)),
-                4 * V_TILE as u64 * (p.cfg.k_dim as u64).saturating_add(c),
+                (4 * V_TILE as u64).saturating_mul((p.cfg.k_dim as u64).saturating_add(c)),
                 p.cfg.k_dim
             ),
         });
@@ -241,7 +230,7 @@ pub fn chunk_gated_delta_rule(
     let chunk = chunk_size as u32;
     let cfg = p.cfg;
     let k = kernel(cfg.chunk_id(chunk), || crate::kernels::gated_delta::gated_delta_chunk(&cfg, chunk))?;
-    run(op, &stream, &input, &p, cfg.chunk_shared_bytes(chunk), &k)
+    run(&stream, &input, &p, &k)
 }
 
 /// The gated delta rule token by token (decode, or short sequences).
@@ -250,6 +239,17 @@ pub fn gated_delta_rule(input: GatedDeltaInput<'_>) -> Result<GatedDeltaOutput, 
     let stream = input.query.device().default_stream();
     let p = check(op, &stream, &input)?;
     let cfg = p.cfg;
+    let (shared, limit) = (cfg.shared_bytes(), shared_limit(&stream));
+    if shared > limit {
+        return Err(OpError::InvalidArgument {
+            op,
+            message: format!(
+                "key_dim {} needs {shared} bytes of shared memory per block for its state tile, more than the {limit} a \
+                 block may use",
+                cfg.k_dim
+            ),
+        });
+    }
     let k = kernel(cfg.id(), || crate::kernels::gated_delta::gated_delta(&cfg))?;
-    run(op, &stream, &input, &p, cfg.shared_bytes(), &k)
+    run(&stream, &input, &p, &k)
 }

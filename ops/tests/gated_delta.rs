@@ -5,7 +5,10 @@
 //! head dims that are neither equal nor powers of two; segments; and every error.
 
 use crate::common::*;
-use ruda_ops::api::{chunk_gated_delta_rule, gated_delta_rule, GatedDeltaError, GatedDeltaInput, GatedDeltaOutput};
+use ruda_ops::api::{
+    chunk_gated_delta_rule, chunk_gated_delta_rule_varlen, gated_delta_rule, gated_delta_rule_varlen, GatedDeltaError,
+    GatedDeltaInput, GatedDeltaOutput,
+};
 use ruda_runtime::{DType, Device, Tensor};
 
 /// One problem's host data, already rounded to the dtypes the device sees.
@@ -375,4 +378,118 @@ fn every_invalid_argument_is_an_error() {
     }
     // The valid input still runs.
     run(ok, Some(16)).expect("the valid input");
+}
+
+/// `[H, T, D]` rows of one sequence as `[T, H, D]` (the packed layout).
+fn to_token_major(x: &[f32], heads: usize, t: usize, d: usize) -> Vec<f32> {
+    (0..t).flat_map(|ti| (0..heads).flat_map(move |h| x[(h * t + ti) * d..][..d].to_vec())).collect()
+}
+
+#[test]
+fn packed_sequences_match_each_sequence_alone() {
+    let dev = device();
+    let lengths = [5, 0, 65, 1, 40];
+    for (dtype, gate_dtype) in [(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
+        for init in [false, true] {
+            let seqs: Vec<Data> = lengths
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Data::new(100 + i as u64, dtype, gate_dtype, (1, 1, 2), t, (24, 40), init))
+                .collect();
+            let (hk, hv, k, v) = (1, 2, 24, 40);
+            let total: usize = lengths.iter().sum();
+            let pack = |f: &dyn Fn(&Data) -> Vec<f32>| seqs.iter().flat_map(f).collect::<Vec<f32>>();
+            let q = pack(&|d| to_token_major(&d.q, hk, d.t, k));
+            let key = pack(&|d| to_token_major(&d.key, hk, d.t, k));
+            let value = pack(&|d| to_token_major(&d.value, hv, d.t, v));
+            let beta = pack(&|d| to_token_major(&d.beta, hv, d.t, 1));
+            let g = pack(&|d| to_token_major(&d.g, hv, d.t, 1));
+            let state = init.then(|| pack(&|d| d.init.clone().unwrap_or_default()));
+            let n = lengths.len();
+            let mut cu = vec![0u32];
+            lengths.iter().for_each(|&t| cu.push(cu.last().copied().unwrap_or(0) + t as u32));
+            let (qt, kt) = (tensor(&dev, dtype, &q, &[total, hk, k]), tensor(&dev, dtype, &key, &[total, hk, k]));
+            let vt = tensor(&dev, dtype, &value, &[total, hv, v]);
+            let (bt, gt) = (tensor(&dev, gate_dtype, &beta, &[total, hv]), tensor(&dev, gate_dtype, &g, &[total, hv]));
+            let st = state.as_ref().map(|s| tensor(&dev, DType::F32, s, &[n, hv, k, v]));
+            let cut = Tensor::from_slice(&dev, &cu, &[n + 1]).expect("cu_seqlens");
+            let input = GatedDeltaInput {
+                query: &qt,
+                key: &kt,
+                value: &vt,
+                beta: &bt,
+                log_decay: &gt,
+                initial_state: st.as_ref(),
+                query_scale: seqs[0].scale,
+            };
+            // Each sequence's reference, packed the same way.
+            let refs: Vec<(Vec<f64>, Vec<f64>)> = seqs.iter().map(Data::reference).collect();
+            let want_out: Vec<f64> = seqs
+                .iter()
+                .zip(&refs)
+                .flat_map(|(d, r)| {
+                    (0..d.t).flat_map(move |ti| (0..hv).flat_map(move |h| r.0[(h * d.t + ti) * v..][..v].to_vec()))
+                })
+                .collect();
+            let want_state: Vec<f64> = refs.iter().flat_map(|r| r.1.clone()).collect();
+            for chunk in [None, Some(16), Some(64)] {
+                let out = match chunk {
+                    Some(c) => chunk_gated_delta_rule_varlen(input, &cut, c),
+                    None => gated_delta_rule_varlen(input, &cut),
+                }
+                .expect("packed");
+                assert_eq!(out.output.shape(), &[total, hv, v]);
+                let (o, s) = results(&out);
+                let what = format!("{dtype}/{gate_dtype} init={init} packed {chunk:?}");
+                assert_close(&format!("{what}: output"), &o, &want_out, ABS, epsilon(dtype));
+                assert_close(&format!("{what}: final state"), &s, &want_state, ABS, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn invalid_cu_seqlens_are_errors() {
+    let dev = device();
+    let (total, hv, k, v) = (6, 2, 8, 12);
+    let t = |dtype: DType, shape: &[usize]| Tensor::zeros(&dev, dtype, shape).expect("alloc");
+    let (q, key, val) = (t(DType::F32, &[total, 1, k]), t(DType::F32, &[total, 1, k]), t(DType::F32, &[total, hv, v]));
+    let (beta, g) = (t(DType::F32, &[total, hv]), t(DType::F32, &[total, hv]));
+    let state = t(DType::F32, &[3, hv, k, v]);
+    let input = GatedDeltaInput {
+        query: &q,
+        key: &key,
+        value: &val,
+        beta: &beta,
+        log_decay: &g,
+        initial_state: None,
+        query_scale: 1.0,
+    };
+    let cu = |xs: &[u32]| Tensor::from_slice(&dev, xs, &[xs.len()]).expect("cu_seqlens");
+    let cases: [(&str, Tensor, &str); 5] = [
+        ("starting at 1", cu(&[1, 6]), "must start at 0"),
+        ("decreasing", cu(&[0, 4, 3, 6]), "decreases at entry 2"),
+        ("ending short", cu(&[0, 5]), "ends at 5"),
+        ("one entry", cu(&[0]), "sequences + 1 >= 2"),
+        ("f32", Tensor::from_slice(&dev, &[0f32, 6.0], &[2]).expect("f32"), "`cu_seqlens` is f32"),
+    ];
+    for (what, c, needle) in cases {
+        for r in [chunk_gated_delta_rule_varlen(input, &c, 16), gated_delta_rule_varlen(input, &c)] {
+            let message = r.err().map(|e| e.to_string()).unwrap_or_else(|| panic!("cu_seqlens {what}: accepted"));
+            assert!(message.contains(needle), "cu_seqlens {what}: `{message}` does not mention `{needle}`");
+        }
+    }
+    // One state per sequence: three states for two sequences is an error.
+    let two = cu(&[0, 2, 6]);
+    let three_states = GatedDeltaInput { initial_state: Some(&state), ..input };
+    let message = gated_delta_rule_varlen(three_states, &two).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("expected [2, 2, 8, 12]"), "{message}");
+    // The dense layout's rank is an error here.
+    let dense_q = t(DType::F32, &[1, 1, total, k]);
+    let message = gated_delta_rule_varlen(GatedDeltaInput { query: &dense_q, ..input }, &two)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(message.contains("[tokens, key_heads, key_dim]"), "{message}");
+    gated_delta_rule_varlen(input, &two).expect("the valid input");
 }

@@ -26,6 +26,9 @@ pub struct GatedDeltaConfig {
     pub gate_dtype: ScalarType,
     pub k_dim: u32,
     pub v_dim: u32,
+    /// Packed variable-length sequences: tokens `[total, H, ·]`, sequence `s` owning tokens
+    /// `cu_seqlens[s]..cu_seqlens[s + 1]`, instead of `[B, H, T, ·]`.
+    pub packed: bool,
 }
 
 impl GatedDeltaConfig {
@@ -34,14 +37,24 @@ impl GatedDeltaConfig {
         format!("{}{gate}.k{}.v{}", self.dtype, self.k_dim, self.v_dim)
     }
 
-    /// `gated_delta.bf16.k128.v128`, `gated_delta.bf16.gf32.k128.v128` (`f32` gates).
-    pub fn id(&self) -> String {
-        format!("gated_delta.{}", self.suffix())
+    fn varlen(&self) -> &'static str {
+        if self.packed {
+            "_varlen"
+        } else {
+            ""
+        }
     }
 
-    /// `gated_delta_chunk.bf16.k128.v128.c64`: the chunked kernel for chunks of `chunk`.
+    /// `gated_delta.bf16.k128.v128`, `gated_delta.bf16.gf32.k128.v128` (`f32` gates),
+    /// `gated_delta_varlen.bf16.k128.v128` (packed).
+    pub fn id(&self) -> String {
+        format!("gated_delta{}.{}", self.varlen(), self.suffix())
+    }
+
+    /// `gated_delta_chunk.bf16.k128.v128.c64`: the chunked kernel for chunks of `chunk`
+    /// (`gated_delta_chunk_varlen...` packed).
     pub fn chunk_id(&self, chunk: u32) -> String {
-        format!("gated_delta_chunk.{}.c{chunk}", self.suffix())
+        format!("gated_delta_chunk{}.{}.c{chunk}", self.varlen(), self.suffix())
     }
 
     /// Blocks along V.
@@ -80,9 +93,10 @@ crate::kernel_params! {
         initial_state: tensor(ScalarType::F32),
         output: tensor(cfg.dtype),
         final_state: tensor(ScalarType::F32),
+        cu_seqlens: opt_tensor(ScalarType::U32, cfg.packed),
         key_heads: scalar(u32),
         value_heads: scalar(u32),
-        seq_len: scalar(u32),
+        seq_len: opt_scalar(u32, !cfg.packed),
         query_scale: scalar(f32),
     }
 }
@@ -125,6 +139,10 @@ struct Head {
     g: Value,
     init: Value,
     fin: Value,
+    /// Elements between consecutive tokens of `q`/`k`, of `v`/output and of the gates.
+    qk_stride: Value,
+    v_stride: Value,
+    g_stride: Value,
     /// The shared state tile `[K, V_TILE]`.
     state: Value,
     seq_len: Value,
@@ -147,29 +165,99 @@ fn head(b: &mut KernelBuilder, cfg: &GatedDeltaConfig, p: &GatedDeltaValues) -> 
     let khead = b.fma(seq, p.key_heads, kh);
     let vhead = b.fma(seq, p.value_heads, h);
     let kd = b.const_u32(cfg.k_dim);
-    let tk = b.mul(p.seq_len, kd);
-    let tv = b.mul(p.seq_len, vdim);
     let kv = b.const_u32(cfg.k_dim * cfg.v_dim);
     let state_id = b.shared_array("state", ScalarType::F32, cfg.k_dim * V_TILE);
+    let state = b.shared_ptr(state_id);
+    let init = row_ptr(b, p.initial_state, vhead, kv);
+    let fin = row_ptr(b, p.final_state, vhead, kv);
+    let (q, k, v, out, beta, g, seq_len, qk_stride, v_stride, g_stride) = match (p.cu_seqlens, p.seq_len) {
+        (Some(cu), _) => {
+            // Token t of the sequence is row start + t of [total, H, ·].
+            let at = b.ptr_add(cu, seq);
+            let start = b.load(at);
+            let one = b.const_u32(1);
+            let next = b.add(seq, one);
+            let at = b.ptr_add(cu, next);
+            let end = b.load(at);
+            let len = b.sub(end, start);
+            let krow = b.fma(start, p.key_heads, kh);
+            let vrow = b.fma(start, p.value_heads, h);
+            let qk_stride = b.mul(p.key_heads, kd);
+            let v_stride = b.mul(p.value_heads, vdim);
+            (
+                row_ptr(b, p.query, krow, kd),
+                row_ptr(b, p.key, krow, kd),
+                row_ptr(b, p.value, vrow, vdim),
+                row_ptr(b, p.output, vrow, vdim),
+                row_ptr(b, p.beta, vrow, one),
+                row_ptr(b, p.log_decay, vrow, one),
+                len,
+                qk_stride,
+                v_stride,
+                p.value_heads,
+            )
+        }
+        (None, Some(seq_len)) => {
+            let tk = b.mul(seq_len, kd);
+            let tv = b.mul(seq_len, vdim);
+            let one = b.const_u32(1);
+            (
+                row_ptr(b, p.query, khead, tk),
+                row_ptr(b, p.key, khead, tk),
+                row_ptr(b, p.value, vhead, tv),
+                row_ptr(b, p.output, vhead, tv),
+                row_ptr(b, p.beta, vhead, seq_len),
+                row_ptr(b, p.log_decay, vhead, seq_len),
+                seq_len,
+                kd,
+                vdim,
+                one,
+            )
+        }
+        (None, None) => unreachable!("a dense configuration declares seq_len"),
+    };
     Head {
         tid,
         col,
         active,
-        q: row_ptr(b, p.query, khead, tk),
-        k: row_ptr(b, p.key, khead, tk),
-        v: row_ptr(b, p.value, vhead, tv),
-        out: row_ptr(b, p.output, vhead, tv),
-        beta: row_ptr(b, p.beta, vhead, p.seq_len),
-        g: row_ptr(b, p.log_decay, vhead, p.seq_len),
-        init: row_ptr(b, p.initial_state, vhead, kv),
-        fin: row_ptr(b, p.final_state, vhead, kv),
-        state: b.shared_ptr(state_id),
-        seq_len: p.seq_len,
+        q,
+        k,
+        v,
+        out,
+        beta,
+        g,
+        init,
+        fin,
+        qk_stride,
+        v_stride,
+        g_stride,
+        state,
+        seq_len,
         scale: p.query_scale,
     }
 }
 
 impl Head {
+    /// The `q` or `k` row of token `t` (`base` = `self.q` or `self.k`).
+    #[track_caller]
+    fn token_row(&self, b: &mut KernelBuilder, base: Value, t: Value) -> Value {
+        let e = b.mul(t, self.qk_stride);
+        b.ptr_add(base, e)
+    }
+
+    /// The index of this thread's value (and output) of token `t`.
+    #[track_caller]
+    fn value_index(&self, b: &mut KernelBuilder, t: Value) -> Value {
+        b.fma(t, self.v_stride, self.col)
+    }
+
+    /// A gate (`self.beta` or `self.g`) of token `t`, in `f32`.
+    #[track_caller]
+    fn gate(&self, b: &mut KernelBuilder, base: Value, t: Value) -> Value {
+        let e = b.mul(t, self.g_stride);
+        load_f32(b, base, e)
+    }
+
     /// Element `a` of this thread's state column in shared memory.
     #[track_caller]
     fn state_at(&self, b: &mut KernelBuilder, a: Value) -> Value {
@@ -241,16 +329,14 @@ pub fn gated_delta(cfg: &GatedDeltaConfig) -> Result<Kernel, VerifyError> {
         h.load_state(b, cfg);
         let (zero, one) = (b.const_u32(0), b.const_u32(1));
         let kd = b.const_u32(cfg.k_dim);
-        let vdim = b.const_u32(cfg.v_dim);
         b.for_each(zero, h.seq_len, one, |b, t| {
-            let g = load_f32(b, h.g, t);
+            let g = h.gate(b, h.g, t);
             let decay = exp(b, g);
-            let beta = load_f32(b, h.beta, t);
-            let row = b.mul(t, kd);
-            let k = b.ptr_add(h.k, row);
-            let q = b.ptr_add(h.q, row);
+            let beta = h.gate(b, h.beta, t);
+            let k = h.token_row(b, h.k, t);
+            let q = h.token_row(b, h.q, t);
             let acc = h.row_times_state(b, cfg, k);
-            let vi = b.fma(t, vdim, h.col);
+            let vi = h.value_index(b, t);
             let v = load_f32(b, h.v, vi);
             let predicted = b.mul(decay, acc);
             let err = b.sub(v, predicted);
@@ -305,7 +391,6 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
     let c = b.const_u32(chunk);
     let vt = b.const_u32(V_TILE);
     let kd = b.const_u32(cfg.k_dim);
-    let vdim = b.const_u32(cfg.v_dim);
     let active = h.active;
     let tid = h.tid;
     b.if_then(active, |b| h.load_state(b, cfg));
@@ -326,30 +411,24 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
     b.for_each(zero, h.seq_len, c, |b, t0| {
         let left = b.sub(h.seq_len, t0);
         let n = b.min(left, c);
-        let g0 = b.ptr_add(h.g, t0);
-        let beta0 = b.ptr_add(h.beta, t0);
-        let k0 = {
-            let row = b.mul(t0, kd);
-            b.ptr_add(h.k, row)
-        };
-        let q0 = {
-            let row = b.mul(t0, kd);
-            b.ptr_add(h.q, row)
-        };
         let k_row = |b: &mut KernelBuilder, i: Value| {
-            let row = b.mul(i, kd);
-            b.ptr_add(k0, row)
+            let t = b.add(t0, i);
+            h.token_row(b, h.k, t)
         };
         let q_row = |b: &mut KernelBuilder, i: Value| {
-            let row = b.mul(i, kd);
-            b.ptr_add(q0, row)
+            let t = b.add(t0, i);
+            h.token_row(b, h.q, t)
+        };
+        let gate = |b: &mut KernelBuilder, base: Value, i: Value| {
+            let t = b.add(t0, i);
+            h.gate(b, base, t)
         };
         // 1. γ and L.
         b.for_each(tid, n, vt, |b, j| {
             let end = b.add(j, one);
             let init = b.const_f32(0.0);
             let sum = b.for_range(zero, end, one, &[init], |b, m, acc| {
-                let g = load_f32(b, g0, m);
+                let g = gate(b, h.g, m);
                 vec![b.add(acc[0], g)]
             })[0];
             let p = b.ptr_add(gamma, j);
@@ -365,7 +444,7 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
                 let ki = k_row(b, i);
                 let kj = k_row(b, j);
                 let kk = dot(b, ki, kj, cfg.k_dim);
-                let beta = load_f32(b, beta0, i);
+                let beta = gate(b, h.beta, i);
                 let gi = gamma_of(b, i);
                 let gj = gamma_of(b, j);
                 let dg = b.sub(gi, gj);
@@ -405,9 +484,9 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
                 let decay = exp(b, gj);
                 let ks = b.mul(decay, ks);
                 let t = b.add(t0, j);
-                let vi = b.fma(t, vdim, h.col);
+                let vi = h.value_index(b, t);
                 let v = load_f32(b, h.v, vi);
-                let beta = load_f32(b, beta0, j);
+                let beta = gate(b, h.beta, j);
                 let err = b.sub(v, ks);
                 let r = b.mul(beta, err);
                 let p = vnew_at(b, j);
@@ -465,7 +544,7 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
                     vec![b.fma(pij, u, acc[0])]
                 })[0];
                 let t = b.add(t0, i);
-                let vi = b.fma(t, vdim, h.col);
+                let vi = h.value_index(b, t);
                 store_from_f32(b, h.out, vi, o);
             });
             // 5. The state passes to the next chunk.

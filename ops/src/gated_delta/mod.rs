@@ -27,8 +27,10 @@
 //! static shared memory, so chunks whose workspace, state tile and corrected values pass 48 KiB
 //! are refused even where a device could opt in to more.
 //!
-//! Not here yet: the packed variable-length form (`cu_seqlens`), the `_into` forms over a pool
-//! of states for decode, and the causal conv1d and gate math around it in the model.
+//! The `_varlen` forms take packed sequences (`[total, H, ·]` cut by `cu_seqlens`), one state
+//! per sequence. Not here yet: the `_into` forms over a pool of states for decode (`state_slots`,
+//! updating in place without allocating or synchronising), and the causal conv1d and gate math
+//! around the rule in the model.
 
 pub mod api;
 pub mod kernel;
@@ -50,42 +52,52 @@ pub const REGISTERED_CHUNK: u32 = 64;
 pub const HEAD_DIMS: [(u32, u32); 3] = [(128, 128), (64, 64), (24, 40)];
 
 /// Token-by-token (family `gated_delta`) and chunked (family `gated_delta_chunk`) gated delta
-/// rule, for every float dtype with gates in that dtype or `f32`.
+/// rule, and their packed forms (`gated_delta_varlen`, `gated_delta_chunk_varlen`).
 pub struct GatedDelta;
 
 impl Family for GatedDelta {
     fn names(&self) -> &'static [&'static str] {
-        &["gated_delta", "gated_delta_chunk"]
+        &["gated_delta", "gated_delta_chunk", "gated_delta_varlen", "gated_delta_chunk_varlen"]
     }
 
+    /// Dense in every dtype with gates in it or in `f32`; packed with `f32` gates (the model's).
     fn configs(&self) -> Vec<Registered> {
         let mut out = Vec::new();
         for dtype in FLOAT_DTYPES {
             let gates: &[ScalarType] =
                 if dtype == ScalarType::F32 { &[ScalarType::F32] } else { &[dtype, ScalarType::F32] };
-            for &gate_dtype in gates {
-                for (k_dim, v_dim) in HEAD_DIMS {
-                    let cfg = GatedDeltaConfig { dtype, gate_dtype, k_dim, v_dim };
-                    out.push(Registered::new(cfg.id(), "gated_delta", Some(dtype), move || gated_delta(&cfg)));
-                    out.push(Registered::new(
-                        cfg.chunk_id(REGISTERED_CHUNK),
-                        "gated_delta_chunk",
-                        Some(dtype),
-                        move || gated_delta_chunk(&cfg, REGISTERED_CHUNK),
-                    ));
+            for packed in [false, true] {
+                for &gate_dtype in gates.iter().filter(|&&g| !packed || g == ScalarType::F32) {
+                    for (k_dim, v_dim) in HEAD_DIMS {
+                        let cfg = GatedDeltaConfig { dtype, gate_dtype, k_dim, v_dim, packed };
+                        let (rec, chunk) = if packed {
+                            ("gated_delta_varlen", "gated_delta_chunk_varlen")
+                        } else {
+                            ("gated_delta", "gated_delta_chunk")
+                        };
+                        out.push(Registered::new(cfg.id(), rec, Some(dtype), move || gated_delta(&cfg)));
+                        out.push(Registered::new(cfg.chunk_id(REGISTERED_CHUNK), chunk, Some(dtype), move || {
+                            gated_delta_chunk(&cfg, REGISTERED_CHUNK)
+                        }));
+                    }
                 }
             }
         }
         out
     }
 
-    /// Two value heads on one key head, one sequence; the chunked kernel gets a full chunk and
-    /// a padded one.
+    /// Two value heads on one key head; dense one sequence, packed two of different lengths.
+    /// The chunked kernels get a full chunk and a padded one.
     fn sample(&self, name: &str, id: &str) -> Option<Case> {
         let v_dim = id_number(id, 'v')?;
-        let seq_len = if name == "gated_delta_chunk" { REGISTERED_CHUNK + 6 } else { 9 };
-        let mut c = Case::new([v_dim.div_ceil(kernel::V_TILE), 2, 1]);
+        let chunked = name.starts_with("gated_delta_chunk");
+        let seq_len = if chunked { REGISTERED_CHUNK + 6 } else { 9 };
+        let packed = name.ends_with("_varlen");
+        let mut c = Case::new([v_dim.div_ceil(kernel::V_TILE), 2, if packed { 2 } else { 1 }]);
         c.scalars.extend([("key_heads", 1), ("value_heads", 2), ("seq_len", seq_len as u64)]);
+        if packed {
+            c.indices.insert("cu_seqlens", vec![0, seq_len, seq_len + 5]);
+        }
         Some(c)
     }
 }

@@ -11,6 +11,7 @@ mod budgets;
 mod differential;
 mod exact_sums;
 mod fuzz_corpus;
+mod gated_delta;
 mod gemm_tc;
 mod gemv;
 mod into_forms;

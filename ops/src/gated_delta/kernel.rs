@@ -69,7 +69,7 @@ impl GatedDeltaConfig {
     }
 
     /// Static shared bytes of the chunked kernel for chunks of `chunk`: the triangular
-    /// workspace `4 · (C² + C)` (the `C × C` matrix and the in-chunk decay sums), the state tile
+    /// workspace `4 · (C² + C)` (`C` rows of the matrix and the row's in-chunk decay sum), the state tile
     /// and the chunk's corrected values (`C × V_TILE`).
     pub fn chunk_shared_bytes(&self, chunk: u32) -> u64 {
         let c = chunk as u64;
@@ -367,7 +367,7 @@ pub fn gated_delta(cfg: &GatedDeltaConfig) -> Result<Kernel, VerifyError> {
 /// padding is never touched), with `γ_i` the in-chunk cumulative sum of `g` and `S` the state at
 /// the chunk's start:
 ///
-/// 1. `γ` into the workspace vector; `L[i][j] = −β_i (k_i · k_j) e^(γ_i − γ_j)` for `j < i` into
+/// 1. `γ` into the workspace's last column; `L[i][j] = −β_i (k_i · k_j) e^(γ_i − γ_j)` for `j < i` into
 ///    the workspace matrix's strict lower triangle.
 /// 2. Forward substitution, row by row (a barrier per row): `M[i][j] = L[i][j] + Σ_(j<m<i)
 ///    L[i][m] M[m][j]`, written transposed into the free upper triangle, so that
@@ -383,22 +383,24 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
     kb.launch_bounds(V_TILE, None);
     let h = head(&mut kb, cfg, &p);
     let b = &mut kb;
-    let attn_id = b.shared_array("attn", ScalarType::F32, chunk * chunk);
-    let gamma_id = b.shared_array("gamma", ScalarType::F32, chunk);
+    // The workspace: C rows of C + 1 floats, the matrix in columns 0..C and γ in column C. A row
+    // pitch of C (a multiple of 32 at C = 64) made step 2's transposed stores, one column per
+    // lane, hit one bank (32-way conflicts, found by the budgets test); C + 1 spreads them.
+    let attn_id = b.shared_array("attn", ScalarType::F32, chunk * (chunk + 1));
     let vnew_id = b.shared_array("vnew", ScalarType::F32, chunk * V_TILE);
     let attn = b.shared_ptr(attn_id);
-    let gamma = b.shared_ptr(gamma_id);
     let vnew = b.shared_ptr(vnew_id);
     let (zero, one) = (b.const_u32(0), b.const_u32(1));
     let c = b.const_u32(chunk);
+    let pitch = b.const_u32(chunk + 1);
     let vt = b.const_u32(V_TILE);
     let kd = b.const_u32(cfg.k_dim);
     let active = h.active;
     let tid = h.tid;
     b.if_then(active, |b| h.load_state(b, cfg));
-    // attn[i · C + j]
+    // attn[i · (C + 1) + j]
     let at = |b: &mut KernelBuilder, i: Value, j: Value| {
-        let e = b.fma(i, c, j);
+        let e = b.fma(i, pitch, j);
         b.ptr_add(attn, e)
     };
     // This thread's corrected value of position j.
@@ -407,7 +409,7 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
         b.ptr_add(vnew, e)
     };
     let gamma_of = |b: &mut KernelBuilder, j: Value| {
-        let p = b.ptr_add(gamma, j);
+        let p = at(b, j, c);
         b.load(p)
     };
     b.for_each(zero, h.seq_len, c, |b, t0| {
@@ -433,14 +435,16 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
                 let g = gate(b, h.g, m);
                 vec![b.add(acc[0], g)]
             })[0];
-            let p = b.ptr_add(gamma, j);
+            let p = at(b, j, c);
             b.store(p, sum);
         });
         b.barrier();
-        let nn = b.mul(n, n);
-        b.for_each(tid, nn, vt, |b, e| {
-            let i = b.div(e, n);
-            let j = b.rem(e, n);
+        // The fills walk the workspace's own layout (rows of C + 1), so a warp's stores are
+        // consecutive words even where it spans two rows; the lanes past a row's n idle.
+        let rows = b.mul(n, pitch);
+        b.for_each(tid, rows, vt, |b, e| {
+            let i = b.div(e, pitch);
+            let j = b.rem(e, pitch);
             let lower = b.lt(j, i);
             b.if_then(lower, |b| {
                 let ki = k_row(b, i);
@@ -459,17 +463,22 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
             });
         });
         b.barrier();
-        // 2. M row by row, transposed into the upper triangle: M[i][j] at attn[j · C + i].
+        // 2. M row by row, transposed into the upper triangle: M[i][j] at attn[j · (C + 1) + i].
+        // Every lane walks m from 0 (the terms m <= j masked to 0, in the same order as
+        // j < m < i) so that the lanes' reads of attn[j · (C + 1) + m] are one row pitch apart,
+        // conflict-free; from m = j + 1 they would be C + 2 apart, an even stride (2-way).
+        let zero_f = b.const_f32(0.0);
         b.for_each(one, n, one, |b, i| {
             b.for_each(tid, i, vt, |b, j| {
                 let p = at(b, i, j);
                 let l = b.load(p);
-                let start = b.add(j, one);
-                let m_ij = b.for_range(start, i, one, &[l], |b, m, acc| {
+                let m_ij = b.for_range(zero, i, one, &[l], |b, m, acc| {
                     let p = at(b, i, m);
                     let l_im = b.load(p);
                     let p = at(b, j, m);
                     let m_mj = b.load(p);
+                    let live = b.gt(m, j);
+                    let m_mj = b.select(live, m_mj, zero_f);
                     vec![b.fma(l_im, m_mj, acc[0])]
                 })[0];
                 let p = at(b, j, i);
@@ -510,9 +519,9 @@ pub fn gated_delta_chunk(cfg: &GatedDeltaConfig, chunk: u32) -> Result<Kernel, V
             });
         });
         // 4. P into the lower triangle and diagonal (M, in the upper one, is still being read).
-        b.for_each(tid, nn, vt, |b, e| {
-            let i = b.div(e, n);
-            let j = b.rem(e, n);
+        b.for_each(tid, rows, vt, |b, e| {
+            let i = b.div(e, pitch);
+            let j = b.rem(e, pitch);
             let lower = b.le(j, i);
             b.if_then(lower, |b| {
                 let qi = q_row(b, i);

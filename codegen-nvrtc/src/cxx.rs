@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use ruda_ir::target::Arch;
 use ruda_ir::{
-    AddrSpace, AtomicOp, BinaryOp, CmpOp, InstId, Kernel, Op, RegionId, ScalarType, ShflMode, SpecialReg, Type,
-    UnaryOp, Value, VoteMode,
+    AddrSpace, AtomicOp, BinaryOp, CmpOp, Constant, InstId, Kernel, Op, RegionId, ScalarType, ShflMode, SpecialReg,
+    Type, UnaryOp, Value, VoteMode,
 };
 
 use crate::helpers::{c_scalar, prelude, wide_unsigned, Helper, Reg};
@@ -200,6 +200,30 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// A constant: its literal, or for a NaN the literal's bits through an opaque `mov`. NVVM
+    /// folds `NaN op x` to the operand's NaN where PTX's arithmetic gives the canonical NaN (the
+    /// IR's meaning), and it cannot fold what it cannot see (found by the emulator's
+    /// differential test, generated kernel 1633). Infinities stay literals: hiding them costs
+    /// registers (a spill in the largest attention kernel), and only two constant infinities
+    /// meeting (`inf - inf`) could fold to NVVM's NaN, which the IR's own folding leaves nothing
+    /// to do.
+    fn constant(&mut self, c: Constant) -> String {
+        let (nan, instr, d, a, bits) = match c.ty {
+            ScalarType::F32 => {
+                (f32::from_bits(c.bits as u32).is_nan(), "mov.b32", Reg::F32, Reg::B32, format!("0x{:08x}u", c.bits))
+            }
+            ScalarType::F64 => {
+                (f64::from_bits(c.bits).is_nan(), "mov.b64", Reg::F64, Reg::B64, format!("0x{:016x}ull", c.bits))
+            }
+            _ => return literal(c),
+        };
+        if !nan {
+            return literal(c);
+        }
+        let name = self.use_helper(Helper::Asm1 { instr: instr.into(), d, a });
+        format!("{name}({bits}) /* NaN */")
+    }
+
     pub(crate) fn use_helper(&mut self, h: Helper) -> String {
         let name = h.name();
         self.helpers.insert(h);
@@ -378,7 +402,7 @@ impl<'a> Emitter<'a> {
         }
         let d = self.one_result(id)?;
         let expr = match &inst.op {
-            Op::Const(c) => literal(*c),
+            Op::Const(c) => self.constant(*c),
             Op::Special(s) => self.special(*s),
             Op::Unary(op, a) => self.unary(id, *op, *a)?,
             Op::Binary(op, a, b) => self.binary(*op, *a, *b)?,

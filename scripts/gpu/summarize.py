@@ -140,11 +140,12 @@ def main():
     machine = read_json(os.path.join(results, "machine.json"), {})
     tests = read_json(os.path.join(results, "tests.json"), [])
     model = read_json(os.path.join(results, "model_bench.json"), {})
+    ncu = read_json(os.path.join(results, "ncu_compare.json"), {})
     rows, copy = bench_rows(results)
     goals = targets(rows, copy)
     summary = {"machine": machine, "tests": tests, "copy_gbs": copy, "bench": rows,
                "targets": [{"target": n, "value": v, "goal": g, "met": ok} for n, v, g, ok in goals],
-               "model_bench": model}
+               "model_bench": model, "ncu_compare": ncu}
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 
@@ -174,6 +175,16 @@ def main():
         md.append("")
         md.append("Model benchmark (prefill 512 tokens, greedy decode 128, bf16):")
         md += model_lines(model)
+    if ncu.get("kernels"):
+        md.append("")
+        md.append("Nsight Compute / interpreter counters (1.0 = the interpreter's model matches):")
+        for kernel, metrics in ncu["kernels"].items():
+            if "error" in metrics:
+                md.append(f"- {kernel}: {metrics['error']}")
+                continue
+            cells = [f"{m.split('__')[1].replace('.sum', '')} {fmt(v.get('ratio'))}" for m, v in metrics.items()
+                     if v.get("interpreter") is not None]
+            md.append(f"- {kernel}: " + ", ".join(cells))
     with open(os.path.join(results, "summary.md"), "w") as f:
         f.write("\n".join(md) + "\n")
 

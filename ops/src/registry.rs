@@ -29,6 +29,10 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::swiglu::Swiglu, &crate::embedding::Embedding],
     &[&crate::argmax::Argmax, &crate::sampling::Sampling],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
+    &[&crate::conv1d::Conv1d],
+    &[&crate::delta_gates::DeltaGates],
+    &[&crate::row_norm::RowNorm],
+    &[&crate::attn_gate::AttnGate],
 ];
 
 /// Every family, in [`FAMILIES`] order.

@@ -276,26 +276,28 @@ fn gated_delta_gates_match_reference() {
     }
 }
 
-/// The softplus threshold is torch's: the identity strictly above 20.
+/// Softplus around torch's threshold: the identity above 20 (where `log1p(exp(v))` rounds to
+/// `v` in f32 anyway), `log1p(exp(v))` below it, where a lower threshold would show (10.5 and
+/// 15 are not their own softplus in f32), and tiny but not zero far below.
 #[test]
-fn gated_delta_gates_softplus_threshold() {
+fn gated_delta_gates_softplus_around_the_threshold() {
     let dev = device();
-    let a = [19.5f32, 20.0, 20.5, 25.0, -90.0, 0.0];
-    let zeros = [0.0f32; 6];
+    let a = [10.5f32, 15.0, 19.5, 20.0, 20.5, 25.0, -90.0, 0.0];
+    let n = a.len();
     let (_, g) = api::gated_delta_gates(
-        &tensor(&dev, DType::F32, &a, &[6, 1]),
-        &tensor(&dev, DType::F32, &zeros, &[6, 1]),
+        &tensor(&dev, DType::F32, &a, &[n, 1]),
+        &tensor(&dev, DType::F32, &vec![0.0; n], &[n, 1]),
         &tensor(&dev, DType::F32, &[0.0], &[1]),
         &tensor(&dev, DType::F32, &[0.0], &[1]),
     )
     .unwrap();
     let g = g.to_f32_vec().unwrap();
     // exp(0) = 1: g = -softplus(a).
-    assert_eq!(g[2], -20.5);
-    assert_eq!(g[3], -25.0);
+    assert_eq!((g[4], g[5]), (-20.5, -25.0));
+    assert_ne!(g[0], -10.5, "softplus(10.5) is 10.5 + 2.75e-5");
     let want: Vec<f64> = a.iter().map(|v| -softplus64(*v as f64)).collect();
     assert_close("softplus around the threshold", &g, &want, 1e-30, 16.0 * EPS32);
-    assert!(g[4] < 0.0, "softplus(-90) is tiny but not zero: {}", g[4]);
+    assert!(g[6] < 0.0, "softplus(-90) is tiny but not zero: {}", g[6]);
 }
 
 /// `(kind, x, z, weight) -> f64 out` for one row.

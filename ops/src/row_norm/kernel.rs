@@ -90,10 +90,10 @@ crate::kernel_params! {
 }
 
 /// Parameters: x `[rows, cols]`, residual (residual add), z (gated), weight (`f32 [cols]`,
-/// RMSNorms), out, residual_out (residual add), rows, cols, eps. Grid: `ceil(rows / 8)` blocks of [`ROW_NORM_THREADS`] when a warp owns a row, `rows`
-/// blocks when a block does. Each thread re-reads only the elements it read (or wrote to
-/// `residual_out`) itself, so on CUDA `out` may alias `x` and `residual_out` may alias
-/// `residual` or `x`.
+/// RMSNorms), out, residual_out (residual add), rows, cols, eps. Grid: `ceil(rows / 8)` blocks
+/// of [`ROW_NORM_THREADS`] when a warp owns a row, `rows` blocks when a block does. Each thread
+/// re-reads only what it read (or wrote to `residual_out`) itself, so on CUDA `out` may alias
+/// `x`, and `residual_out` may alias `residual` or `x`.
 pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let RowNormValues { x, residual, z, weight, out, residual_out, rows, cols, eps } =

@@ -222,6 +222,55 @@ fn causal_conv1d_update_matches_reference() {
     }
 }
 
+/// The batched decode step over a pool of states equals each sequence's own decode step; the
+/// slots no sequence names are untouched; a slot out of range gives a NaN row and writes no
+/// state.
+#[test]
+fn causal_conv1d_update_slots_equals_one_sequence_at_a_time() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(360);
+    for dtype in FLOAT_DTYPES {
+        for w in [2, 4] {
+            let (c, slots, keep) = (45, 5, w - 1);
+            let weight = tensor(&dev, dtype, &quantize(dtype, &rng.vec(c * w, -1.0, 1.0)), &[c, w]);
+            let pool = quantize(dtype, &rng.vec(slots * c * keep, -2.0, 2.0));
+            let seq_slots = [3u32, 0, 7, 4];
+            let n = seq_slots.len();
+            let x = quantize(dtype, &rng.vec(n * c, -2.0, 2.0));
+            let mut states = tensor(&dev, dtype, &pool, &[slots, c, keep]);
+            let slot_t = Tensor::from_slice(&dev, &seq_slots, &[n]).unwrap();
+            let y =
+                api::causal_conv1d_update_slots(&tensor(&dev, dtype, &x, &[n, c]), &weight, &mut states, &slot_t, true)
+                    .unwrap()
+                    .to_f32_vec()
+                    .unwrap();
+            let got_states = states.to_f32_vec().unwrap();
+            let mut want_states = pool.clone();
+            let what = format!("causal_conv1d_update_slots {dtype} W={w}");
+            for (i, &slot) in seq_slots.iter().enumerate() {
+                let row = &y[i * c..(i + 1) * c];
+                if slot as usize >= slots {
+                    assert!(row.iter().all(|v| v.is_nan()), "{what}: sequence {i} (slot {slot} out of range) not NaN");
+                    continue;
+                }
+                let range = slot as usize * c * keep..(slot as usize + 1) * c * keep;
+                let mut one = tensor(&dev, dtype, &pool[range.clone()], &[c, keep]);
+                let xt = tensor(&dev, dtype, &x[i * c..(i + 1) * c], &[1, c]);
+                let want = api::causal_conv1d_update(&xt, &weight, &mut one, true).unwrap();
+                assert_bits(&format!("{what} sequence {i}"), row, &want.to_f32_vec().unwrap());
+                want_states.splice(range, one.to_f32_vec().unwrap());
+            }
+            assert_bits(&format!("{what} states"), &got_states, &want_states);
+            // The _into form, with the slots that remain.
+            let y_into = Tensor::empty(&dev, dtype, &[n, c]).unwrap();
+            let xt = tensor(&dev, dtype, &x, &[n, c]);
+            api::causal_conv1d_update_slots_into(&stream, &xt, &weight, &states, &slot_t, false, &y_into).unwrap();
+            assert!(y_into.to_f32_vec().unwrap()[..c].iter().all(|v| v.is_finite()), "{what} into");
+        }
+    }
+}
+
 /// torch's `softplus` (threshold 20) in f64.
 fn softplus64(v: f64) -> f64 {
     if v > 20.0 {
@@ -510,6 +559,21 @@ fn invalid_arguments_are_errors() {
     let (e, m) = err_text(api::causal_conv1d_update(&f(&[1, 6]), &f(&[6, 7]), &mut state, false));
     assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("W = 7"), "{m}");
     let (e, m) = err_text(api::causal_conv1d_update_into(&stream, &f(&[1, 6]), &w, &state, true, &f(&[1, 5])));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
+
+    // causal_conv1d_update_slots
+    let (xs, slots_t) = (f(&[2, 6]), Tensor::from_slice(&dev, &[0u32, 1], &[2]).unwrap());
+    let mut pool = f(&[3, 6, 3]);
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut f(&[3, 6, 2]), &slots_t, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`states`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut h(&[3, 6, 3]), &slots_t, true));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`states`"), "{m}");
+    let three = Tensor::from_slice(&dev, &[0u32, 1, 2], &[3]).unwrap();
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut pool, &three, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`state_slots`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut pool, &f(&[2]), true));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`state_slots`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_update_slots_into(&stream, &xs, &w, &pool, &slots_t, true, &f(&[1, 6])));
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
 
     // gated_delta_gates

@@ -1,10 +1,11 @@
 //! Causal depthwise conv1d with optional SiLU: prefill over `[T, C]` and the decode step.
 
-use ruda_runtime::{LaunchConfig, Stream, Tensor};
+use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
 use super::kernel::{
-    causal_conv1d as prefill_kernel, causal_conv1d_update as update_kernel, Conv1dConfig, Conv1dParams,
-    Conv1dUpdateParams, CONV_CHUNK, CONV_MAX_CHUNK_BLOCKS, CONV_THREADS, CONV_WIDTHS,
+    causal_conv1d as prefill_kernel, causal_conv1d_update as update_kernel, causal_conv1d_update_slots as slots_kernel,
+    Conv1dConfig, Conv1dParams, Conv1dSlotsParams, Conv1dUpdateParams, CONV_CHUNK, CONV_MAX_CHUNK_BLOCKS, CONV_THREADS,
+    CONV_WIDTHS,
 };
 use crate::error::{OpError, Result};
 use crate::host::*;
@@ -144,5 +145,71 @@ pub fn causal_conv1d_update_into(
 pub fn causal_conv1d_update(x: &Tensor, weight: &Tensor, state: &mut Tensor, silu: bool) -> Result<Tensor> {
     let y = Tensor::empty(x.device(), x.dtype(), x.shape())?;
     causal_conv1d_update_into(&x.device().default_stream(), x, weight, state, silu, &y)?;
+    Ok(y)
+}
+
+/// Most sequences of one batched decode step (the grid's second dimension).
+pub const CONV_MAX_SEQUENCES: usize = 65535;
+
+/// The decode step of [`causal_conv1d_update_into`] for `N` sequences at once, each with its own
+/// state in a pool: `x` and `y` `[N, C]` (row `n` is sequence `n`'s newest input and output),
+/// `states` `[slots, C, W - 1]` of `x`'s dtype, and `state_slots` `U32 [N]` naming the state of
+/// each sequence, rolled in place. Never allocates or waits for the device, so the slots are
+/// not checked on the host: a slot out of range touches no state and makes its row of `y` NaN,
+/// and two sequences must not share a slot (their updates would race).
+pub fn causal_conv1d_update_slots_into(
+    stream: &Stream,
+    x: &Tensor,
+    weight: &Tensor,
+    states: &Tensor,
+    state_slots: &Tensor,
+    silu: bool,
+    y: &Tensor,
+) -> Result<()> {
+    let op = "causal_conv1d_update_slots";
+    let dtype = float_dtype(op, x)?;
+    let (channels, width) = check_weight(op, x, weight)?;
+    let n = x.shape()[0];
+    if n > CONV_MAX_SEQUENCES {
+        return Err(OpError::Shape {
+            op,
+            message: format!("`x` holds {n} sequences, more than one launch takes ({CONV_MAX_SEQUENCES})"),
+        });
+    }
+    contiguous_nonempty(op, "states", states)?;
+    let slots = states.shape()[0];
+    expect_shape(op, "states", states, &[slots, channels, width as usize - 1])?;
+    expect_dtype(op, "states", states, x.dtype())?;
+    contiguous_nonempty(op, "state_slots", state_slots)?;
+    expect_shape(op, "state_slots", state_slots, &[n])?;
+    expect_dtype(op, "state_slots", state_slots, DType::U32)?;
+    contiguous_nonempty(op, "y", y)?;
+    expect_shape(op, "y", y, x.shape())?;
+    expect_dtype(op, "y", y, x.dtype())?;
+    let tensors = [("x", x), ("weight", weight), ("states", states), ("state_slots", state_slots), ("y", y)];
+    same_device(op, stream, &tensors)?;
+    let (channels, slots) = (to_u32(op, "channels", channels)?, to_u32(op, "slots", slots)?);
+    let cfg = Conv1dConfig { dtype, width, silu, initial_state: true };
+    let k = kernel(cfg.slots_id(), || slots_kernel(&cfg))?;
+    let launch = LaunchConfig {
+        grid: [channels.div_ceil(CONV_THREADS), n as u32, 1],
+        block: [CONV_THREADS, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let args = Conv1dSlotsParams { x, weight, states, state_slots, y, channels, slots };
+    params::launch(stream, &k, launch, &args.args())
+}
+
+/// [`causal_conv1d_update_slots_into`] into a new `y`, on `x`'s default stream; the states are
+/// updated in place.
+pub fn causal_conv1d_update_slots(
+    x: &Tensor,
+    weight: &Tensor,
+    states: &mut Tensor,
+    state_slots: &Tensor,
+    silu: bool,
+) -> Result<Tensor> {
+    let y = Tensor::empty(x.device(), x.dtype(), x.shape())?;
+    causal_conv1d_update_slots_into(&x.device().default_stream(), x, weight, states, state_slots, silu, &y)?;
     Ok(y)
 }

@@ -225,3 +225,82 @@ pub fn causal_conv1d_update(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
     });
     b.finish()
 }
+
+impl Conv1dConfig {
+    /// `causal_conv1d_update_slots.bf16.w4.silu`.
+    pub fn slots_id(&self) -> String {
+        format!("causal_conv1d_update_slots.{}.w{}{}", self.dtype, self.width, self.suffix())
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`causal_conv1d_update_slots`], in order.
+    pub struct Conv1dSlotsParams, Conv1dSlotsValues for Conv1dConfig as cfg {
+        x: tensor(cfg.dtype),
+        weight: tensor(cfg.dtype),
+        states: tensor(cfg.dtype),
+        state_slots: tensor(ScalarType::U32),
+        y: tensor(cfg.dtype),
+        channels: scalar(u32),
+        slots: scalar(u32),
+    }
+}
+
+/// The decode step of `N` sequences at once, each rolling its own state in a pool. Parameters:
+/// x `[N, C]`, weight `[C, W]`, states `[slots, C, W - 1]`, state_slots (`u32 [N]`: sequence
+/// `n`'s state is `states[state_slots[n]]`), y `[N, C]`, channels, slots (`u32`). Grid:
+/// `(ceil(C / 128), N)`, block [`CONV_THREADS`]. A slot out of range touches no state and
+/// makes its row of `y` NaN; two sequences must not share a slot.
+pub fn causal_conv1d_update_slots(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.slots_id().replace('.', "_"));
+    let Conv1dSlotsValues { x, weight, states, state_slots, y, channels, slots } =
+        Conv1dSlotsParams::declare(&mut b, cfg);
+    b.launch_bounds(CONV_THREADS, None);
+    let keep = cfg.width - 1;
+
+    let c = b.global_thread_id_x();
+    let in_range = b.lt(c, channels);
+    b.if_then(in_range, |b| {
+        let seq = b.block_id_y();
+        let p = b.ptr_add(state_slots, seq);
+        let slot = b.load(p);
+        let seq64 = b.cvt(seq, ScalarType::U64);
+        let c64 = b.cvt(channels, ScalarType::U64);
+        let cc64 = b.cvt(c, ScalarType::U64);
+        let at = b.fma(seq64, c64, cc64);
+        let valid = b.lt(slot, slots);
+        b.if_else(
+            valid,
+            |b| {
+                let w = load_weights(b, weight, c, cfg.width);
+                let slot64 = b.cvt(slot, ScalarType::U64);
+                let state_at = b.fma(slot64, c64, cc64);
+                let keep64 = b.const_u64(keep as u64);
+                let offset = b.mul(state_at, keep64);
+                let row = b.ptr_add(states, offset);
+                let window: Vec<Value> = (0..keep)
+                    .map(|i| {
+                        let i = b.const_u32(i);
+                        load_f32(b, row, i)
+                    })
+                    .collect();
+                let xt = load_f32(b, x, at);
+                let out = convolve(b, cfg, &w, &window, xt);
+                store_from_f32(b, y, at, out);
+                let mut next = window[1..].to_vec();
+                next.push(xt);
+                for (i, v) in next.into_iter().enumerate() {
+                    let i = b.const_u32(i as u32);
+                    store_from_f32(b, row, i, v);
+                }
+                vec![]
+            },
+            |b| {
+                let nan = b.const_f32(f32::NAN);
+                store_from_f32(b, y, at, nan);
+                vec![]
+            },
+        );
+    });
+    b.finish()
+}

@@ -10,16 +10,17 @@ use crate::blocks::FLOAT_DTYPES;
 use crate::family::Family;
 use crate::problem::Case;
 use crate::registry::Registered;
-use kernel::{causal_conv1d, causal_conv1d_update, Conv1dConfig, CONV_WIDTHS};
+use kernel::{causal_conv1d, causal_conv1d_update, causal_conv1d_update_slots, Conv1dConfig, CONV_WIDTHS};
 
-/// The prefill (family `causal_conv1d`) with and without SiLU and an initial state, and the
-/// decode step (family `causal_conv1d_update`) with and without SiLU, at every width W in
-/// 2..=4 and every float dtype.
+/// The prefill (family `causal_conv1d`) with and without SiLU and an initial state, the decode
+/// step (family `causal_conv1d_update`) and the batched decode step over a pool of states
+/// (family `causal_conv1d_update_slots`) with and without SiLU, at every width W in 2..=4 and
+/// every float dtype.
 pub struct Conv1d;
 
 impl Family for Conv1d {
     fn names(&self) -> &'static [&'static str] {
-        &["causal_conv1d", "causal_conv1d_update"]
+        &["causal_conv1d", "causal_conv1d_update", "causal_conv1d_update_slots"]
     }
 
     fn configs(&self) -> Vec<Registered> {
@@ -36,6 +37,9 @@ impl Family for Conv1d {
                     out.push(Registered::new(cfg.update_id(), "causal_conv1d_update", Some(dtype), move || {
                         causal_conv1d_update(&cfg)
                     }));
+                    out.push(Registered::new(cfg.slots_id(), "causal_conv1d_update_slots", Some(dtype), move || {
+                        causal_conv1d_update_slots(&cfg)
+                    }));
                 }
             }
         }
@@ -44,13 +48,21 @@ impl Family for Conv1d {
 
     /// Prefill: 300 channels (three blocks, the last partly idle) by 70 tokens (three chunks,
     /// the last partial) on a grid of two chunk rows, so one row loops. Decode: 300 channels.
+    /// Batched decode: 300 channels of 4 sequences in slots 5, 0, 9 (out of range: a NaN row)
+    /// and 2 of a pool of 6.
     fn sample(&self, name: &str, _: &str) -> Option<Case> {
         let mut c = Case::new([3, 2, 1]);
         c.scalars.insert("channels", 300);
-        if name == "causal_conv1d" {
-            c.scalars.insert("tokens", 70);
-        } else {
-            c.grid = [3, 1, 1];
+        match name {
+            "causal_conv1d" => {
+                c.scalars.insert("tokens", 70);
+            }
+            "causal_conv1d_update_slots" => {
+                c.grid = [3, 4, 1];
+                c.scalars.insert("slots", 6);
+                c.indices.insert("state_slots", vec![5, 0, 9, 2]);
+            }
+            _ => c.grid = [3, 1, 1],
         }
         Some(c)
     }

@@ -499,6 +499,61 @@ fn sigmoid_gate_and_split_match_reference() {
     }
 }
 
+/// The norms and the gate read `q_proj`'s per-head halves in place (views of `[T, H, 2·D]`,
+/// rows `2·D` apart) with the bits they give on the split copies, as does a column block of a
+/// `[T, C]` tensor.
+#[test]
+fn norms_and_gate_read_views_in_place() {
+    let dev = device();
+    let mut rng = Rng::new(361);
+    for dtype in FLOAT_DTYPES {
+        for (t, d) in [(1, 48), (7, 100)] {
+            let h = 3;
+            let q = tensor(&dev, dtype, &quantize(dtype, &rng.vec(t * h * 2 * d, -3.0, 3.0)), &[t, h, 2 * d]);
+            let (first, second) = api::split_heads_halves(&q).unwrap();
+            let (first_view, second_view) = (q.narrow(2, 0, d).unwrap(), q.narrow(2, d, d).unwrap());
+            assert!(!first_view.is_contiguous());
+            let w = tensor(&dev, DType::F32, &rng.vec(d, -0.5, 0.5), &[d]);
+            let other = tensor(&dev, dtype, &quantize(dtype, &rng.vec(t * h * d, -3.0, 3.0)), &[t, h, d]);
+            let what = format!("{dtype} T={t} D={d}");
+            let bits = |a: Tensor, b: Tensor, what: &str| {
+                assert_bits(what, &a.to_f32_vec().unwrap(), &b.to_f32_vec().unwrap())
+            };
+            bits(api::l2_norm(&first_view, 1e-6).unwrap(), api::l2_norm(&first, 1e-6).unwrap(), &format!("l2 {what}"));
+            bits(
+                api::rms_norm_zero_centred(&first_view, &w, 1e-6).unwrap(),
+                api::rms_norm_zero_centred(&first, &w, 1e-6).unwrap(),
+                &format!("zero-centred {what}"),
+            );
+            bits(
+                api::gated_rms_norm(&second_view, &other, &w, 1e-6).unwrap(),
+                api::gated_rms_norm(&second, &other, &w, 1e-6).unwrap(),
+                &format!("gated {what}"),
+            );
+            let (view_out, view_sum) = api::rms_norm_zero_centred_residual(&first_view, &other, &w, 1e-6).unwrap();
+            let (out, sum) = api::rms_norm_zero_centred_residual(&first, &other, &w, 1e-6).unwrap();
+            bits(view_out, out, &format!("residual {what}"));
+            bits(view_sum, sum, &format!("residual sum {what}"));
+            bits(
+                api::sigmoid_gate(&other, &second_view).unwrap(),
+                api::sigmoid_gate(&other, &second).unwrap(),
+                &format!("sigmoid_gate {what}"),
+            );
+            // A column block of [T, 2·H·D]: rows 2·H·D apart.
+            let flat = q.reshape(&[t, 2 * h * d]).unwrap();
+            let block = flat.narrow(1, d, d).unwrap();
+            let dense_block: Vec<f32> =
+                flat.to_f32_vec().unwrap().chunks(2 * h * d).flat_map(|r| r[d..2 * d].to_vec()).collect();
+            let dense_block = tensor(&dev, dtype, &dense_block, &[t, d]);
+            bits(
+                api::l2_norm(&block, 1e-6).unwrap(),
+                api::l2_norm(&dense_block, 1e-6).unwrap(),
+                &format!("block {what}"),
+            );
+        }
+    }
+}
+
 fn err_text<T: std::fmt::Debug>(r: Result<T, OpError>) -> (OpError, String) {
     let e = r.expect_err("an invalid argument is an error");
     let s = e.to_string();
@@ -626,6 +681,22 @@ fn invalid_arguments_are_errors() {
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`out`"), "{m}");
     let (e, _) = err_text(api::l2_norm(&Tensor::from_slice(&dev, &[1u32; 8], &[1, 8]).unwrap(), 1e-6));
     assert!(matches!(e, OpError::DType { .. }));
+
+    // Views whose rows are not evenly spaced (two heads of three: rows 8 apart, then a jump);
+    // a leading axis of one does not matter.
+    let heads = f(&[4, 3, 8]);
+    let uneven = heads.narrow(1, 0, 2).unwrap();
+    let (e, m) = err_text(api::l2_norm(&uneven, 1e-6));
+    assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("evenly spaced"), "{m}");
+    let (e, m) = err_text(api::sigmoid_gate(&f(&[4, 2, 8]), &uneven));
+    assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("`gate`"), "{m}");
+    let one = f(&[1, 3, 8]).narrow(1, 0, 2).unwrap();
+    assert_eq!(api::l2_norm(&one, 1e-6).unwrap().shape(), &[1, 2, 8]);
+    let (e, m) = err_text(api::l2_norm(&Tensor::empty(&dev, DType::F32, &[0, 8]).unwrap(), 1e-6));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("empty"), "{m}");
+    // The other operands stay dense.
+    let (e, m) = err_text(api::sigmoid_gate(&uneven, &f(&[4, 2, 8])));
+    assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("contiguous"), "{m}");
 
     // sigmoid_gate and split_heads_halves
     let (e, m) = err_text(api::sigmoid_gate(&xn, &f(&[3, 7])));

@@ -271,6 +271,60 @@ fn causal_conv1d_update_slots_equals_one_sequence_at_a_time() {
     }
 }
 
+/// Packed sequences (one empty, some shorter than the state, some across chunks) over a pool
+/// of states equal each sequence's own prefill from its slot, bit for bit; the pool ends with
+/// each sequence's final state and untouched elsewhere; a slot out of range starts from zeros
+/// and is not written.
+#[test]
+fn causal_conv1d_varlen_equals_one_sequence_at_a_time() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(362);
+    for dtype in FLOAT_DTYPES {
+        for w in [2, 4] {
+            let (c, slots, keep) = (37, 9, w - 1);
+            let lens = [2usize, 0, 40, 1, 33, 7, 5];
+            let seq_slots = [5u32, 0, 2, 7, 1, 99, 3];
+            let total: usize = lens.iter().sum();
+            let mut cu = vec![0u32];
+            for l in lens {
+                cu.push(cu.last().unwrap() + l as u32);
+            }
+            let weight = tensor(&dev, dtype, &quantize(dtype, &rng.vec(c * w, -1.0, 1.0)), &[c, w]);
+            let pool = quantize(dtype, &rng.vec(slots * c * keep, -2.0, 2.0));
+            let x = quantize(dtype, &rng.vec(total * c, -2.0, 2.0));
+            let mut states = tensor(&dev, dtype, &pool, &[slots, c, keep]);
+            let cu_t = Tensor::from_slice(&dev, &cu, &[lens.len() + 1]).unwrap();
+            let slot_t = Tensor::from_slice(&dev, &seq_slots, &[lens.len()]).unwrap();
+            let xt = tensor(&dev, dtype, &x, &[total, c]);
+            let y = api::causal_conv1d_varlen(&xt, &weight, &cu_t, &mut states, &slot_t, true).unwrap();
+            let (y, got_states) = (y.to_f32_vec().unwrap(), states.to_f32_vec().unwrap());
+            let mut want_states = pool.clone();
+            let what = format!("causal_conv1d_varlen {dtype} W={w}");
+            for (i, (&len, &slot)) in lens.iter().zip(&seq_slots).enumerate() {
+                if len == 0 {
+                    continue;
+                }
+                let (start, end) = (cu[i] as usize, cu[i + 1] as usize);
+                let xs = tensor(&dev, dtype, &rows(&x, c, start..end), &[len, c]);
+                let in_pool = (slot as usize) < slots;
+                let range = slot as usize * c * keep..(slot as usize + 1) * c * keep;
+                let init = in_pool.then(|| tensor(&dev, dtype, &pool[range.clone()], &[c, keep]));
+                let (want, fin) = api::causal_conv1d(&xs, &weight, init.as_ref(), true).unwrap();
+                assert_bits(&format!("{what} sequence {i}"), &rows(&y, c, start..end), &want.to_f32_vec().unwrap());
+                if in_pool {
+                    want_states.splice(range, fin.to_f32_vec().unwrap());
+                }
+            }
+            assert_bits(&format!("{what} states"), &got_states, &want_states);
+            // The _into form without SiLU runs too (the states move on again).
+            let y_into = Tensor::empty(&dev, dtype, &[total, c]).unwrap();
+            api::causal_conv1d_varlen_into(&stream, &xt, &weight, &cu_t, &states, &slot_t, false, &y_into).unwrap();
+            assert!(y_into.to_f32_vec().unwrap().iter().all(|v| v.is_finite()), "{what} into");
+        }
+    }
+}
+
 /// torch's `softplus` (threshold 20) in f64.
 fn softplus64(v: f64) -> f64 {
     if v > 20.0 {
@@ -629,6 +683,20 @@ fn invalid_arguments_are_errors() {
     let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut pool, &f(&[2]), true));
     assert!(matches!(e, OpError::DType { .. }) && m.contains("`state_slots`"), "{m}");
     let (e, m) = err_text(api::causal_conv1d_update_slots_into(&stream, &xs, &w, &pool, &slots_t, true, &f(&[1, 6])));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
+
+    // causal_conv1d_varlen
+    let cu = Tensor::from_slice(&dev, &[0u32, 2, 5], &[3]).unwrap();
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &cu, &mut pool, &three, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`cu_seqlens`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &f(&[3]), &mut pool, &slots_t, true));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`cu_seqlens`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &cu, &mut f(&[3, 6, 2]), &slots_t, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`states`"), "{m}");
+    let slots_2d = Tensor::from_slice(&dev, &[0u32, 1], &[1, 2]).unwrap();
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &cu, &mut pool, &slots_2d, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`state_slots`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_varlen_into(&stream, &x, &w, &cu, &pool, &slots_t, true, &f(&[4, 6])));
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
 
     // gated_delta_gates

@@ -10,8 +10,8 @@
 //! One thread per channel (consecutive threads on consecutive channels, so every access is
 //! coalesced) and per chunk of [`CONV_CHUNK`] tokens; the window of the last W - 1 inputs rides
 //! in registers, so each input is read once (plus W - 1 per chunk). Products and sums in `f32`
-//! with `fma`, in the order of `k`; the result rounded once to the dtype. The decode kernel
-//! ([`causal_conv1d_update`]) takes one token and rolls the state in place.
+//! with `fma`, in the order of `k`; rounded once to the dtype. Decode rolls the state in place
+//! ([`causal_conv1d_update`], [`causal_conv1d_update_slots`]); [`causal_conv1d_varlen`] packs.
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, Value, VerifyError};
 

@@ -1,7 +1,8 @@
 //! Causal depthwise conv1d with optional SiLU over `[tokens, channels]` (Qwen3.5's gated
 //! DeltaNet runs it on the `in_proj_qkv` output): prefill with an optional initial state and
-//! the final state out, and the decode step that rolls the state in place. Builders in
-//! [`kernel`], entry points in [`api`].
+//! the final state out, and the decode step that rolls the state in place; for batches, the
+//! decode step of many sequences and the prefill of packed sequences (`cu_seqlens`), each over
+//! a pool of states chosen by slot. Builders in [`kernel`], entry points in [`api`].
 
 pub mod api;
 pub mod kernel;

@@ -2,8 +2,10 @@
 //! L2 / zero-centred / gated norms, the attention output gate and the head split) against plain
 //! f64 references written here, at awkward shapes (1, 7 and 65 tokens; channel counts that are
 //! not multiples of 32; head dims 48 and 100, and hidden-sized rows), in f32, f16 and bf16;
-//! conv1d prefill in segments and followed by decode steps equals one pass over the whole; and
-//! every invalid argument is an error.
+//! conv1d prefill in segments and followed by decode steps equals one pass over the whole, and
+//! its batched forms over a pool of states (decode by slot, packed prefill) equal one sequence
+//! at a time; the norms and the gate read strided views in place; and every invalid argument is
+//! an error.
 //!
 //! Tolerances, written beside each check: `f32` sums of `n` terms are held to `n` units of
 //! `f32` rounding times the sum of magnitudes, plus one unit of the output dtype for the final

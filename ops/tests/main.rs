@@ -23,6 +23,7 @@ mod ops_reference;
 mod params;
 mod passes_registry;
 mod perf;
+mod qwen35_ops;
 mod registry;
 mod rope;
 mod sampling;

@@ -2,7 +2,7 @@
 //!
 //! One folder per op family ([`elementwise`], [`rows`], [`norm`] (with [`norm::fused`]), [`gemv`],
 //! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`penalty`], [`swiglu`],
-//! [`attention`]), each holding its kernel builders (`kernel`), host
+//! [`attention`], [`gated_delta`]), each holding its kernel builders (`kernel`), host
 //! entry points (`api`) and, where it is tuned, its tuning (`tune`). Shared pieces:
 //!
 //! - [`blocks`]: kernel building blocks (reductions, conversions, index arithmetic, packing);
@@ -32,6 +32,7 @@ pub mod argmax;
 pub mod attention;
 pub mod elementwise;
 pub mod embedding;
+pub mod gated_delta;
 pub mod gemm;
 pub mod gemv;
 pub mod norm;

@@ -29,6 +29,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::swiglu::Swiglu, &crate::embedding::Embedding],
     &[&crate::argmax::Argmax, &crate::sampling::Sampling],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
+    &[&crate::gated_delta::GatedDelta],
 ];
 
 /// Every family, in [`FAMILIES`] order.

@@ -10,6 +10,7 @@ mod attention;
 mod differential;
 mod exact_sums;
 mod fuzz_corpus;
+mod gated_delta;
 mod gemm_tc;
 mod gemv;
 mod into_forms;

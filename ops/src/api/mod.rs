@@ -12,6 +12,7 @@ pub use crate::attention::api::*;
 pub use crate::elementwise::api::*;
 pub use crate::embedding::api::*;
 pub use crate::error::*;
+pub use crate::gated_delta::api::*;
 pub use crate::gemm::api::*;
 pub use crate::gemm::tile::*;
 pub use crate::gemv::api::*;

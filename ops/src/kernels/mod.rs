@@ -6,6 +6,7 @@ pub use crate::argmax::kernel as argmax;
 pub use crate::blocks as common;
 pub use crate::elementwise::kernel as elementwise;
 pub use crate::embedding::kernel as embedding;
+pub use crate::gated_delta::kernel as gated_delta;
 pub use crate::gemm::kernels::simt as gemm;
 pub use crate::gemm::kernels::tc as gemm_tc;
 pub use crate::gemv::kernel as gemv;

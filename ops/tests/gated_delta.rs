@@ -221,7 +221,10 @@ fn grouped_heads_batches_and_f32_gates() {
         let want = d.reference();
         let ts = d.upload(&dev);
         check(&format!("{dtype}/{gate_dtype} recurrent"), &d, &run(ts.input(), None).expect("recurrent"), &want);
-        check(&format!("{dtype}/{gate_dtype} chunk 32"), &d, &run(ts.input(), Some(32)).expect("chunked"), &want);
+        // 24: a chunk size that is not a power of two (three chunks, the last padded).
+        for c in [32, 24] {
+            check(&format!("{dtype}/{gate_dtype} chunk {c}"), &d, &run(ts.input(), Some(c)).expect("chunked"), &want);
+        }
     }
 }
 
@@ -234,7 +237,9 @@ fn head_dims_of_qwen35() {
             let want = d.reference();
             let ts = d.upload(&dev);
             check(&format!("{dtype} K=V=128 recurrent"), &d, &run(ts.input(), None).expect("recurrent"), &want);
-            check(&format!("{dtype} K=V=128 chunk 4"), &d, &run(ts.input(), Some(4)).expect("chunked"), &want);
+            for c in [4, 64] {
+                check(&format!("{dtype} K=V=128 chunk {c}"), &d, &run(ts.input(), Some(c)).expect("chunked"), &want);
+            }
         }
     }
 }

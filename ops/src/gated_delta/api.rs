@@ -14,7 +14,11 @@ use crate::params;
 pub type GatedDeltaError = OpError;
 
 /// The inputs of [`chunk_gated_delta_rule`] and [`gated_delta_rule`]. All tensors contiguous,
-/// non-empty and on one device; `query`/`key` already normalised (the caller's job).
+/// non-empty and on one device; `query`/`key` already normalised (the caller's job). The shapes
+/// below are the dense ones; the `_varlen` forms take `[total, H, ·]` (see
+/// [`chunk_gated_delta_rule_varlen`]). On the CPU device every tensor must be its own memory
+/// (the interpreter gives each buffer argument exclusive access), so `query` and `key` may not
+/// be one tensor there.
 #[derive(Clone, Copy, Debug)]
 pub struct GatedDeltaInput<'a> {
     /// `[B, Hk, T, K]`, `f32`, `f16` or `bf16`.

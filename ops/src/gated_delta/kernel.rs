@@ -1,7 +1,8 @@
 //! The gated delta rule's kernels: token by token ([`gated_delta`]) and by chunks in the WY
 //! representation ([`gated_delta_chunk`]). The math is in the [module](super) documentation.
 //!
-//! Both launch one block per (V tile, value head, sequence): grid `[ceil(V / V_TILE), Hv, B]`,
+//! Both launch one block per (V tile, value head, sequence): grid `[ceil(V / V_TILE), Hv, B]`
+//! (`B` the sequences, packed or not),
 //! [`V_TILE`] threads, thread `x` owning column `tile · V_TILE + x` of the head's `[K, V]` state,
 //! which lives in shared memory in `f32` (`state[a · V_TILE + x]`, so a warp's accesses are
 //! consecutive). Every thread reads the same `q`/`k` rows straight from global memory (the
@@ -314,7 +315,8 @@ impl Head {
 
 /// The recurrence token by token. Parameters: query, key `[B, Hk, T, K]`, value, output
 /// `[B, Hv, T, V]`, beta, log_decay `[B, Hv, T]`, initial_state, final_state `[B, Hv, K, V]`
-/// (`f32`), key_heads, value_heads, seq_len (`u32`), query_scale (`f32`). Grid
+/// (`f32`), key_heads, value_heads, seq_len (`T`, `u32`), query_scale (`f32`); packed, tokens
+/// `[total, H, ·]` and `cu_seqlens` (`u32 [B + 1]`) after final_state instead of seq_len. Grid
 /// `[ceil(V / V_TILE), Hv, B]`, block [`V_TILE`].
 ///
 /// Each thread runs its column alone (no barriers): per token, `acc = Sᵀk` over the old state,

@@ -30,6 +30,9 @@ pub mod tune;
 
 pub mod argmax;
 pub mod attention;
+pub mod attn_gate;
+pub mod conv1d;
+pub mod delta_gates;
 pub mod elementwise;
 pub mod embedding;
 pub mod gated_delta;
@@ -38,6 +41,7 @@ pub mod gemv;
 pub mod norm;
 pub mod penalty;
 pub mod rope;
+pub mod row_norm;
 pub mod rows;
 pub mod sampling;
 pub mod swiglu;

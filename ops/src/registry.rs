@@ -30,6 +30,10 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::argmax::Argmax, &crate::sampling::Sampling],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
     &[&crate::gated_delta::GatedDelta],
+    &[&crate::conv1d::Conv1d],
+    &[&crate::delta_gates::DeltaGates],
+    &[&crate::row_norm::RowNorm],
+    &[&crate::attn_gate::AttnGate],
 ];
 
 /// Every family, in [`FAMILIES`] order.

@@ -21,6 +21,7 @@ mod ops_errors;
 mod ops_reference;
 mod params;
 mod passes_registry;
+mod qwen35_ops;
 mod registry;
 mod rope;
 mod sampling;

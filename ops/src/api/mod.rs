@@ -9,6 +9,9 @@
 
 pub use crate::argmax::api::*;
 pub use crate::attention::api::*;
+pub use crate::attn_gate::api::*;
+pub use crate::conv1d::api::*;
+pub use crate::delta_gates::api::*;
 pub use crate::elementwise::api::*;
 pub use crate::embedding::api::*;
 pub use crate::error::*;
@@ -21,6 +24,7 @@ pub use crate::norm::api::*;
 pub use crate::norm::fused::api::*;
 pub use crate::penalty::api::*;
 pub use crate::rope::api::*;
+pub use crate::row_norm::api::*;
 pub use crate::rows::api::*;
 pub use crate::sampling::api::*;
 pub use crate::swiglu::api::*;

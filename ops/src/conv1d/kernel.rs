@@ -1,0 +1,227 @@
+//! Causal depthwise conv1d over `[tokens, channels]` (no bias, optional SiLU), as Qwen3.5's
+//! gated DeltaNet runs it on the whole `in_proj_qkv` output:
+//!
+//! ```text
+//! u[s, c] = x[s, c] for s ≥ 0; state[c, W - 1 + s] for -(W - 1) ≤ s < 0 (zero without one)
+//! y[t, c] = act(Σ_k weight[c, k] · u[t - (W - 1) + k, c])
+//! final_state[c, i] = u[T - (W - 1) + i, c]           (the last W - 1 inputs, oldest first)
+//! ```
+//!
+//! One thread per channel (consecutive threads on consecutive channels, so every access is
+//! coalesced) and per chunk of [`CONV_CHUNK`] tokens; the window of the last W - 1 inputs rides
+//! in registers, so each input is read once (plus W - 1 per chunk). Products and sums in `f32`
+//! with `fma`, in the order of `k`; the result rounded once to the dtype. The decode kernel
+//! ([`causal_conv1d_update`]) takes one token and rolls the state in place.
+
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, Value, VerifyError};
+
+use crate::blocks::{load_f32, row_ptr, silu, store_from_f32};
+
+/// Threads per block (channels).
+pub const CONV_THREADS: u32 = 128;
+/// Tokens per thread in prefill.
+pub const CONV_CHUNK: u32 = 32;
+/// Most blocks along the token chunks; more chunks loop.
+pub const CONV_MAX_CHUNK_BLOCKS: u32 = 65535;
+/// The kernel widths registered (Qwen3.5 uses 4).
+pub const CONV_WIDTHS: [u32; 3] = [2, 3, 4];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv1dConfig {
+    pub dtype: ScalarType,
+    /// The kernel width W (the state holds W - 1 inputs).
+    pub width: u32,
+    /// SiLU after the convolution.
+    pub silu: bool,
+    /// Prefill only: whether an initial state precedes the tokens (else zeros).
+    pub initial_state: bool,
+}
+
+impl Conv1dConfig {
+    fn suffix(&self) -> &'static str {
+        if self.silu {
+            ".silu"
+        } else {
+            ""
+        }
+    }
+
+    /// `causal_conv1d.bf16.w4.silu.init`.
+    pub fn prefill_id(&self) -> String {
+        let init = if self.initial_state { ".init" } else { "" };
+        format!("causal_conv1d.{}.w{}{}{init}", self.dtype, self.width, self.suffix())
+    }
+
+    /// `causal_conv1d_update.bf16.w4.silu`.
+    pub fn update_id(&self) -> String {
+        format!("causal_conv1d_update.{}.w{}{}", self.dtype, self.width, self.suffix())
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`causal_conv1d`], in order (`initial_state` only when
+    /// `cfg.initial_state`).
+    pub struct Conv1dParams, Conv1dValues for Conv1dConfig as cfg {
+        x: tensor(cfg.dtype),
+        weight: tensor(cfg.dtype),
+        initial_state: opt_tensor(cfg.dtype, cfg.initial_state),
+        y: tensor(cfg.dtype),
+        final_state: tensor(cfg.dtype),
+        tokens: scalar(u32),
+        channels: scalar(u32),
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`causal_conv1d_update`], in order.
+    pub struct Conv1dUpdateParams, Conv1dUpdateValues for Conv1dConfig as cfg {
+        x: tensor(cfg.dtype),
+        weight: tensor(cfg.dtype),
+        state: tensor(cfg.dtype),
+        y: tensor(cfg.dtype),
+        channels: scalar(u32),
+    }
+}
+
+/// The `W` weights of channel `c`, widened.
+fn load_weights(b: &mut KernelBuilder, weight: Value, c: Value, width: u32) -> Vec<Value> {
+    let w = b.const_u32(width);
+    let row = row_ptr(b, weight, c, w);
+    (0..width)
+        .map(|k| {
+            let k = b.const_u32(k);
+            load_f32(b, row, k)
+        })
+        .collect()
+}
+
+/// `act(Σ_k w[k] · u[k])` over the W - 1 older inputs (`window`) and the newest, `x`, summed
+/// in the order of `k`.
+fn convolve(b: &mut KernelBuilder, cfg: &Conv1dConfig, w: &[Value], window: &[Value], x: Value) -> Value {
+    let mut acc = b.mul(w[0], window[0]);
+    for (wk, u) in w[1..].iter().zip(window[1..].iter().chain([&x])) {
+        acc = b.fma(*wk, *u, acc);
+    }
+    if cfg.silu {
+        silu(b, acc)
+    } else {
+        acc
+    }
+}
+
+/// Parameters: x `[T, C]`, weight `[C, W]`, initial_state `[C, W - 1]` (when
+/// `cfg.initial_state`), y `[T, C]`, final_state `[C, W - 1]`, tokens, channels (`u32`). Grid:
+/// `(ceil(C / 128), min(ceil(T / 32), 65535))`, block [`CONV_THREADS`]; block row `y` handles
+/// chunks `y, y + gridDim.y, ...`; block row 0 also writes the final state. `final_state` must
+/// not alias `initial_state` or `x` (other blocks still read them).
+pub fn causal_conv1d(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.prefill_id().replace('.', "_"));
+    let Conv1dValues { x, weight, initial_state, y, final_state, tokens, channels } =
+        Conv1dParams::declare(&mut b, cfg);
+    b.launch_bounds(CONV_THREADS, None);
+    let keep = cfg.width - 1;
+
+    let c = b.global_thread_id_x();
+    let in_range = b.lt(c, channels);
+    b.if_then(in_range, |b| {
+        let w = load_weights(b, weight, c, cfg.width);
+        let keep_v = b.const_u32(keep);
+        let state_row = initial_state.map(|s| row_ptr(b, s, c, keep_v));
+        let chunk_len = b.const_u32(CONV_CHUNK);
+        let chunks = {
+            let last = b.add(tokens, chunk_len);
+            let one = b.const_u32(1);
+            let last = b.sub(last, one);
+            b.div(last, chunk_len)
+        };
+        let first_chunk = b.block_id_y();
+        let chunk_step = b.special(SpecialReg::NctaidY);
+        // `u[s, c]` for `s = t - keep + i`, with `t + i < keep` reading the initial state.
+        let older = |b: &mut KernelBuilder, t: Value, i: u32| -> Value {
+            let i_v = b.const_u32(i);
+            let ti = b.add(t, i_v);
+            let before = b.lt(ti, keep_v);
+            b.if_else(
+                before,
+                |b| {
+                    vec![match state_row {
+                        Some(row) => load_f32(b, row, ti),
+                        None => b.const_f32(0.0),
+                    }]
+                },
+                |b| {
+                    let s = b.sub(ti, keep_v);
+                    let s64 = b.cvt(s, ScalarType::U64);
+                    let c64 = b.cvt(channels, ScalarType::U64);
+                    let cc64 = b.cvt(c, ScalarType::U64);
+                    let at = b.fma(s64, c64, cc64);
+                    vec![load_f32(b, x, at)]
+                },
+            )[0]
+        };
+        b.for_each(first_chunk, chunks, chunk_step, |b, chunk| {
+            let t0 = b.mul(chunk, chunk_len);
+            let window: Vec<Value> = (0..keep).map(|i| older(b, t0, i)).collect();
+            let end = b.add(t0, chunk_len);
+            let end = b.min(end, tokens);
+            let one = b.const_u32(1);
+            b.for_range(t0, end, one, &window, |b, t, window| {
+                let t64 = b.cvt(t, ScalarType::U64);
+                let c64 = b.cvt(channels, ScalarType::U64);
+                let cc64 = b.cvt(c, ScalarType::U64);
+                let at = b.fma(t64, c64, cc64);
+                let xt = load_f32(b, x, at);
+                let out = convolve(b, cfg, &w, window, xt);
+                store_from_f32(b, y, at, out);
+                let mut next = window[1..].to_vec();
+                next.push(xt);
+                next
+            });
+        });
+        let zero = b.const_u32(0);
+        let row0 = b.eq(first_chunk, zero);
+        b.if_then(row0, |b| {
+            let out_row = row_ptr(b, final_state, c, keep_v);
+            for i in 0..keep {
+                let v = older(b, tokens, i);
+                let i_v = b.const_u32(i);
+                store_from_f32(b, out_row, i_v, v);
+            }
+        });
+    });
+    b.finish()
+}
+
+/// Parameters: x `[1, C]`, weight `[C, W]`, state `[C, W - 1]` (read, then overwritten with the
+/// last W - 1 inputs), y `[1, C]`, channels (`u32`). Grid: `ceil(C / 128)` blocks of
+/// [`CONV_THREADS`]; each thread reads and writes only its channel's state.
+pub fn causal_conv1d_update(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.update_id().replace('.', "_"));
+    let Conv1dUpdateValues { x, weight, state, y, channels } = Conv1dUpdateParams::declare(&mut b, cfg);
+    b.launch_bounds(CONV_THREADS, None);
+    let keep = cfg.width - 1;
+
+    let c = b.global_thread_id_x();
+    let in_range = b.lt(c, channels);
+    b.if_then(in_range, |b| {
+        let w = load_weights(b, weight, c, cfg.width);
+        let keep_v = b.const_u32(keep);
+        let row = row_ptr(b, state, c, keep_v);
+        let window: Vec<Value> = (0..keep)
+            .map(|i| {
+                let i = b.const_u32(i);
+                load_f32(b, row, i)
+            })
+            .collect();
+        let xt = load_f32(b, x, c);
+        let out = convolve(b, cfg, &w, &window, xt);
+        store_from_f32(b, y, c, out);
+        let mut next = window[1..].to_vec();
+        next.push(xt);
+        for (i, v) in next.into_iter().enumerate() {
+            let i = b.const_u32(i as u32);
+            store_from_f32(b, row, i, v);
+        }
+    });
+    b.finish()
+}

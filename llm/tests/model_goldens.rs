@@ -267,3 +267,60 @@ fn bf16_forward_tracks_transformers_bf16() {
         assert!(top1_checked > 0 && greedy_checked > 0, "{name}: no position's margin is clear of bf16 noise");
     }
 }
+
+/// Qwen3.5 text (`qwen3_5_text`, layer types from `full_attention_interval`): gated DeltaNet
+/// (2 key heads on 4 value heads, K 24, V 40) and gated full attention (head dim 48, 12 rotary
+/// dims) layers, zero-centred norms, tied; prefilled whole and in chunks of 5 (the DeltaNet
+/// states and the conv carried across chunks), then decoded step by step.
+#[test]
+fn qwen35_text_matches_transformers() {
+    check_model("qwen35-text");
+}
+
+/// The composite Qwen3.5 (`qwen3_5`) read for its text: `text_config`, `model.language_model.*`,
+/// a top-level untied `lm_head`, the vision tower ignored; `layer_types` given, 1 key head on 3
+/// value heads with K 32 > V 16, 16 of 32 dims rotated.
+#[test]
+fn qwen35_composite_matches_transformers() {
+    check_model("qwen35-vl");
+}
+
+/// The manual path on Qwen3.5 (`load_huggingface_qwen35_pipeline`, `new_cache`,
+/// `forward_cached_last`): the prompt, then one token at a time, each call's f32 `[vocab]`
+/// logits the reference's (the last prompt position's; then the greedy reply's next id while its
+/// margin is clear); after `clear` the cache serves a new sequence from zero states.
+#[test]
+fn qwen35_manual_path_follows_the_reference() {
+    for name in ["qwen35-text", "qwen35-vl"] {
+        let g = goldens(name);
+        let p = ruda_llm::load_huggingface_qwen35_pipeline(fixture(name), &device()).unwrap();
+        let model = p.model();
+        let mut cache: ruda_llm::Qwen35Cache = model.new_cache(64).unwrap();
+        for prompt in g["prompts"].as_array().unwrap().iter().take(2) {
+            let label = format!("{name}/{}", prompt["name"].as_str().unwrap());
+            cache.clear();
+            let ids = ids(&prompt["prompt_ids"]);
+            let logits = model.forward_cached_last(&ids, &mut cache).unwrap();
+            assert_eq!(
+                (logits.dtype(), logits.shape()),
+                (DType::F32, &[g["vocab_size"].as_u64().unwrap() as usize][..])
+            );
+            let logits = logits.to_vec::<f32>().unwrap();
+            let (e, at) = worst(&logits, &floats(&prompt["last_logits"]), ATOL, RTOL);
+            assert!(e <= 1.0, "{label}: last prompt logits differ at {at}");
+            let (reply, margins) = (self::ids(&prompt["greedy"]["ids"]), floats(&prompt["greedy"]["margins"]));
+            let mut next = top1_margin(&logits).0 as u32;
+            let mut steps = 0;
+            for (step, &want) in reply.iter().enumerate() {
+                if margins[step] < 1e-3 {
+                    break;
+                }
+                assert_eq!(next, want, "{label}: greedy token {step}");
+                let logits = model.forward_cached_last(&[next], &mut cache).unwrap().to_vec::<f32>().unwrap();
+                next = top1_margin(&logits).0 as u32;
+                steps += 1;
+            }
+            assert!(steps > 0 && cache.len() == ids.len() + steps, "{label}: {steps} steps");
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Causal self-attention with grouped-query heads over a contiguous KV cache. Its variants are
-//! values of the spec (a bias on q/k/v or on o, per-head q/k norms), not flags of a decoder.
+//! values of the spec (a bias on q/k/v or on o, per-head q/k norms, Qwen3.5's output gate), not
+//! flags of a decoder.
 
 use ruda_ops::api::{self, DecodeWorkspace};
 use ruda_runtime::{DType, Device, Stream, Tensor};
@@ -27,6 +28,9 @@ pub struct AttentionSpec {
     pub o: LinearSpec,
     /// RMS norms of each head of q and of k before RoPE (Qwen3).
     pub qk_norm: Option<(RmsNormSpec, RmsNormSpec)>,
+    /// Qwen3.5's gated attention: `q_proj` makes `[T, Hq, 2·head_dim]`, per head the query then
+    /// a gate, and the attention output is multiplied by `sigmoid(gate)` before `o_proj`.
+    pub output_gate: bool,
 }
 
 impl AttentionSpec {
@@ -41,7 +45,16 @@ impl AttentionSpec {
             v: LinearSpec::new("v_proj", &format!("{prefix}.v_proj"), kv, hidden, false),
             o: LinearSpec::new("o_proj", &format!("{prefix}.o_proj"), hidden, q, false),
             qk_norm: None,
+            output_gate: false,
         }
+    }
+
+    /// Qwen3.5's output gate: `q_proj` doubles to `[2·Hq·head_dim, hidden]` (call before
+    /// [`AttentionSpec::with_bias`], which sizes the bias by the weight).
+    pub fn with_output_gate(mut self) -> AttentionSpec {
+        self.q.weights[0].shape[0] *= 2;
+        self.output_gate = true;
+        self
     }
 
     /// Biases (`{name}.bias [out]` beside each `{name}.weight`) on q, k and v, and with `o` on the
@@ -148,6 +161,7 @@ impl AttentionSpec {
         };
         Ok(Attention {
             shape: self.shape,
+            output_gate: self.output_gate,
             q: self.q.load(ld)?,
             k: self.k.load(ld)?,
             v: self.v.load(ld)?,
@@ -159,6 +173,7 @@ impl AttentionSpec {
 
 pub struct Attention {
     shape: AttentionShape,
+    output_gate: bool,
     q: Linear,
     k: Linear,
     v: Linear,
@@ -179,6 +194,8 @@ pub struct AttentionScratch {
     attn: Tensor,
     /// The output projection before its bias is added.
     out_scratch: Tensor,
+    /// With an output gate: `q_proj`'s output `[tokens, 2·Hq·head_dim]` and its bias scratch.
+    gated: Option<(Tensor, Tensor)>,
 }
 
 impl AttentionScratch {
@@ -188,6 +205,7 @@ impl AttentionScratch {
         tokens: usize,
         hidden: usize,
         shape: AttentionShape,
+        output_gate: bool,
     ) -> Result<AttentionScratch, LlmError> {
         let AttentionShape { q_heads, kv_heads, head_dim } = shape;
         let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(device, dtype, shape)?) };
@@ -202,6 +220,10 @@ impl AttentionScratch {
             q_rot: empty(&[tokens, q_heads, head_dim])?,
             attn: empty(&q)?,
             out_scratch: empty(&[tokens, hidden])?,
+            gated: match output_gate {
+                true => Some((empty(&[tokens, 2 * q_heads * head_dim])?, empty(&[tokens, 2 * q_heads * head_dim])?)),
+                false => None,
+            },
         })
     }
 }
@@ -222,6 +244,11 @@ impl StepInputs {
     pub fn new(device: &Device, tokens: usize) -> Result<StepInputs, LlmError> {
         let u32s = |n: usize| -> Result<Tensor, LlmError> { Ok(Tensor::zeros(device, DType::U32, &[n])?) };
         Ok(StepInputs { positions: u32s(tokens)?, slots: u32s(tokens)?, seq_lens: u32s(1)?, cu_seqlens: u32s(2)? })
+    }
+
+    /// `[0, tokens]`: the chunk as one packed sequence.
+    pub(crate) fn cu_seqlens(&self) -> &Tensor {
+        &self.cu_seqlens
     }
 
     /// The chunk of `tokens` rows at positions `start..start + tokens` of one sequence.
@@ -262,18 +289,33 @@ impl Attention {
         let t = x.shape()[0];
         let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
-        self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
+        // With the output gate, q_proj's output splits per head into the query and the gate.
+        let (q_raw, gate) = match (self.output_gate, &a.gated) {
+            (false, _) => {
+                self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
+                (a.q.clone(), None)
+            }
+            (true, Some((proj, proj_scratch))) => {
+                self.q.forward(s, plan, x, proj, proj_scratch).map_err(op("projection"))?;
+                let (q, gate) =
+                    api::split_heads_halves(&proj.reshape(&[t, hq, 2 * d])?).map_err(op("query / gate split"))?;
+                (q.reshape(&[t, hq * d])?, Some(gate.reshape(&[t, hq * d])?))
+            }
+            (true, None) => {
+                return Err(LlmError::InvalidArgument("gated attention needs a gated attention scratch".into()))
+            }
+        };
         self.k.forward(s, plan, x, &a.k, &a.k_scratch).map_err(op("projection"))?;
         self.v.forward(s, plan, x, &a.v, &a.v_scratch).map_err(op("projection"))?;
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => {
-                qn.forward(s, &a.q.reshape(&[t * hq, d])?, &a.q_scratch.reshape(&[t * hq, d])?)
+                qn.forward(s, &q_raw.reshape(&[t * hq, d])?, &a.q_scratch.reshape(&[t * hq, d])?)
                     .map_err(op("q norm"))?;
                 kn.forward(s, &a.k.reshape(&[t * hkv, d])?, &a.k_scratch.reshape(&[t * hkv, d])?)
                     .map_err(op("k norm"))?;
                 (&a.q_scratch, &a.k_scratch)
             }
-            None => (&a.q, &a.k),
+            None => (&q_raw, &a.k),
         };
         let (q3, k3, v3) = (q.reshape(&[t, hq, d])?, k.reshape(&[t, hkv, d])?, a.v.reshape(&[t, hkv, d])?);
         rope.forward(s, &q3, &step.positions, &a.q_rot).map_err(op("rope"))?;
@@ -306,6 +348,12 @@ impl Attention {
             )
             .map_err(op("prefill attention"))?,
         }
-        self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection"))
+        match gate {
+            Some(gate) => {
+                let gated = api::sigmoid_gate(&a.attn, &gate).map_err(op("attention output gate"))?;
+                self.o.forward(s, plan, &gated, out, &a.out_scratch).map_err(op("projection"))
+            }
+            None => self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection")),
+        }
     }
 }

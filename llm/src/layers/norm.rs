@@ -1,4 +1,8 @@
 //! RMSNorm in transformers' rounding order, alone or fused with the residual add before it.
+//! Qwen3.5's zero-centred RMSNorm (`x̂ · (1 + w)`) is the same op with the gamma `1 + w`, made
+//! in f32 at load as transformers makes it (`1.0 + weight.float()`); in f32 compute that is
+//! transformers' rounding exactly, in bf16/f16 the normalised row is rounded to the dtype before
+//! the product where transformers rounds once after it.
 
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{Stream, Tensor};
@@ -12,6 +16,8 @@ use crate::error::LlmError;
 pub struct RmsNormSpec {
     pub weight: ExpectedTensor,
     pub eps: f32,
+    /// The checkpoint stores `w` of `x̂ · (1 + w)` (Qwen3.5).
+    pub zero_centred: bool,
 }
 
 impl RmsNormSpec {
@@ -24,7 +30,13 @@ impl RmsNormSpec {
                 required: true,
             },
             eps: eps as f32,
+            zero_centred: false,
         }
+    }
+
+    /// Qwen3.5's zero-centred norm: `x̂ · (1 + w)` for the stored `{prefix}.weight`.
+    pub fn zero_centred(prefix: &str, size: usize, eps: f64) -> RmsNormSpec {
+        RmsNormSpec { zero_centred: true, ..RmsNormSpec::new(prefix, size, eps) }
     }
 
     /// The launch that normalises `rows` rows of a decode step, fused with the residual add
@@ -51,7 +63,12 @@ impl RmsNormSpec {
     }
 
     pub fn load(&self, ld: &Loader) -> Result<RmsNorm, LlmError> {
-        Ok(RmsNorm { weight: ld.tensor(&self.weight)?, eps: self.eps })
+        let weight = ld.tensor(&self.weight)?;
+        if !self.zero_centred {
+            return Ok(RmsNorm { weight, eps: self.eps });
+        }
+        let gamma: Vec<f32> = weight.to_f32_vec()?.iter().map(|w| 1.0 + w).collect();
+        Ok(RmsNorm { weight: Tensor::from_slice(ld.device, &gamma, weight.shape())?, eps: self.eps })
     }
 }
 

@@ -1,0 +1,237 @@
+//! Qwen3.5's gated DeltaNet (transformers' `Qwen3_5GatedDeltaNet`, shared with Qwen3-Next), the
+//! linear-attention token mixer of its hybrid layers:
+//!
+//! ```text
+//! qkv = x·Wqkvᵀ  (channels [q | k | v]);  z = x·Wzᵀ;  b = x·Wbᵀ;  a = x·Waᵀ
+//! qkv = silu(causal_conv1d(qkv))          (depthwise, width W, over the conv state)
+//! q, k = l2_norm per head;  β = sigmoid(b);  g = −exp(A_log)·softplus(a + dt_bias)
+//! o = gated_delta(q·K^−½, k, v, β, g)     (chunked for prefill, recurrent for decode)
+//! out = (norm_w · rmsnorm(o) · silu(z))·Woᵀ   (per value head)
+//! ```
+//!
+//! The depthwise conv works channel by channel, so `in_proj_qkv` and the conv weight are loaded
+//! as three row blocks (q, k, v) and run as three projections and three convs: each block's
+//! output is then a contiguous `[T, heads, dim]` tensor without a split or a transpose. (One
+//! fused projection and conv, with a strided split, would save launches.)
+//!
+//! Every intermediate is allocated per call (the ops' allocating forms): a decode step of this
+//! layer allocates, unlike attention's.
+
+use ruda_ops::api::{self, GatedDeltaInput};
+use ruda_runtime::{DType, Device, Stream, Tensor};
+
+use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader, WeightDType};
+use crate::cache::LinearState;
+use crate::config::LinearAttentionConfig;
+use crate::error::LlmError;
+
+/// transformers' `l2norm` epsilon (`x · rsqrt(Σx² + 1e-6)`).
+const L2_EPS: f32 = 1e-6;
+/// The chunk of the chunked gated delta rule in prefill (transformers' and fla's 64).
+const CHUNK: usize = 64;
+
+/// `{prefix}.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, A_log, dt_bias, norm,
+/// out_proj}`.
+#[derive(Clone, Debug)]
+pub struct GatedDeltaNetSpec {
+    pub shape: LinearAttentionConfig,
+    /// `[2·key_dim + value_dim, hidden]`, loaded as the q, k and v row blocks.
+    pub in_proj_qkv: ExpectedTensor,
+    pub z: LinearSpec,
+    pub b: LinearSpec,
+    pub a: LinearSpec,
+    /// `[conv_dim, 1, W]`, in the compute dtype.
+    pub conv: ExpectedTensor,
+    /// `[Hv]` each, f32.
+    pub a_log: ExpectedTensor,
+    pub dt_bias: ExpectedTensor,
+    /// The gated norm's `[value_head_dim]` weight (not zero-centred), f32.
+    pub norm: ExpectedTensor,
+    pub out: LinearSpec,
+    pub eps: f32,
+}
+
+impl GatedDeltaNetSpec {
+    pub fn new(prefix: &str, hidden: usize, shape: LinearAttentionConfig, eps: f64) -> GatedDeltaNetSpec {
+        let (c, vd, hv) = (shape.conv_dim(), shape.value_dim(), shape.num_value_heads);
+        let f32_tensor = |name: &str, shape: Vec<usize>| ExpectedTensor {
+            name: format!("{prefix}.{name}"),
+            shape,
+            dtype: WeightDType::F32,
+            required: true,
+        };
+        GatedDeltaNetSpec {
+            shape,
+            in_proj_qkv: ExpectedTensor::compute(format!("{prefix}.in_proj_qkv.weight"), vec![c, hidden]),
+            z: LinearSpec::new("in_proj_z", &format!("{prefix}.in_proj_z"), vd, hidden, false),
+            b: LinearSpec::new("in_proj_b", &format!("{prefix}.in_proj_b"), hv, hidden, false),
+            a: LinearSpec::new("in_proj_a", &format!("{prefix}.in_proj_a"), hv, hidden, false),
+            conv: ExpectedTensor::compute(format!("{prefix}.conv1d.weight"), vec![c, 1, shape.conv_kernel_dim]),
+            a_log: f32_tensor("A_log", vec![hv]),
+            dt_bias: f32_tensor("dt_bias", vec![hv]),
+            norm: f32_tensor("norm.weight", vec![shape.value_head_dim]),
+            out: LinearSpec::new("out_proj", &format!("{prefix}.out_proj"), hidden, vd, false),
+            eps: eps as f32,
+        }
+    }
+
+    /// The row blocks `(offset, rows)` of q, k and v in `in_proj_qkv` and the conv.
+    fn blocks(&self) -> [(usize, usize); 3] {
+        let (kd, vd) = (self.shape.key_dim(), self.shape.value_dim());
+        [(0, kd), (kd, kd), (2 * kd, vd)]
+    }
+
+    fn hidden(&self) -> usize {
+        self.in_proj_qkv.shape[1]
+    }
+
+    pub fn declare(&self, out: &mut Vec<ExpectedTensor>) {
+        out.extend([
+            self.in_proj_qkv.clone(),
+            self.z.weights[0].clone(),
+            self.b.weights[0].clone(),
+            self.a.weights[0].clone(),
+            self.conv.clone(),
+            self.a_log.clone(),
+            self.dt_bias.clone(),
+            self.norm.clone(),
+            self.out.weights[0].clone(),
+        ]);
+    }
+
+    pub fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape> {
+        let h = self.hidden();
+        let [q, k, v] = self.blocks().map(|(_, rows)| rows);
+        let mut out = vec![
+            LinearShape { name: "in_proj_q", m: tokens, n: q, k: h },
+            LinearShape { name: "in_proj_k", m: tokens, n: k, k: h },
+            LinearShape { name: "in_proj_v", m: tokens, n: v, k: h },
+        ];
+        out.extend([&self.z, &self.b, &self.a, &self.out].map(|l| l.linear_shape(tokens)));
+        out
+    }
+
+    pub fn load(&self, ld: &Loader) -> Result<GatedDeltaNet, LlmError> {
+        let qkv = self.blocks().map(|(start, rows)| ld.rows(&self.in_proj_qkv, start, rows));
+        let conv = self.blocks().map(|(start, rows)| ld.rows(&self.conv, start, rows));
+        let [q, k, v] = qkv;
+        let [cq, ck, cv] = conv;
+        let dense = |w: Tensor| Linear::Dense { weight: w, bias: None };
+        Ok(GatedDeltaNet {
+            shape: self.shape,
+            qkv: [dense(q?), dense(k?), dense(v?)],
+            z: self.z.load(ld)?,
+            b: self.b.load(ld)?,
+            a: self.a.load(ld)?,
+            conv: [cq?, ck?, cv?],
+            a_log: ld.tensor(&self.a_log)?,
+            dt_bias: ld.tensor(&self.dt_bias)?,
+            norm: ld.tensor(&self.norm)?,
+            out: self.out.load(ld)?,
+            eps: self.eps,
+        })
+    }
+}
+
+pub struct GatedDeltaNet {
+    shape: LinearAttentionConfig,
+    /// The q, k and v row blocks of `in_proj_qkv`.
+    qkv: [Linear; 3],
+    z: Linear,
+    b: Linear,
+    a: Linear,
+    /// The q, k and v channel blocks of the conv weight, `[channels, W]` each.
+    conv: [Tensor; 3],
+    a_log: Tensor,
+    dt_bias: Tensor,
+    norm: Tensor,
+    out: Linear,
+    eps: f32,
+}
+
+impl GatedDeltaNet {
+    pub fn linears(&self) -> impl Iterator<Item = &Linear> + Clone {
+        self.qkv.iter().chain([&self.z, &self.b, &self.a, &self.out])
+    }
+
+    /// An empty state (zeros) of one sequence: the conv states `[channels, W − 1]` of the q, k
+    /// and v blocks in the compute dtype, the recurrent state f32 `[1, Hv, K, V]`.
+    pub fn new_state(&self, device: &Device, dtype: DType) -> Result<LinearState, LlmError> {
+        let LinearAttentionConfig {
+            conv_kernel_dim: w, num_value_heads: hv, key_head_dim: kd, value_head_dim: vd, ..
+        } = self.shape;
+        let conv = |c: &Tensor| Tensor::zeros(device, dtype, &[c.shape()[0], w - 1]);
+        Ok(LinearState {
+            conv: [conv(&self.conv[0])?, conv(&self.conv[1])?, conv(&self.conv[2])?],
+            recurrent: Tensor::zeros(device, DType::F32, &[1, hv, kd, vd])?,
+        })
+    }
+
+    /// `out = gated_delta_net(x)` for the `T` rows of `x [T, hidden]`, continuing `state` (or
+    /// starting from zeros when `fresh`: the sequence's first positions) and leaving in it the
+    /// state after the last row. One row after a prefill is a decode step (the conv's rolling
+    /// update and the recurrent rule); anything else runs the prefill forms (the chunked rule).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        s: &Stream,
+        plan: &LinearPlan,
+        x: &Tensor,
+        cu_seqlens: &Tensor,
+        state: &mut LinearState,
+        fresh: bool,
+        out: &Tensor,
+    ) -> Result<(), LlmError> {
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+        let LinearAttentionConfig {
+            num_key_heads: hk, num_value_heads: hv, key_head_dim: kd, value_head_dim: vd, ..
+        } = self.shape;
+        let t = x.shape()[0];
+        let (device, dtype) = (x.device(), x.dtype());
+        let project = |lin: &Linear| -> Result<Tensor, LlmError> {
+            let y = Tensor::empty(device, dtype, &[t, lin.shape().0])?;
+            // No bias: the scratch is unused.
+            lin.forward(s, plan, x, &y, &y).map_err(op("projection"))?;
+            Ok(y)
+        };
+        let decode = t == 1 && !fresh;
+        let mut mixed = Vec::with_capacity(3);
+        for ((lin, weight), conv_state) in self.qkv.iter().zip(&self.conv).zip(state.conv.iter_mut()) {
+            let y = project(lin)?;
+            if decode {
+                mixed.push(api::causal_conv1d_update(&y, weight, conv_state, true).map_err(op("causal conv1d"))?);
+            } else {
+                let initial = (!fresh).then_some(&*conv_state);
+                let (y, last) = api::causal_conv1d(&y, weight, initial, true).map_err(op("causal conv1d"))?;
+                *conv_state = last;
+                mixed.push(y);
+            }
+        }
+        let q = api::l2_norm(&mixed[0].reshape(&[t * hk, kd])?, L2_EPS).map_err(op("q l2 norm"))?;
+        let k = api::l2_norm(&mixed[1].reshape(&[t * hk, kd])?, L2_EPS).map_err(op("k l2 norm"))?;
+        let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, mixed[2].reshape(&[t, hv, vd])?);
+        let (a, b) = (project(&self.a)?, project(&self.b)?);
+        let (beta, g) = api::gated_delta_gates(&a, &b, &self.a_log, &self.dt_bias).map_err(op("gated delta gates"))?;
+        let input = GatedDeltaInput {
+            query: &q,
+            key: &k,
+            value: &v,
+            beta: &beta,
+            log_decay: &g,
+            initial_state: (!fresh).then_some(&state.recurrent),
+            query_scale: 1.0 / (kd as f32).sqrt(),
+        };
+        let rule = match decode {
+            true => api::gated_delta_rule_varlen(input, cu_seqlens),
+            false => api::chunk_gated_delta_rule_varlen(input, cu_seqlens, CHUNK),
+        };
+        let rule = rule.map_err(op("gated delta rule"))?;
+        state.recurrent = rule.final_state;
+        let z = project(&self.z)?;
+        let normed =
+            api::gated_rms_norm(&rule.output.reshape(&[t * hv, vd])?, &z.reshape(&[t * hv, vd])?, &self.norm, self.eps)
+                .map_err(op("gated rms norm"))?;
+        // No bias: the scratch is unused.
+        self.out.forward(s, plan, &normed.reshape(&[t, hv * vd])?, out, out).map_err(op("projection"))
+    }
+}

@@ -216,9 +216,13 @@ const BF16_ERROR_FACTOR: f64 = 1.5;
 ///
 /// A fixed bound (it was 15 % of the largest logit, about half a standard deviation of a
 /// prompt's logits) cannot catch a wrong layer: random-weight models amplify bf16 rounding.
+///
+/// Qwen3.5 (both fixtures, their prompts with every position's logits) follows transformers'
+/// rounding order: zero-centred norms rounded once after the gamma, the gated delta rule in f32.
+/// Measured: 0.98 to 1.47 (the text fixture's short prompt) times transformers' error.
 #[test]
 fn bf16_forward_tracks_transformers_bf16() {
-    for name in ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias"] {
+    for name in ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias", "qwen35-text", "qwen35-vl"] {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;
@@ -226,8 +230,10 @@ fn bf16_forward_tracks_transformers_bf16() {
         for prompt in g["prompts"].as_array().unwrap() {
             let label = format!("{name}/{}", prompt["name"].as_str().unwrap());
             let ids = ids(&prompt["prompt_ids"]);
+            // (The Qwen3.5 fixtures' chat prompt keeps its last logits only.)
+            let Some(all) = prompt.get("all_logits").and_then(Value::as_array) else { continue };
             longest = longest.max(ids.len());
-            let want: Vec<f32> = prompt["all_logits"].as_array().unwrap().iter().flat_map(floats).collect();
+            let want: Vec<f32> = all.iter().flat_map(floats).collect();
             let theirs: Vec<f32> = prompt["bf16_all_logits"].as_array().unwrap().iter().flat_map(floats).collect();
             let ours = p.logits(&ids, ids.len()).unwrap();
             let (e_ours, e_theirs) = (relative_l2(&ours, &want), relative_l2(&theirs, &want));

@@ -14,6 +14,9 @@
 //! output is then a contiguous `[T, heads, dim]` tensor without a split or a transpose. (One
 //! fused projection and conv, with a strided split, would save launches.)
 //!
+//! The rule runs in f32 in every compute dtype, as transformers runs it (q, k and v cast to f32
+//! after the conv, the output rounded once to the dtype).
+//!
 //! Every intermediate is allocated per call (the ops' allocating forms): a decode step of this
 //! layer allocates, unlike attention's.
 
@@ -207,9 +210,18 @@ impl GatedDeltaNet {
                 mixed.push(y);
             }
         }
-        let q = api::l2_norm(&mixed[0].reshape(&[t * hk, kd])?, L2_EPS).map_err(op("q l2 norm"))?;
-        let k = api::l2_norm(&mixed[1].reshape(&[t * hk, kd])?, L2_EPS).map_err(op("k l2 norm"))?;
-        let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, mixed[2].reshape(&[t, hv, vd])?);
+        // transformers runs the rule in f32 whatever the model's dtype (q and k normalised in f32,
+        // the output rounded once to the dtype); so does this layer.
+        let cast = |x: &Tensor, to: DType| -> Result<Tensor, LlmError> {
+            match x.dtype() == to {
+                true => Ok(x.clone()),
+                false => api::cast(x, to).map_err(op("gated delta in f32")),
+            }
+        };
+        let (q, k, v) = (cast(&mixed[0], DType::F32)?, cast(&mixed[1], DType::F32)?, cast(&mixed[2], DType::F32)?);
+        let q = api::l2_norm(&q.reshape(&[t * hk, kd])?, L2_EPS).map_err(op("q l2 norm"))?;
+        let k = api::l2_norm(&k.reshape(&[t * hk, kd])?, L2_EPS).map_err(op("k l2 norm"))?;
+        let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, v.reshape(&[t, hv, vd])?);
         let (a, b) = (project(&self.a)?, project(&self.b)?);
         let (beta, g) = api::gated_delta_gates(&a, &b, &self.a_log, &self.dt_bias).map_err(op("gated delta gates"))?;
         let input = GatedDeltaInput {
@@ -228,8 +240,9 @@ impl GatedDeltaNet {
         let rule = rule.map_err(op("gated delta rule"))?;
         state.recurrent = rule.final_state;
         let z = project(&self.z)?;
+        let output = cast(&rule.output, dtype)?;
         let normed =
-            api::gated_rms_norm(&rule.output.reshape(&[t * hv, vd])?, &z.reshape(&[t * hv, vd])?, &self.norm, self.eps)
+            api::gated_rms_norm(&output.reshape(&[t * hv, vd])?, &z.reshape(&[t * hv, vd])?, &self.norm, self.eps)
                 .map_err(op("gated rms norm"))?;
         // No bias: the scratch is unused.
         self.out.forward(s, plan, &normed.reshape(&[t, hv * vd])?, out, out).map_err(op("projection"))

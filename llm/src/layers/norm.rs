@@ -1,8 +1,8 @@
 //! RMSNorm in transformers' rounding order, alone or fused with the residual add before it.
-//! Qwen3.5's zero-centred RMSNorm (`x̂ · (1 + w)`) is the same op with the gamma `1 + w`, made
-//! in f32 at load as transformers makes it (`1.0 + weight.float()`); in f32 compute that is
-//! transformers' rounding exactly, in bf16/f16 the normalised row is rounded to the dtype before
-//! the product where transformers rounds once after it.
+//! Qwen3.5's zero-centred RMSNorm (`x̂ · (1 + w)`, in f32 and rounded once) is `rms_norm` (one
+//! rounding, after the gamma) with the gamma `1 + w` made in f32 at load as transformers makes it
+//! (`1.0 + weight.float()`), after the residual add rounded to the dtype: transformers' rounding
+//! order. (The fused residual kernel rounds `x̂` before the gamma, as `Qwen2RMSNorm` does.)
 
 use ruda_ops::api::{self, OpError};
 use ruda_runtime::{Stream, Tensor};
@@ -65,22 +65,32 @@ impl RmsNormSpec {
     pub fn load(&self, ld: &Loader) -> Result<RmsNorm, LlmError> {
         let weight = ld.tensor(&self.weight)?;
         if !self.zero_centred {
-            return Ok(RmsNorm { weight, eps: self.eps });
+            return Ok(RmsNorm { weight, eps: self.eps, zero_centred: false });
         }
         let gamma: Vec<f32> = weight.to_f32_vec()?.iter().map(|w| 1.0 + w).collect();
-        Ok(RmsNorm { weight: Tensor::from_slice(ld.device, &gamma, weight.shape())?, eps: self.eps })
+        Ok(RmsNorm {
+            weight: Tensor::from_slice(ld.device, &gamma, weight.shape())?,
+            eps: self.eps,
+            zero_centred: true,
+        })
     }
 }
 
 pub struct RmsNorm {
+    /// The gamma (`1 + w` when zero-centred).
     weight: Tensor,
     eps: f32,
+    /// Rounded once, after the gamma (Qwen3.5).
+    zero_centred: bool,
 }
 
 impl RmsNorm {
     /// `out = rms_norm(x)` over the last dimension of `[rows, size]`.
     pub fn forward(&self, s: &Stream, x: &Tensor, out: &Tensor) -> Result<(), OpError> {
-        api::rms_norm_hf_into(s, x, &self.weight, self.eps, out)
+        match self.zero_centred {
+            true => api::rms_norm_into(s, x, &self.weight, self.eps, out),
+            false => api::rms_norm_hf_into(s, x, &self.weight, self.eps, out),
+        }
     }
 
     /// `residual_out = x + residual; out = rms_norm(residual_out)`.
@@ -92,6 +102,10 @@ impl RmsNorm {
         out: &Tensor,
         residual_out: &Tensor,
     ) -> Result<(), OpError> {
+        if self.zero_centred {
+            api::add_into(s, x, residual, residual_out)?;
+            return api::rms_norm_into(s, residual_out, &self.weight, self.eps, out);
+        }
         api::rms_norm_residual_into(s, x, residual, &self.weight, self.eps, out, residual_out)
     }
 }

@@ -30,6 +30,15 @@ impl ModelType {
         model_type == self.name() || (self == ModelType::Qwen35 && model_type == "qwen3_5")
     }
 
+    /// The short name of the examples (`{short}_generate`) and bundled models (`tiny-{short}`).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            ModelType::Qwen2 => "qwen2",
+            ModelType::Qwen3 => "qwen3",
+            ModelType::Qwen35 => "qwen35",
+        }
+    }
+
     /// The `model_type` string of `config.json`.
     pub fn name(self) -> &'static str {
         match self {

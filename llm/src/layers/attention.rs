@@ -92,27 +92,40 @@ impl AttentionSpec {
         [&self.q, &self.k, &self.v, &self.o].map(|l| l.linear_shape(tokens))
     }
 
-    /// The launches of [`Attention::forward`] for one token at `step.context - 1`: q, k and v,
-    /// the per-head norms, RoPE of q, RoPE of k with the cache append, split-KV decode attention
-    /// over `step.context` keys and its combine, the output projection.
+    /// The launches of [`Attention::forward`] for one token at `step.context - 1`: q (and the
+    /// split of query and gate), k and v, the per-head norms, RoPE of q, RoPE of k with the cache
+    /// append, split-KV decode attention over `step.context` keys and its combine, the output
+    /// gate, the output projection.
     pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
         let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
         let (e, dt) = (step.elem(), step.dt());
-        for lin in [&self.q, &self.k, &self.v] {
+        let q_elems = (hq * d) as u64;
+        let gate = |what: &str, kernel: &str, read: u64, written: u64, flops: u64| {
+            let label = self.q.label();
+            let p = label.rsplit_once('.').map_or("self_attn", |(p, _)| p).to_string();
+            launch(format!("{p}.{what}"), format!("{kernel}.{dt}"), format!("[1, {hq}, {d}]"), read, written, flops)
+        };
+        self.q.decode_launches(step, out);
+        if self.output_gate {
+            out.push(gate("query / gate split", "split_heads_halves", 2 * q_elems * e, 2 * q_elems * e, 0));
+        }
+        for lin in [&self.k, &self.v] {
             lin.decode_launches(step, out);
         }
         if let Some((qn, kn)) = &self.qk_norm {
-            out.push(qn.decode_launch(step, hq, false));
-            out.push(kn.decode_launch(step, hkv, false));
+            qn.decode_launches(step, hq, false, out);
+            kn.decode_launches(step, hkv, false, out);
         }
         let label = self.q.label();
         let p = label.rsplit_once('.').map_or("self_attn", |(p, _)| p);
         let (q, kv) = ((hq * d) as u64, (hkv * d) as u64);
-        // The rotary table is f32 `cos` and `sin`, `d / 2` of each per position.
-        let table = 4 * d as u64;
+        // The rotary table is f32 `cos` and `sin`, `rotary_dim / 2` of each per position.
+        let r = step.rotary_dim;
+        let table = 4 * r as u64;
+        let partial = if r == d { String::new() } else { format!(".r{r}") };
         out.push(launch(
             format!("{p}.rope (q)"),
-            format!("rope.{dt}.d{d}"),
+            format!("rope.{dt}.d{d}{partial}"),
             format!("[1, {hq}, {d}]"),
             q * e + 4 + table,
             q * e,
@@ -120,7 +133,7 @@ impl AttentionSpec {
         ));
         out.push(launch(
             format!("{p}.rope (k) + cache append"),
-            format!("rope_kv_cache.{dt}.d{d}"),
+            format!("rope_kv_cache.{dt}.d{d}{partial}"),
             format!("k, v [1, {hkv}, {d}]"),
             2 * kv * e + 8 + table,
             2 * kv * e,
@@ -151,6 +164,9 @@ impl AttentionSpec {
             q * e,
             2 * splits * q,
         ));
+        if self.output_gate {
+            out.push(gate("output gate", "sigmoid_gate", 2 * q_elems * e, q_elems * e, 4 * q_elems));
+        }
         self.o.decode_launches(step, out);
     }
 

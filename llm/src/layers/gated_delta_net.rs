@@ -23,6 +23,7 @@
 use ruda_ops::api::{self, GatedDeltaInput};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
+use super::plan::{launch, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader, WeightDType};
 use crate::cache::LinearState;
 use crate::config::LinearAttentionConfig;
@@ -103,15 +104,116 @@ impl GatedDeltaNetSpec {
     }
 
     pub fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape> {
-        let h = self.hidden();
+        let blocks = self.block_linears();
+        blocks.iter().chain([&self.z, &self.b, &self.a, &self.out]).map(|l| l.linear_shape(tokens)).collect()
+    }
+
+    /// The q, k and v row blocks of `in_proj_qkv` as projections (their shapes and plans).
+    fn block_linears(&self) -> [LinearSpec; 3] {
+        let (name, h) = (&self.in_proj_qkv.name, self.hidden());
         let [q, k, v] = self.blocks().map(|(_, rows)| rows);
-        let mut out = vec![
-            LinearShape { name: "in_proj_q", m: tokens, n: q, k: h },
-            LinearShape { name: "in_proj_k", m: tokens, n: k, k: h },
-            LinearShape { name: "in_proj_v", m: tokens, n: v, k: h },
-        ];
-        out.extend([&self.z, &self.b, &self.a, &self.out].map(|l| l.linear_shape(tokens)));
-        out
+        let block = |label: &'static str, rows: usize| LinearSpec {
+            name: label,
+            weights: vec![ExpectedTensor::compute(name.clone(), vec![rows, h])],
+            bias: None,
+        };
+        [block("in_proj_q", q), block("in_proj_k", k), block("in_proj_v", v)]
+    }
+
+    /// The launches of [`GatedDeltaNet::forward`] for one token after a prefill: per q, k and v
+    /// block its GEMV and the conv's rolling update; the casts to f32 (unless f32), the q and k
+    /// l2 norms, the `a` and `b` GEMVs and the gates, the recurrent rule over the state, the `z`
+    /// GEMV, the cast back, the gated norm and `out_proj`.
+    pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
+        let LinearAttentionConfig {
+            conv_kernel_dim: w,
+            num_key_heads: hk,
+            num_value_heads: hv,
+            key_head_dim: kd,
+            value_head_dim: vd,
+        } = self.shape;
+        let (e, dt) = (step.elem(), step.dt());
+        let p = self.in_proj_qkv.name.trim_end_matches(".in_proj_qkv.weight").to_string();
+        let at = |what: &str| format!("{p}.{what}");
+        let row_owner = |cols: usize| if cols as u32 <= api::ROW_NORM_WARP_MAX_COLS { "warp" } else { "block" };
+        let blocks = self.block_linears();
+        for (lin, what) in blocks.iter().zip(["q", "k", "v"]) {
+            lin.decode_launches(step, out);
+            let c = lin.shape().0 as u64;
+            let (weights, state) = (c * w as u64 * e, c * (w as u64 - 1) * e);
+            out.push(PlannedLaunch {
+                weight_bytes: weights,
+                ..launch(
+                    at(&format!("conv1d ({what}, rolling update)")),
+                    format!("causal_conv1d_update.{dt}.w{w}.silu"),
+                    format!("[1, {c}], state [{c}, {}]", w - 1),
+                    c * e + weights + state,
+                    c * e + state,
+                    2 * c * w as u64,
+                )
+            });
+        }
+        let (q, v) = ((hk * kd) as u64, (hv * vd) as u64);
+        if step.dtype != DType::F32 {
+            for (what, n) in [("q", q), ("k", q), ("v", v)] {
+                out.push(launch(
+                    at(&format!("{what} to f32")),
+                    format!("cast.{dt}.f32"),
+                    format!("[1, {n}]"),
+                    n * e,
+                    4 * n,
+                    n,
+                ));
+            }
+        }
+        for what in ["q", "k"] {
+            let kernel = format!("l2_norm.f32.{}", row_owner(kd));
+            out.push(launch(at(&format!("{what} l2 norm")), kernel, format!("[{hk}, {kd}]"), 4 * q, 4 * q, 3 * q));
+        }
+        self.a.decode_launches(step, out);
+        self.b.decode_launches(step, out);
+        let heads = hv as u64;
+        out.push(PlannedLaunch {
+            weight_bytes: 8 * heads,
+            ..launch(
+                at("gates"),
+                format!("gated_delta_gates.{dt}.f32"),
+                format!("a, b [1, {hv}]"),
+                2 * heads * e + 8 * heads,
+                8 * heads,
+                10 * heads,
+            )
+        });
+        let state = (hv * kd * vd) as u64 * 4;
+        out.push(PlannedLaunch {
+            kv_bytes: state,
+            ..launch(
+                at("gated delta rule (recurrent)"),
+                format!("gated_delta_varlen.f32.k{kd}.v{vd}"),
+                format!("q, k [1, {hk}, {kd}], v [1, {hv}, {vd}], state [{hv}, {kd}, {vd}] f32"),
+                4 * (2 * q + v) + 8 * heads + state,
+                4 * v + state,
+                // Decay, Sᵀk, the rank-one update and Sᵀq: about 7 flops per state element.
+                7 * state / 4,
+            )
+        });
+        self.z.decode_launches(step, out);
+        if step.dtype != DType::F32 {
+            out.push(launch(at("output from f32"), format!("cast.f32.{dt}"), format!("[1, {v}]"), 4 * v, v * e, v));
+        }
+        let gamma = 4 * vd as u64;
+        out.push(PlannedLaunch {
+            weight_bytes: gamma,
+            ..launch(
+                at("norm (gated)"),
+                format!("gated_rms_norm.{dt}.{}", row_owner(vd)),
+                format!("[{hv}, {vd}]"),
+                2 * v * e + gamma,
+                v * e,
+                6 * v,
+            )
+        });
+        self.out.decode_launches(step, out);
     }
 
     pub fn load(&self, ld: &Loader) -> Result<GatedDeltaNet, LlmError> {

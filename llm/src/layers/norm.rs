@@ -39,17 +39,32 @@ impl RmsNormSpec {
         RmsNormSpec { zero_centred: true, ..RmsNormSpec::new(prefix, size, eps) }
     }
 
-    /// The launch that normalises `rows` rows of a decode step, fused with the residual add
-    /// before it (`rms_norm_residual`, two outputs) or alone (`rms_norm_hf`).
-    pub fn decode_launch(&self, step: &DecodeStep, rows: usize, residual: bool) -> PlannedLaunch {
+    /// The launches that normalise `rows` rows of a decode step, with the residual add before
+    /// them: fused (`rms_norm_residual`, two outputs), or for a zero-centred norm `add` then
+    /// `rms_norm`; without it `rms_norm_hf` (`rms_norm` when zero-centred).
+    pub fn decode_launches(&self, step: &DecodeStep, rows: usize, residual: bool, out: &mut Vec<PlannedLaunch>) {
         let size = self.weight.shape[0];
         let (e, n) = (step.elem(), (rows * size) as u64);
         let gamma = 4 * size as u64;
-        let (kernel, op, inputs) = match residual {
-            true => ("rms_norm_residual", format!("{} (+ residual)", prefix(&self.weight.name)), 2),
-            false => ("rms_norm_hf", prefix(&self.weight.name).to_string(), 1),
+        let name = prefix(&self.weight.name);
+        let (kernel, op, inputs) = match (residual, self.zero_centred) {
+            (true, false) => ("rms_norm_residual", format!("{name} (+ residual)"), 2),
+            (false, false) => ("rms_norm_hf", name.to_string(), 1),
+            (true, true) => {
+                let shape = format!("[{rows}, {size}]");
+                out.push(launch(
+                    format!("{name} (residual add)"),
+                    format!("add.{}", step.dt()),
+                    shape,
+                    2 * n * e,
+                    n * e,
+                    n,
+                ));
+                ("rms_norm", name.to_string(), 1)
+            }
+            (false, true) => ("rms_norm", name.to_string(), 1),
         };
-        PlannedLaunch {
+        out.push(PlannedLaunch {
             weight_bytes: gamma,
             ..launch(
                 op,
@@ -59,7 +74,7 @@ impl RmsNormSpec {
                 inputs * n * e,
                 4 * n,
             )
-        }
+        });
     }
 
     pub fn load(&self, ld: &Loader) -> Result<RmsNorm, LlmError> {

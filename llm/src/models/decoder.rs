@@ -182,35 +182,30 @@ impl DecoderSpec {
             return Err(LlmError::InvalidArgument(format!("the compute dtype must be f32, f16 or bf16, not {dtype}")));
         }
         let first = self.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
-        let unplanned = |l: &LayerSpec| match &l.mixer {
-            MixerSpec::Attention(a) => a.output_gate,
-            MixerSpec::GatedDeltaNet(_) => true,
+        // One decode workspace serves every attention layer, made for the first one's shape
+        // (`new_cache`); a model without attention layers has none (1: unused).
+        let attention_splits = match (choices.attention_splits, self.attention_layers().next()) {
+            (Some(splits), _) => splits,
+            (None, Some(a)) => {
+                let AttentionShape { q_heads, kv_heads, head_dim } = a.shape;
+                api::decode_splits(1, q_heads, kv_heads, head_dim, context)
+            }
+            (None, None) => 1,
         };
-        if self.layers.iter().any(unplanned) {
-            return Err(LlmError::InvalidArgument(format!(
-                "the decode launches of {}'s gated attention and gated DeltaNet layers are not planned yet",
-                self.config.model_type.name()
-            )));
-        }
-        // One decode workspace serves every layer, made for the first layer's shape (`new_cache`).
-        let a = self.attention_layers().next().ok_or_else(|| LlmError::InvalidArgument("no attention layer".into()))?;
-        let AttentionShape { q_heads, kv_heads, head_dim } = a.shape;
-        let attention_splits =
-            choices.attention_splits.unwrap_or_else(|| api::decode_splits(1, q_heads, kv_heads, head_dim, context));
-        let step = DecodeStep { dtype, context, attention_splits, choices };
-        let mut out = vec![self.embedding.decode_launch(&step), first.input_norm.decode_launch(&step, 1, false)];
+        let step = DecodeStep { dtype, context, attention_splits, rotary_dim: self.rope.rotary_dim, choices };
+        let mut out = vec![self.embedding.decode_launch(&step)];
+        first.input_norm.decode_launches(&step, 1, false, &mut out);
         for (l, layer) in self.layers.iter().enumerate() {
             match &layer.mixer {
                 MixerSpec::Attention(a) => a.decode_launches(&step, &mut out),
-                // Refused above.
-                MixerSpec::GatedDeltaNet(_) => {}
+                MixerSpec::GatedDeltaNet(g) => g.decode_launches(&step, &mut out),
             }
-            out.push(layer.post_norm.decode_launch(&step, 1, true));
+            layer.post_norm.decode_launches(&step, 1, true, &mut out);
             match &layer.ffn {
                 FfnSpec::Mlp(m) => m.decode_launches(&step, &mut out),
             }
             let next_norm = self.layers.get(l + 1).map_or(&self.norm, |n| &n.input_norm);
-            out.push(next_norm.decode_launch(&step, 1, true));
+            next_norm.decode_launches(&step, 1, true, &mut out);
         }
         self.lm_head.decode_launches(&step, &mut out);
         out.extend(greedy_pick(&step, self.config.vocab_size, choices.argmax_splits.unwrap_or(1)));

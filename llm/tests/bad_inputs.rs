@@ -322,6 +322,22 @@ fn rows() -> Vec<Row> {
         },
         Row {
             setup: |d| {
+                // A multi-token-prediction head, as released Qwen3.5 checkpoints carry one.
+                use_fixture(d, "qwen35-text");
+                let path = d.join("model.safetensors");
+                let (header, mut data) = split(&path);
+                let n = data.len();
+                let entry = format!(r#""mtp.fc.weight":{{"dtype":"BF16","shape":[2],"data_offsets":[{n},{}]}}"#, n + 4);
+                let header = header.trim_end().replacen('{', &format!("{{{entry},"), 1);
+                data.extend([0, 0x3f, 0, 0x3f]);
+                join(&path, &header, &data);
+            },
+            status: 0,
+            output: "\"event\":\"generation\"",
+            ..generate("ruda-llm generate: Qwen3.5 with an MTP head (ignored)", RUN, "")
+        },
+        Row {
+            setup: |d| {
                 use_fixture(d, "qwen35-vl");
                 let a_log = "model.language_model.layers.1.linear_attn.A_log";
                 edit_header(d, |h| h.replace(&format!("\"{a_log}\""), &format!("\"{a_log}_renamed\"")));

@@ -276,26 +276,28 @@ fn gated_delta_gates_match_reference() {
     }
 }
 
-/// The softplus threshold is torch's: the identity strictly above 20.
+/// Softplus around torch's threshold: the identity above 20 (where `log1p(exp(v))` rounds to
+/// `v` in f32 anyway), `log1p(exp(v))` below it, where a lower threshold would show (10.5 and
+/// 15 are not their own softplus in f32), and tiny but not zero far below.
 #[test]
-fn gated_delta_gates_softplus_threshold() {
+fn gated_delta_gates_softplus_around_the_threshold() {
     let dev = device();
-    let a = [19.5f32, 20.0, 20.5, 25.0, -90.0, 0.0];
-    let zeros = [0.0f32; 6];
+    let a = [10.5f32, 15.0, 19.5, 20.0, 20.5, 25.0, -90.0, 0.0];
+    let n = a.len();
     let (_, g) = api::gated_delta_gates(
-        &tensor(&dev, DType::F32, &a, &[6, 1]),
-        &tensor(&dev, DType::F32, &zeros, &[6, 1]),
+        &tensor(&dev, DType::F32, &a, &[n, 1]),
+        &tensor(&dev, DType::F32, &vec![0.0; n], &[n, 1]),
         &tensor(&dev, DType::F32, &[0.0], &[1]),
         &tensor(&dev, DType::F32, &[0.0], &[1]),
     )
     .unwrap();
     let g = g.to_f32_vec().unwrap();
     // exp(0) = 1: g = -softplus(a).
-    assert_eq!(g[2], -20.5);
-    assert_eq!(g[3], -25.0);
+    assert_eq!((g[4], g[5]), (-20.5, -25.0));
+    assert_ne!(g[0], -10.5, "softplus(10.5) is 10.5 + 2.75e-5");
     let want: Vec<f64> = a.iter().map(|v| -softplus64(*v as f64)).collect();
     assert_close("softplus around the threshold", &g, &want, 1e-30, 16.0 * EPS32);
-    assert!(g[4] < 0.0, "softplus(-90) is tiny but not zero: {}", g[4]);
+    assert!(g[6] < 0.0, "softplus(-90) is tiny but not zero: {}", g[6]);
 }
 
 /// `(kind, x, z, weight) -> f64 out` for one row.
@@ -358,6 +360,39 @@ fn row_norms_match_reference() {
                 let again = api::gated_rms_norm(&xt, &zt, &wt, eps).unwrap();
                 assert_bits("gated_rms_norm_into", &out.to_f32_vec().unwrap(), &again.to_f32_vec().unwrap());
             }
+        }
+    }
+}
+
+/// The residual add fused with the zero-centred norm: the sum rounded to the dtype (exact
+/// against the reference), then the norm of the sum.
+#[test]
+fn rms_norm_zero_centred_residual_matches_reference() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(359);
+    for dtype in FLOAT_DTYPES {
+        for (rows_n, d) in [(1, 48), (7, 100), (65, 48), (1, 1500), (7, 1025)] {
+            let x = quantize(dtype, &rng.vec(rows_n * d, -3.0, 3.0));
+            let res = quantize(dtype, &rng.vec(rows_n * d, -3.0, 3.0));
+            let w = quantize(dtype, &rng.vec(d, -0.5, 0.5));
+            let (xt, rt) = (tensor(&dev, dtype, &x, &[rows_n, d]), tensor(&dev, dtype, &res, &[rows_n, d]));
+            let wt = tensor(&dev, DType::F32, &w, &[d]);
+            let (out, sum) = api::rms_norm_zero_centred_residual(&xt, &rt, &wt, 1e-6).unwrap();
+            let want_sum: Vec<f32> = x.iter().zip(&res).map(|(a, b)| round_to(dtype, a + b)).collect();
+            let what = format!("rms_norm_zero_centred_residual {dtype} rows={rows_n} D={d}");
+            assert_bits(&format!("{what} residual_out"), &sum.to_f32_vec().unwrap(), &want_sum);
+            let want: Vec<f64> =
+                (0..rows_n).flat_map(|r| norm_reference("zc", &want_sum[r * d..][..d], &[], &w, 1e-6)).collect();
+            let rel = (d as f64 / 32.0 + 16.0) * EPS32 + epsilon(dtype);
+            assert_close(&what, &out.to_f32_vec().unwrap(), &want, subnormal_step(dtype), rel);
+            // The norm of the stored sum is the plain zero-centred norm of it, bit for bit.
+            let alone = api::rms_norm_zero_centred(&sum, &wt, 1e-6).unwrap();
+            assert_bits(&format!("{what} vs alone"), &out.to_f32_vec().unwrap(), &alone.to_f32_vec().unwrap());
+            let (o2, s2) =
+                (Tensor::empty(&dev, dtype, &[rows_n, d]).unwrap(), Tensor::empty(&dev, dtype, &[rows_n, d]).unwrap());
+            api::rms_norm_zero_centred_residual_into(&stream, &xt, &rt, &wt, 1e-6, &o2, &s2).unwrap();
+            assert_bits(&format!("{what} into"), &o2.to_f32_vec().unwrap(), &out.to_f32_vec().unwrap());
         }
     }
 }
@@ -510,6 +545,13 @@ fn invalid_arguments_are_errors() {
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`weight`"), "{m}");
     let (e, m) = err_text(api::rms_norm_zero_centred(&h(&[3, 8]), &h(&[8]), 1e-6));
     assert!(matches!(e, OpError::DType { .. }) && m.contains("`weight`"), "{m}");
+    let (e, m) = err_text(api::rms_norm_zero_centred_residual(&xn, &f(&[3, 7]), &wn, 1e-6));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`residual`"), "{m}");
+    let (e, m) = err_text(api::rms_norm_zero_centred_residual(&xn, &h(&[3, 8]), &wn, 1e-6));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`residual`"), "{m}");
+    let (e, m) =
+        err_text(api::rms_norm_zero_centred_residual_into(&stream, &xn, &xn, &wn, 1e-6, &f(&[3, 8]), &f(&[8])));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`residual_out`"), "{m}");
     let (e, m) = err_text(api::gated_rms_norm(&xn, &f(&[3, 7]), &wn, 1e-6));
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`z`"), "{m}");
     let (e, m) = err_text(api::gated_rms_norm(&xn, &h(&[3, 8]), &wn, 1e-6));

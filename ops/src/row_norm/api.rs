@@ -12,25 +12,29 @@ use crate::params;
 /// Rows longer than this are one block's rather than one warp's.
 pub const ROW_NORM_WARP_MAX_COLS: u32 = 1024;
 
+/// The tensors of one norm (those its kind takes).
+struct Operands<'a> {
+    x: &'a Tensor,
+    /// `(residual, residual_out)`.
+    residual: Option<(&'a Tensor, &'a Tensor)>,
+    z: Option<&'a Tensor>,
+    weight: Option<&'a Tensor>,
+    out: &'a Tensor,
+}
+
 /// Check the operands of one norm and launch it.
-fn launch_row_norm(
-    kind: RowNormKind,
-    stream: &Stream,
-    x: &Tensor,
-    z: Option<&Tensor>,
-    weight: Option<&Tensor>,
-    eps: f32,
-    out: &Tensor,
-) -> Result<()> {
+fn launch_row_norm(kind: RowNormKind, stream: &Stream, ops: Operands<'_>, eps: f32) -> Result<()> {
+    let Operands { x, residual, z, weight, out } = ops;
     let name = kind.name();
     let dtype = float_dtype(name, x)?;
     contiguous_nonempty(name, "x", x)?;
     let cols = *x.shape().last().unwrap_or(&0);
-    if let Some(z) = z {
-        contiguous_nonempty(name, "z", z)?;
-        expect_shape(name, "z", z, x.shape())?;
-        expect_dtype(name, "z", z, x.dtype())?;
-        same_device(name, stream, &[("z", z)])?;
+    let like_x = residual.into_iter().flat_map(|(r, s)| [("residual", r), ("residual_out", s)]);
+    for (what, t) in like_x.chain(z.map(|z| ("z", z))) {
+        contiguous_nonempty(name, what, t)?;
+        expect_shape(name, what, t, x.shape())?;
+        expect_dtype(name, what, t, x.dtype())?;
+        same_device(name, stream, &[(what, t)])?;
     }
     if let Some(w) = weight {
         contiguous_nonempty(name, "weight", w)?;
@@ -56,7 +60,8 @@ fn launch_row_norm(
         RowOwner::Warp => rows.div_ceil(ROWS_PER_WARP_BLOCK),
         RowOwner::Block => rows,
     };
-    let args = RowNormParams { x, z, weight, out, rows, cols, eps };
+    let (residual, residual_out) = (residual.map(|(r, _)| r), residual.map(|(_, s)| s));
+    let args = RowNormParams { x, residual, z, weight, out, residual_out, rows, cols, eps };
     params::launch(stream, &k, LaunchConfig::linear(blocks, ROW_NORM_THREADS), &args.args())
 }
 
@@ -64,7 +69,7 @@ fn launch_row_norm(
 /// `x`'s dtype (Qwen3.5's `l2norm` of q and k per head, `eps` 1e-6). `out` has `x`'s shape and
 /// dtype.
 pub fn l2_norm_into(stream: &Stream, x: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
-    launch_row_norm(RowNormKind::L2, stream, x, None, None, eps, out)
+    launch_row_norm(RowNormKind::L2, stream, Operands { x, residual: None, z: None, weight: None, out }, eps)
 }
 
 /// [`l2_norm_into`] into a new tensor.
@@ -78,7 +83,8 @@ pub fn l2_norm(x: &Tensor, eps: f32) -> Result<Tensor> {
 /// `out = x · (1 / sqrt(mean(x²) + eps)) · (1 + weight)`, all in `f32` and rounded once to
 /// `x`'s dtype (as `Qwen3_5RMSNorm`, which casts only the product). `weight` is `f32 [D]`.
 pub fn rms_norm_zero_centred_into(stream: &Stream, x: &Tensor, weight: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
-    launch_row_norm(RowNormKind::ZeroCentred, stream, x, None, Some(weight), eps, out)
+    let ops = Operands { x, residual: None, z: None, weight: Some(weight), out };
+    launch_row_norm(RowNormKind::ZeroCentred, stream, ops, eps)
 }
 
 /// [`rms_norm_zero_centred_into`] into a new tensor.
@@ -86,6 +92,39 @@ pub fn rms_norm_zero_centred(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Te
     let out = Tensor::empty(x.device(), x.dtype(), x.shape())?;
     rms_norm_zero_centred_into(&x.device().default_stream(), x, weight, eps, &out)?;
     Ok(out)
+}
+
+/// The residual add and Qwen3.5's RMSNorm of its decoder layers in one pass, in Hugging Face's
+/// order: `residual_out = round(x + residual)` (the residual stream stays in the dtype), then
+/// `out = residual_out · (1 / sqrt(mean(residual_out²) + eps)) · (1 + weight)` in `f32`, rounded
+/// once. `x`, `residual`, `out` and `residual_out` share shape `[..., D]` and dtype, `weight` is
+/// `f32 [D]`. On CUDA `residual_out` may be `residual` (in place); the CPU device rejects
+/// aliasing.
+pub fn rms_norm_zero_centred_residual_into(
+    stream: &Stream,
+    x: &Tensor,
+    residual: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+    out: &Tensor,
+    residual_out: &Tensor,
+) -> Result<()> {
+    let ops = Operands { x, residual: Some((residual, residual_out)), z: None, weight: Some(weight), out };
+    launch_row_norm(RowNormKind::ZeroCentredResidual, stream, ops, eps)
+}
+
+/// `(out, residual_out)` of [`rms_norm_zero_centred_residual_into`].
+pub fn rms_norm_zero_centred_residual(
+    x: &Tensor,
+    residual: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    let out = Tensor::empty(x.device(), x.dtype(), x.shape())?;
+    let residual_out = Tensor::empty(x.device(), x.dtype(), x.shape())?;
+    let stream = x.device().default_stream();
+    rms_norm_zero_centred_residual_into(&stream, x, residual, weight, eps, &out, &residual_out)?;
+    Ok((out, residual_out))
 }
 
 /// The gated RMSNorm of the linear-attention output, per row (one value head):
@@ -101,7 +140,8 @@ pub fn gated_rms_norm_into(
     eps: f32,
     out: &Tensor,
 ) -> Result<()> {
-    launch_row_norm(RowNormKind::Gated, stream, x, Some(z), Some(weight), eps, out)
+    let ops = Operands { x, residual: None, z: Some(z), weight: Some(weight), out };
+    launch_row_norm(RowNormKind::Gated, stream, ops, eps)
 }
 
 /// [`gated_rms_norm_into`] into a new tensor.

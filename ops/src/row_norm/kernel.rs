@@ -4,6 +4,7 @@
 //! ```text
 //! l2_norm:                out = x · (1 / sqrt(Σx² + eps))
 //! rms_norm_zero_centred:  out = x · (1 / sqrt(mean(x²) + eps)) · (1 + w)
+//!   with the residual:    r = round(x + residual) (stored); then the same over r
 //! gated_rms_norm:         out = w · (x · (1 / sqrt(mean(x²) + eps))) · silu(z)
 //! ```
 //!
@@ -14,7 +15,7 @@
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, VerifyError};
 
-use crate::blocks::{block_reduce, load_f32, row_ptr, silu, store_from_f32, warp_reduce, Combine};
+use crate::blocks::{block_reduce, load_f32, round_to, row_ptr, silu, store_from_f32, warp_reduce, Combine};
 
 /// Threads per block of every row-norm kernel.
 pub const ROW_NORM_THREADS: u32 = 256;
@@ -28,6 +29,9 @@ pub enum RowNormKind {
     L2,
     /// Qwen3.5's RMSNorm with the weight stored as an offset from one.
     ZeroCentred,
+    /// [`RowNormKind::ZeroCentred`] after the residual add (Qwen3.5's decoder layers):
+    /// `r = round(x + residual)` is stored and normalised.
+    ZeroCentredResidual,
     /// RMSNorm times `w`, gated by `silu(z)` (Qwen3.5's `RMSNormGated`).
     Gated,
 }
@@ -38,6 +42,7 @@ impl RowNormKind {
         match self {
             RowNormKind::L2 => "l2_norm",
             RowNormKind::ZeroCentred => "rms_norm_zero_centred",
+            RowNormKind::ZeroCentredResidual => "rms_norm_zero_centred_residual",
             RowNormKind::Gated => "gated_rms_norm",
         }
     }
@@ -69,26 +74,30 @@ impl RowNormConfig {
 }
 
 crate::kernel_params! {
-    /// The parameters of [`row_norm`], in order (`z` only for the gated norm, `weight` for both
-    /// RMSNorms).
+    /// The parameters of [`row_norm`], in order (`z` only for the gated norm, `weight` for the
+    /// RMSNorms, `residual` and `residual_out` with the residual add).
     pub struct RowNormParams, RowNormValues for RowNormConfig as cfg {
         x: tensor(cfg.dtype),
+        residual: opt_tensor(cfg.dtype, cfg.kind == RowNormKind::ZeroCentredResidual),
         z: opt_tensor(cfg.dtype, cfg.kind == RowNormKind::Gated),
         weight: opt_tensor(ScalarType::F32, cfg.kind != RowNormKind::L2),
         out: tensor(cfg.dtype),
+        residual_out: opt_tensor(cfg.dtype, cfg.kind == RowNormKind::ZeroCentredResidual),
         rows: scalar(u32),
         cols: scalar(u32),
         eps: scalar(f32),
     }
 }
 
-/// Parameters: x `[rows, cols]`, z (gated), weight (`f32 [cols]`, RMSNorms), out, rows, cols,
-/// eps. Grid: `ceil(rows / 8)` blocks of [`ROW_NORM_THREADS`] when a warp owns a row, `rows`
-/// blocks when a block does. Each thread re-reads only the elements it read itself, so `out`
-/// may alias `x` on CUDA.
+/// Parameters: x `[rows, cols]`, residual (residual add), z (gated), weight (`f32 [cols]`,
+/// RMSNorms), out, residual_out (residual add), rows, cols, eps. Grid: `ceil(rows / 8)` blocks
+/// of [`ROW_NORM_THREADS`] when a warp owns a row, `rows` blocks when a block does. Each thread
+/// re-reads only what it read (or wrote to `residual_out`) itself, so on CUDA `out` may alias
+/// `x`, and `residual_out` may alias `residual` or `x`.
 pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let RowNormValues { x, z, weight, out, rows, cols, eps } = RowNormParams::declare(&mut b, cfg);
+    let RowNormValues { x, residual, z, weight, out, residual_out, rows, cols, eps } =
+        RowNormParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_NORM_THREADS, None);
     let (row, first, step) = match cfg.owner {
         RowOwner::Warp => {
@@ -112,9 +121,22 @@ pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
         let x_row = row_ptr(b, x, row, cols);
         let out_row = row_ptr(b, out, row, cols);
         let z_row = z.map(|z| row_ptr(b, z, row, cols));
+        let sums = residual.zip(residual_out).map(|(r, s)| (row_ptr(b, r, row, cols), row_ptr(b, s, row, cols)));
+        // The row normalised: `x`, or the rounded sum stored in `residual_out`.
+        let norm_row = sums.map_or(x_row, |(_, s)| s);
         let zero = b.const_f32(0.0);
         let partial = b.for_range(first, cols, step, &[zero], |b, j, acc| {
             let v = load_f32(b, x_row, j);
+            let v = match sums {
+                Some((r_row, s_row)) => {
+                    let r = load_f32(b, r_row, j);
+                    let s = b.add(v, r);
+                    let s = round_to(b, cfg.dtype, s);
+                    store_from_f32(b, s_row, j, s);
+                    s
+                }
+                None => v,
+            };
             vec![b.fma(v, v, acc[0])]
         })[0];
         let sum_sq = match scratch {
@@ -123,7 +145,7 @@ pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
         };
         let stat = match cfg.kind {
             RowNormKind::L2 => sum_sq,
-            RowNormKind::ZeroCentred | RowNormKind::Gated => {
+            RowNormKind::ZeroCentred | RowNormKind::ZeroCentredResidual | RowNormKind::Gated => {
                 let n = b.cvt(cols, ScalarType::F32);
                 b.div(sum_sq, n)
             }
@@ -132,7 +154,7 @@ pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
         let root = b.sqrt(stat_eps);
         let scale = b.rcp(root);
         b.for_each(first, cols, step, |b, j| {
-            let v = load_f32(b, x_row, j);
+            let v = load_f32(b, norm_row, j);
             let y = b.mul(v, scale);
             let y = match (weight, z_row) {
                 (Some(w), Some(z_row)) => {

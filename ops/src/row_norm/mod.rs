@@ -1,6 +1,7 @@
 //! The norms of Qwen3.5's layers over rows whose length is a launch parameter: L2
 //! normalisation (q and k of the gated delta rule), the zero-centred RMSNorm (`x̂ · (1 + w)`:
-//! input, post-attention, final and q/k norms) and the gated RMSNorm of the linear-attention
+//! input, post-attention, final and q/k norms), alone or fused with the residual add before it,
+//! and the gated RMSNorm of the linear-attention
 //! output (`w · x̂ · silu(z)`). Builders in [`kernel`], entry points in [`api`].
 
 pub mod api;
@@ -12,15 +13,16 @@ use crate::problem::Case;
 use crate::registry::Registered;
 use kernel::{row_norm, RowNormConfig, RowNormKind, RowOwner};
 
-/// Each norm (families `l2_norm`, `rms_norm_zero_centred`, `gated_rms_norm`) in every float
-/// dtype, with a warp or a block per row.
+/// Each norm (families `l2_norm`, `rms_norm_zero_centred`, `rms_norm_zero_centred_residual`,
+/// `gated_rms_norm`) in every float dtype, with a warp or a block per row.
 pub struct RowNorm;
 
-const KINDS: [RowNormKind; 3] = [RowNormKind::L2, RowNormKind::ZeroCentred, RowNormKind::Gated];
+const KINDS: [RowNormKind; 4] =
+    [RowNormKind::L2, RowNormKind::ZeroCentred, RowNormKind::ZeroCentredResidual, RowNormKind::Gated];
 
 impl Family for RowNorm {
     fn names(&self) -> &'static [&'static str] {
-        &["l2_norm", "rms_norm_zero_centred", "gated_rms_norm"]
+        &["l2_norm", "rms_norm_zero_centred", "rms_norm_zero_centred_residual", "gated_rms_norm"]
     }
 
     fn configs(&self) -> Vec<Registered> {

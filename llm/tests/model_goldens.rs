@@ -294,7 +294,8 @@ fn qwen35_composite_matches_transformers() {
 /// The manual path on Qwen3.5 (`load_huggingface_qwen35_pipeline`, `new_cache`,
 /// `forward_cached_last`): the prompt, then one token at a time, each call's f32 `[vocab]`
 /// logits the reference's (the last prompt position's; then the greedy reply's next id while its
-/// margin is clear); after `clear` the cache serves a new sequence from zero states.
+/// margin is clear); after `clear` the cache serves a new sequence from zero states, also fed one
+/// token at a time.
 #[test]
 fn qwen35_manual_path_follows_the_reference() {
     for name in ["qwen35-text", "qwen35-vl"] {
@@ -328,5 +329,16 @@ fn qwen35_manual_path_follows_the_reference() {
             }
             assert!(steps > 0 && cache.len() == ids.len() + steps, "{label}: {steps} steps");
         }
+        // The first prompt one token at a time from an empty cache: the first token through the
+        // prefill forms from zero states, every later one through the decode forms (the conv's
+        // rolling update, the recurrent rule) alone.
+        let prompt = &g["prompts"][0];
+        cache.clear();
+        let mut last = Vec::new();
+        for &id in &ids(&prompt["prompt_ids"]) {
+            last = model.forward_cached_last(&[id], &mut cache).unwrap().to_vec::<f32>().unwrap();
+        }
+        let (e, at) = worst(&last, &floats(&prompt["last_logits"]), ATOL, RTOL);
+        assert!(e <= 1.0, "{name}: token-by-token prompt logits differ at {at}");
     }
 }

@@ -17,8 +17,9 @@
 //! The rule runs in f32 in every compute dtype, as transformers runs it (q, k and v cast to f32
 //! after the conv, the output rounded once to the dtype).
 //!
-//! Every intermediate is allocated per call (the ops' allocating forms): a decode step of this
-//! layer allocates, unlike attention's.
+//! Every intermediate is allocated per call (the ops' allocating forms; the gated delta rule has
+//! no `_into` form yet), and the packed rule reads its `cu_seqlens` back: a decode step of this
+//! layer allocates and synchronises, unlike attention's.
 
 use ruda_ops::api::{self, GatedDeltaInput};
 use ruda_runtime::{DType, Device, Stream, Tensor};

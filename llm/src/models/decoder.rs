@@ -22,10 +22,9 @@ use crate::config::ModelConfig;
 use crate::error::LlmError;
 use crate::layers::{
     Attention, AttentionScratch, AttentionShape, AttentionSpec, DecodeChoices, DecodeStep, Embedding, EmbeddingSpec,
-    ExpectedTensor, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch,
-    RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
+    ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp,
+    MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
 };
-use crate::layers::{GatedDeltaNet, GatedDeltaNetSpec};
 use crate::models::CausalLm;
 
 /// What mixes information across positions in one layer.

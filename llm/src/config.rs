@@ -214,10 +214,9 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         ModelType::Qwen2 => (true, false, false),
         ModelType::Qwen3 | ModelType::Qwen35 => (attention_bias, attention_bias, true),
     };
-    let tie_word_embeddings = match outer.bool("tie_word_embeddings")? {
-        Some(tied) if model_type == ModelType::Qwen35 => tied,
-        _ => f.bool("tie_word_embeddings")?.unwrap_or(false),
-    };
+    // The composite model ties (or not) by its own field, as transformers reads it: the text
+    // config's is not consulted (both default to false).
+    let tie_word_embeddings = outer.bool("tie_word_embeddings")?.unwrap_or(false);
     let torch_dtype = match torch_dtype(&f)? {
         None => torch_dtype(&outer)?,
         some => some,

@@ -178,6 +178,13 @@ mod tests {
             (c.model_type, c.text_prefix, c.tie_word_embeddings),
             (ModelType::Qwen35, "model.language_model.", false)
         );
+        // transformers ties a composite model by its own field only (false when absent).
+        let mut other = j.clone();
+        other.as_object_mut().unwrap().remove("tie_word_embeddings");
+        assert!(!parse_config(Path::new("config.json"), &other).unwrap().tie_word_embeddings);
+        other["tie_word_embeddings"] = true.into();
+        other["text_config"]["tie_word_embeddings"] = false.into();
+        assert!(parse_config(Path::new("config.json"), &other).unwrap().tie_word_embeddings);
         assert_eq!(c.torch_dtype, Some(DType::BF16));
         assert!(ModelType::Qwen35.accepts("qwen3_5") && ModelType::Qwen35.accepts("qwen3_5_text"));
         let tensors = architecture(c.model_type).tensors(&c);

@@ -18,8 +18,9 @@
 //! after the conv, the output rounded once to the dtype).
 //!
 //! Every intermediate is allocated per call (the ops' allocating forms; the gated delta rule has
-//! no `_into` form yet), and the packed rule reads its `cu_seqlens` back: a decode step of this
-//! layer allocates and synchronises, unlike attention's.
+//! no `_into` form yet): a decode step of this layer allocates, unlike attention's. Prefill runs
+//! the packed rule, which reads its `cu_seqlens` back (a synchronisation per layer and chunk);
+//! decode runs the dense one, which does not.
 
 use ruda_ops::api::{self, GatedDeltaInput};
 use ruda_runtime::{DType, Device, Stream, Tensor};
@@ -190,7 +191,7 @@ impl GatedDeltaNetSpec {
             kv_bytes: state,
             ..launch(
                 at("gated delta rule (recurrent)"),
-                format!("gated_delta_varlen.f32.k{kd}.v{vd}"),
+                format!("gated_delta.f32.k{kd}.v{vd}"),
                 format!("q, k [1, {hk}, {kd}], v [1, {hv}, {vd}], state [{hv}, {kd}, {vd}] f32"),
                 4 * (2 * q + v) + 8 * heads + state,
                 4 * v + state,
@@ -324,21 +325,38 @@ impl GatedDeltaNet {
         let (q, k, v) = (cast(&mixed[0], DType::F32)?, cast(&mixed[1], DType::F32)?, cast(&mixed[2], DType::F32)?);
         let q = api::l2_norm(&q.reshape(&[t * hk, kd])?, L2_EPS).map_err(op("q l2 norm"))?;
         let k = api::l2_norm(&k.reshape(&[t * hk, kd])?, L2_EPS).map_err(op("k l2 norm"))?;
-        let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, v.reshape(&[t, hv, vd])?);
         let (a, b) = (project(&self.a)?, project(&self.b)?);
         let (beta, g) = api::gated_delta_gates(&a, &b, &self.a_log, &self.dt_bias).map_err(op("gated delta gates"))?;
-        let input = GatedDeltaInput {
-            query: &q,
-            key: &k,
-            value: &v,
-            beta: &beta,
-            log_decay: &g,
-            initial_state: (!fresh).then_some(&state.recurrent),
-            query_scale: 1.0 / (kd as f32).sqrt(),
-        };
-        let rule = match decode {
-            true => api::gated_delta_rule_varlen(input, cu_seqlens),
-            false => api::chunk_gated_delta_rule_varlen(input, cu_seqlens, CHUNK),
+        let query_scale = 1.0 / (kd as f32).sqrt();
+        let initial_state = (!fresh).then_some(&state.recurrent);
+        let rule = if decode {
+            // One token is the dense layout `[1, H, 1, ·]` as it is: the recurrent rule without
+            // the packed form's read-back of `cu_seqlens`.
+            let (q, k, v) = (q.reshape(&[1, hk, 1, kd])?, k.reshape(&[1, hk, 1, kd])?, v.reshape(&[1, hv, 1, vd])?);
+            let (beta, g) = (beta.reshape(&[1, hv, 1])?, g.reshape(&[1, hv, 1])?);
+            let input = GatedDeltaInput {
+                query: &q,
+                key: &k,
+                value: &v,
+                beta: &beta,
+                log_decay: &g,
+                initial_state,
+                query_scale,
+            };
+            api::gated_delta_rule(input)
+        } else {
+            // Prefill: the chunk as one packed sequence `[T, H, ·]` (no transpose to `[1, H, T, ·]`).
+            let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, v.reshape(&[t, hv, vd])?);
+            let input = GatedDeltaInput {
+                query: &q,
+                key: &k,
+                value: &v,
+                beta: &beta,
+                log_decay: &g,
+                initial_state,
+                query_scale,
+            };
+            api::chunk_gated_delta_rule_varlen(input, cu_seqlens, CHUNK)
         };
         let rule = rule.map_err(op("gated delta rule"))?;
         state.recurrent = rule.final_state;

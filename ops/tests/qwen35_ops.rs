@@ -222,6 +222,109 @@ fn causal_conv1d_update_matches_reference() {
     }
 }
 
+/// The batched decode step over a pool of states equals each sequence's own decode step; the
+/// slots no sequence names are untouched; a slot out of range gives a NaN row and writes no
+/// state.
+#[test]
+fn causal_conv1d_update_slots_equals_one_sequence_at_a_time() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(360);
+    for dtype in FLOAT_DTYPES {
+        for w in [2, 4] {
+            let (c, slots, keep) = (45, 5, w - 1);
+            let weight = tensor(&dev, dtype, &quantize(dtype, &rng.vec(c * w, -1.0, 1.0)), &[c, w]);
+            let pool = quantize(dtype, &rng.vec(slots * c * keep, -2.0, 2.0));
+            let seq_slots = [3u32, 0, 7, 4];
+            let n = seq_slots.len();
+            let x = quantize(dtype, &rng.vec(n * c, -2.0, 2.0));
+            let mut states = tensor(&dev, dtype, &pool, &[slots, c, keep]);
+            let slot_t = Tensor::from_slice(&dev, &seq_slots, &[n]).unwrap();
+            let y =
+                api::causal_conv1d_update_slots(&tensor(&dev, dtype, &x, &[n, c]), &weight, &mut states, &slot_t, true)
+                    .unwrap()
+                    .to_f32_vec()
+                    .unwrap();
+            let got_states = states.to_f32_vec().unwrap();
+            let mut want_states = pool.clone();
+            let what = format!("causal_conv1d_update_slots {dtype} W={w}");
+            for (i, &slot) in seq_slots.iter().enumerate() {
+                let row = &y[i * c..(i + 1) * c];
+                if slot as usize >= slots {
+                    assert!(row.iter().all(|v| v.is_nan()), "{what}: sequence {i} (slot {slot} out of range) not NaN");
+                    continue;
+                }
+                let range = slot as usize * c * keep..(slot as usize + 1) * c * keep;
+                let mut one = tensor(&dev, dtype, &pool[range.clone()], &[c, keep]);
+                let xt = tensor(&dev, dtype, &x[i * c..(i + 1) * c], &[1, c]);
+                let want = api::causal_conv1d_update(&xt, &weight, &mut one, true).unwrap();
+                assert_bits(&format!("{what} sequence {i}"), row, &want.to_f32_vec().unwrap());
+                want_states.splice(range, one.to_f32_vec().unwrap());
+            }
+            assert_bits(&format!("{what} states"), &got_states, &want_states);
+            // The _into form, with the slots that remain.
+            let y_into = Tensor::empty(&dev, dtype, &[n, c]).unwrap();
+            let xt = tensor(&dev, dtype, &x, &[n, c]);
+            api::causal_conv1d_update_slots_into(&stream, &xt, &weight, &states, &slot_t, false, &y_into).unwrap();
+            assert!(y_into.to_f32_vec().unwrap()[..c].iter().all(|v| v.is_finite()), "{what} into");
+        }
+    }
+}
+
+/// Packed sequences (one empty, some shorter than the state, some across chunks) over a pool
+/// of states equal each sequence's own prefill from its slot, bit for bit; the pool ends with
+/// each sequence's final state and untouched elsewhere; a slot out of range starts from zeros
+/// and is not written.
+#[test]
+fn causal_conv1d_varlen_equals_one_sequence_at_a_time() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(362);
+    for dtype in FLOAT_DTYPES {
+        for w in [2, 4] {
+            let (c, slots, keep) = (37, 9, w - 1);
+            let lens = [2usize, 0, 40, 1, 33, 7, 5];
+            let seq_slots = [5u32, 0, 2, 7, 1, 99, 3];
+            let total: usize = lens.iter().sum();
+            let mut cu = vec![0u32];
+            for l in lens {
+                cu.push(cu.last().unwrap() + l as u32);
+            }
+            let weight = tensor(&dev, dtype, &quantize(dtype, &rng.vec(c * w, -1.0, 1.0)), &[c, w]);
+            let pool = quantize(dtype, &rng.vec(slots * c * keep, -2.0, 2.0));
+            let x = quantize(dtype, &rng.vec(total * c, -2.0, 2.0));
+            let mut states = tensor(&dev, dtype, &pool, &[slots, c, keep]);
+            let cu_t = Tensor::from_slice(&dev, &cu, &[lens.len() + 1]).unwrap();
+            let slot_t = Tensor::from_slice(&dev, &seq_slots, &[lens.len()]).unwrap();
+            let xt = tensor(&dev, dtype, &x, &[total, c]);
+            let y = api::causal_conv1d_varlen(&xt, &weight, &cu_t, &mut states, &slot_t, true).unwrap();
+            let (y, got_states) = (y.to_f32_vec().unwrap(), states.to_f32_vec().unwrap());
+            let mut want_states = pool.clone();
+            let what = format!("causal_conv1d_varlen {dtype} W={w}");
+            for (i, (&len, &slot)) in lens.iter().zip(&seq_slots).enumerate() {
+                if len == 0 {
+                    continue;
+                }
+                let (start, end) = (cu[i] as usize, cu[i + 1] as usize);
+                let xs = tensor(&dev, dtype, &rows(&x, c, start..end), &[len, c]);
+                let in_pool = (slot as usize) < slots;
+                let range = slot as usize * c * keep..(slot as usize + 1) * c * keep;
+                let init = in_pool.then(|| tensor(&dev, dtype, &pool[range.clone()], &[c, keep]));
+                let (want, fin) = api::causal_conv1d(&xs, &weight, init.as_ref(), true).unwrap();
+                assert_bits(&format!("{what} sequence {i}"), &rows(&y, c, start..end), &want.to_f32_vec().unwrap());
+                if in_pool {
+                    want_states.splice(range, fin.to_f32_vec().unwrap());
+                }
+            }
+            assert_bits(&format!("{what} states"), &got_states, &want_states);
+            // The _into form without SiLU runs too (the states move on again).
+            let y_into = Tensor::empty(&dev, dtype, &[total, c]).unwrap();
+            api::causal_conv1d_varlen_into(&stream, &xt, &weight, &cu_t, &states, &slot_t, false, &y_into).unwrap();
+            assert!(y_into.to_f32_vec().unwrap().iter().all(|v| v.is_finite()), "{what} into");
+        }
+    }
+}
+
 /// torch's `softplus` (threshold 20) in f64.
 fn softplus64(v: f64) -> f64 {
     if v > 20.0 {
@@ -450,6 +553,61 @@ fn sigmoid_gate_and_split_match_reference() {
     }
 }
 
+/// The norms and the gate read `q_proj`'s per-head halves in place (views of `[T, H, 2·D]`,
+/// rows `2·D` apart) with the bits they give on the split copies, as does a column block of a
+/// `[T, C]` tensor.
+#[test]
+fn norms_and_gate_read_views_in_place() {
+    let dev = device();
+    let mut rng = Rng::new(361);
+    for dtype in FLOAT_DTYPES {
+        for (t, d) in [(1, 48), (7, 100)] {
+            let h = 3;
+            let q = tensor(&dev, dtype, &quantize(dtype, &rng.vec(t * h * 2 * d, -3.0, 3.0)), &[t, h, 2 * d]);
+            let (first, second) = api::split_heads_halves(&q).unwrap();
+            let (first_view, second_view) = (q.narrow(2, 0, d).unwrap(), q.narrow(2, d, d).unwrap());
+            assert!(!first_view.is_contiguous());
+            let w = tensor(&dev, DType::F32, &rng.vec(d, -0.5, 0.5), &[d]);
+            let other = tensor(&dev, dtype, &quantize(dtype, &rng.vec(t * h * d, -3.0, 3.0)), &[t, h, d]);
+            let what = format!("{dtype} T={t} D={d}");
+            let bits = |a: Tensor, b: Tensor, what: &str| {
+                assert_bits(what, &a.to_f32_vec().unwrap(), &b.to_f32_vec().unwrap())
+            };
+            bits(api::l2_norm(&first_view, 1e-6).unwrap(), api::l2_norm(&first, 1e-6).unwrap(), &format!("l2 {what}"));
+            bits(
+                api::rms_norm_zero_centred(&first_view, &w, 1e-6).unwrap(),
+                api::rms_norm_zero_centred(&first, &w, 1e-6).unwrap(),
+                &format!("zero-centred {what}"),
+            );
+            bits(
+                api::gated_rms_norm(&second_view, &other, &w, 1e-6).unwrap(),
+                api::gated_rms_norm(&second, &other, &w, 1e-6).unwrap(),
+                &format!("gated {what}"),
+            );
+            let (view_out, view_sum) = api::rms_norm_zero_centred_residual(&first_view, &other, &w, 1e-6).unwrap();
+            let (out, sum) = api::rms_norm_zero_centred_residual(&first, &other, &w, 1e-6).unwrap();
+            bits(view_out, out, &format!("residual {what}"));
+            bits(view_sum, sum, &format!("residual sum {what}"));
+            bits(
+                api::sigmoid_gate(&other, &second_view).unwrap(),
+                api::sigmoid_gate(&other, &second).unwrap(),
+                &format!("sigmoid_gate {what}"),
+            );
+            // A column block of [T, 2·H·D]: rows 2·H·D apart.
+            let flat = q.reshape(&[t, 2 * h * d]).unwrap();
+            let block = flat.narrow(1, d, d).unwrap();
+            let dense_block: Vec<f32> =
+                flat.to_f32_vec().unwrap().chunks(2 * h * d).flat_map(|r| r[d..2 * d].to_vec()).collect();
+            let dense_block = tensor(&dev, dtype, &dense_block, &[t, d]);
+            bits(
+                api::l2_norm(&block, 1e-6).unwrap(),
+                api::l2_norm(&dense_block, 1e-6).unwrap(),
+                &format!("block {what}"),
+            );
+        }
+    }
+}
+
 fn err_text<T: std::fmt::Debug>(r: Result<T, OpError>) -> (OpError, String) {
     let e = r.expect_err("an invalid argument is an error");
     let s = e.to_string();
@@ -512,6 +670,35 @@ fn invalid_arguments_are_errors() {
     let (e, m) = err_text(api::causal_conv1d_update_into(&stream, &f(&[1, 6]), &w, &state, true, &f(&[1, 5])));
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
 
+    // causal_conv1d_update_slots
+    let (xs, slots_t) = (f(&[2, 6]), Tensor::from_slice(&dev, &[0u32, 1], &[2]).unwrap());
+    let mut pool = f(&[3, 6, 3]);
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut f(&[3, 6, 2]), &slots_t, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`states`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut h(&[3, 6, 3]), &slots_t, true));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`states`"), "{m}");
+    let three = Tensor::from_slice(&dev, &[0u32, 1, 2], &[3]).unwrap();
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut pool, &three, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`state_slots`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_update_slots(&xs, &w, &mut pool, &f(&[2]), true));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`state_slots`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_update_slots_into(&stream, &xs, &w, &pool, &slots_t, true, &f(&[1, 6])));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
+
+    // causal_conv1d_varlen
+    let cu = Tensor::from_slice(&dev, &[0u32, 2, 5], &[3]).unwrap();
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &cu, &mut pool, &three, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`cu_seqlens`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &f(&[3]), &mut pool, &slots_t, true));
+    assert!(matches!(e, OpError::DType { .. }) && m.contains("`cu_seqlens`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &cu, &mut f(&[3, 6, 2]), &slots_t, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`states`"), "{m}");
+    let slots_2d = Tensor::from_slice(&dev, &[0u32, 1], &[1, 2]).unwrap();
+    let (e, m) = err_text(api::causal_conv1d_varlen(&x, &w, &cu, &mut pool, &slots_2d, true));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`state_slots`"), "{m}");
+    let (e, m) = err_text(api::causal_conv1d_varlen_into(&stream, &x, &w, &cu, &pool, &slots_t, true, &f(&[4, 6])));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("`y`"), "{m}");
+
     // gated_delta_gates
     let (a, p) = (f(&[5, 4]), f(&[4]));
     let (e, m) = err_text(api::gated_delta_gates(&a, &f(&[5, 3]), &p, &p));
@@ -562,6 +749,22 @@ fn invalid_arguments_are_errors() {
     assert!(matches!(e, OpError::Shape { .. }) && m.contains("`out`"), "{m}");
     let (e, _) = err_text(api::l2_norm(&Tensor::from_slice(&dev, &[1u32; 8], &[1, 8]).unwrap(), 1e-6));
     assert!(matches!(e, OpError::DType { .. }));
+
+    // Views whose rows are not evenly spaced (two heads of three: rows 8 apart, then a jump);
+    // a leading axis of one does not matter.
+    let heads = f(&[4, 3, 8]);
+    let uneven = heads.narrow(1, 0, 2).unwrap();
+    let (e, m) = err_text(api::l2_norm(&uneven, 1e-6));
+    assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("evenly spaced"), "{m}");
+    let (e, m) = err_text(api::sigmoid_gate(&f(&[4, 2, 8]), &uneven));
+    assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("`gate`"), "{m}");
+    let one = f(&[1, 3, 8]).narrow(1, 0, 2).unwrap();
+    assert_eq!(api::l2_norm(&one, 1e-6).unwrap().shape(), &[1, 2, 8]);
+    let (e, m) = err_text(api::l2_norm(&Tensor::empty(&dev, DType::F32, &[0, 8]).unwrap(), 1e-6));
+    assert!(matches!(e, OpError::Shape { .. }) && m.contains("empty"), "{m}");
+    // The other operands stay dense.
+    let (e, m) = err_text(api::sigmoid_gate(&uneven, &f(&[4, 2, 8])));
+    assert!(matches!(e, OpError::InvalidArgument { .. }) && m.contains("contiguous"), "{m}");
 
     // sigmoid_gate and split_heads_halves
     let (e, m) = err_text(api::sigmoid_gate(&xn, &f(&[3, 7])));

@@ -9,24 +9,31 @@ use super::kernel::{
 use crate::error::{OpError, Result};
 use crate::host::*;
 use crate::params;
+use crate::row_norm::api::row_stride;
 
 /// `out = x · sigmoid(gate)` elementwise, in `f32` and rounded once (Qwen3.5's
 /// `attn_output * torch.sigmoid(gate)`, which also rounds the sigmoid to the dtype first).
-/// `x`, `gate` and `out` share one shape and float dtype.
+/// `x`, `gate` and `out` share one shape and float dtype; `gate` may be a view whose last axis
+/// is dense and whose rows are evenly spaced, such as `q_proj`'s output `[T, H, 2·D]` narrowed
+/// to its second halves (read in place, so no split is needed).
 pub fn sigmoid_gate_into(stream: &Stream, x: &Tensor, gate: &Tensor, out: &Tensor) -> Result<()> {
     let op = "sigmoid_gate";
     let dtype = float_dtype(op, x)?;
-    for (name, t) in [("x", x), ("gate", gate), ("out", out)] {
+    let gate_stride = row_stride(op, "gate", gate)?;
+    expect_shape(op, "gate", gate, x.shape())?;
+    expect_dtype(op, "gate", gate, x.dtype())?;
+    for (name, t) in [("x", x), ("out", out)] {
         contiguous_nonempty(op, name, t)?;
         expect_shape(op, name, t, x.shape())?;
         expect_dtype(op, name, t, x.dtype())?;
     }
     same_device(op, stream, &[("x", x), ("gate", gate), ("out", out)])?;
     let n = to_u32(op, "elements", x.numel())?;
+    let cols = to_u32(op, "last axis", *x.shape().last().unwrap_or(&1))?;
     let cfg = AttnGateConfig { dtype };
     let k = kernel(cfg.gate_id(), || gate_kernel(&cfg))?;
     let launch = LaunchConfig::linear(n.div_ceil(ATTN_GATE_THREADS), ATTN_GATE_THREADS);
-    params::launch(stream, &k, launch, &SigmoidGateParams { x, gate, out, n }.args())
+    params::launch(stream, &k, launch, &SigmoidGateParams { x, gate, out, n, cols, gate_stride }.args())
 }
 
 /// [`sigmoid_gate_into`] into a new tensor.

@@ -34,6 +34,8 @@ crate::kernel_params! {
         gate: tensor(cfg.dtype),
         out: tensor(cfg.dtype),
         n: scalar(u32),
+        cols: scalar(u32),
+        gate_stride: scalar(u32),
     }
 }
 
@@ -48,17 +50,24 @@ crate::kernel_params! {
     }
 }
 
-/// Parameters: x, gate, out (one shape, `n` elements), n. Grid: `ceil(n / 256)` blocks of
-/// [`ATTN_GATE_THREADS`].
+/// Parameters: x, gate, out (one shape `[rows, cols]`, `n` elements), n, cols, gate_stride
+/// (elements from one row of `gate` to the next: the gate may be the second halves of `q_proj`'s
+/// output, read in place). Grid: `ceil(n / 256)` blocks of [`ATTN_GATE_THREADS`].
 pub fn sigmoid_gate(cfg: &AttnGateConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.gate_id().replace('.', "_"));
-    let SigmoidGateValues { x, gate, out, n } = SigmoidGateParams::declare(&mut b, cfg);
+    let SigmoidGateValues { x, gate, out, n, cols, gate_stride } = SigmoidGateParams::declare(&mut b, cfg);
     b.launch_bounds(ATTN_GATE_THREADS, None);
     let i = b.global_thread_id_x();
     let in_range = b.lt(i, n);
     b.if_then(in_range, |b| {
         let xv = load_f32(b, x, i);
-        let gv = load_f32(b, gate, i);
+        let row = b.div(i, cols);
+        let col = b.rem(i, cols);
+        let row64 = b.cvt(row, ScalarType::U64);
+        let stride64 = b.cvt(gate_stride, ScalarType::U64);
+        let col64 = b.cvt(col, ScalarType::U64);
+        let at = b.fma(row64, stride64, col64);
+        let gv = load_f32(b, gate, at);
         // x / (1 + e^-g), e^-g as 2^(-g · log2 e).
         let neg_log2e = b.const_f32(-std::f32::consts::LOG2_E);
         let t = b.mul(gv, neg_log2e);

@@ -31,13 +31,15 @@ impl Family for AttnGate {
         out
     }
 
-    /// 700 elements (three blocks, the last partly idle); the split's rows are 2 · 48 wide.
+    /// 700 elements (three blocks, the last partly idle); the split's rows are 2 · 48 wide, the
+    /// gate's 7 rows of 100 are read 200 apart (the second halves of a projection).
     fn sample(&self, name: &str, _: &str) -> Option<Case> {
         let mut c = Case::new([3, 1, 1]);
         c.scalars.insert("n", 700);
         if name == "split_heads_halves" {
             c.scalars.insert("half", 48);
         } else {
+            c.scalars.extend([("cols", 100), ("gate_stride", 200)]);
             c.specials = true;
         }
         Some(c)

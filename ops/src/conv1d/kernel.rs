@@ -225,3 +225,326 @@ pub fn causal_conv1d_update(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
     });
     b.finish()
 }
+
+impl Conv1dConfig {
+    /// `causal_conv1d_update_slots.bf16.w4.silu`.
+    pub fn slots_id(&self) -> String {
+        format!("causal_conv1d_update_slots.{}.w{}{}", self.dtype, self.width, self.suffix())
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`causal_conv1d_update_slots`], in order.
+    pub struct Conv1dSlotsParams, Conv1dSlotsValues for Conv1dConfig as cfg {
+        x: tensor(cfg.dtype),
+        weight: tensor(cfg.dtype),
+        states: tensor(cfg.dtype),
+        state_slots: tensor(ScalarType::U32),
+        y: tensor(cfg.dtype),
+        channels: scalar(u32),
+        slots: scalar(u32),
+    }
+}
+
+/// The decode step of `N` sequences at once, each rolling its own state in a pool. Parameters:
+/// x `[N, C]`, weight `[C, W]`, states `[slots, C, W - 1]`, state_slots (`u32 [N]`: sequence
+/// `n`'s state is `states[state_slots[n]]`), y `[N, C]`, channels, slots (`u32`). Grid:
+/// `(ceil(C / 128), N)`, block [`CONV_THREADS`]. A slot out of range touches no state and
+/// makes its row of `y` NaN; two sequences must not share a slot.
+pub fn causal_conv1d_update_slots(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.slots_id().replace('.', "_"));
+    let Conv1dSlotsValues { x, weight, states, state_slots, y, channels, slots } =
+        Conv1dSlotsParams::declare(&mut b, cfg);
+    b.launch_bounds(CONV_THREADS, None);
+    let keep = cfg.width - 1;
+
+    let c = b.global_thread_id_x();
+    let in_range = b.lt(c, channels);
+    b.if_then(in_range, |b| {
+        let seq = b.block_id_y();
+        let p = b.ptr_add(state_slots, seq);
+        let slot = b.load(p);
+        let seq64 = b.cvt(seq, ScalarType::U64);
+        let c64 = b.cvt(channels, ScalarType::U64);
+        let cc64 = b.cvt(c, ScalarType::U64);
+        let at = b.fma(seq64, c64, cc64);
+        let valid = b.lt(slot, slots);
+        b.if_else(
+            valid,
+            |b| {
+                let w = load_weights(b, weight, c, cfg.width);
+                let slot64 = b.cvt(slot, ScalarType::U64);
+                let state_at = b.fma(slot64, c64, cc64);
+                let keep64 = b.const_u64(keep as u64);
+                let offset = b.mul(state_at, keep64);
+                let row = b.ptr_add(states, offset);
+                let window: Vec<Value> = (0..keep)
+                    .map(|i| {
+                        let i = b.const_u32(i);
+                        load_f32(b, row, i)
+                    })
+                    .collect();
+                let xt = load_f32(b, x, at);
+                let out = convolve(b, cfg, &w, &window, xt);
+                store_from_f32(b, y, at, out);
+                let mut next = window[1..].to_vec();
+                next.push(xt);
+                for (i, v) in next.into_iter().enumerate() {
+                    let i = b.const_u32(i as u32);
+                    store_from_f32(b, row, i, v);
+                }
+                vec![]
+            },
+            |b| {
+                let nan = b.const_f32(f32::NAN);
+                store_from_f32(b, y, at, nan);
+                vec![]
+            },
+        );
+    });
+    b.finish()
+}
+
+impl Conv1dConfig {
+    /// `causal_conv1d_varlen.bf16.w4.silu`.
+    pub fn varlen_id(&self) -> String {
+        format!("causal_conv1d_varlen.{}.w{}{}", self.dtype, self.width, self.suffix())
+    }
+
+    /// `causal_conv1d_varlen_state.bf16.w4` (SiLU does not touch the state).
+    pub fn varlen_state_id(&self) -> String {
+        format!("causal_conv1d_varlen_state.{}.w{}", self.dtype, self.width)
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`causal_conv1d_varlen`], in order.
+    pub struct Conv1dVarlenParams, Conv1dVarlenValues for Conv1dConfig as cfg {
+        x: tensor(cfg.dtype),
+        weight: tensor(cfg.dtype),
+        cu_seqlens: tensor(ScalarType::U32),
+        states: tensor(cfg.dtype),
+        state_slots: tensor(ScalarType::U32),
+        y: tensor(cfg.dtype),
+        tokens: scalar(u32),
+        channels: scalar(u32),
+        sequences: scalar(u32),
+        slots: scalar(u32),
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`causal_conv1d_varlen_state`], in order.
+    pub struct Conv1dVarlenStateParams, Conv1dVarlenStateValues for Conv1dConfig as cfg {
+        x: tensor(cfg.dtype),
+        cu_seqlens: tensor(ScalarType::U32),
+        states: tensor(cfg.dtype),
+        state_slots: tensor(ScalarType::U32),
+        tokens: scalar(u32),
+        channels: scalar(u32),
+        slots: scalar(u32),
+    }
+}
+
+/// The sequence of packed token `t`: the last `m < sequences` with `cu_seqlens[m] ≤ t` (0 when
+/// none), so empty sequences are skipped.
+fn sequence_of(b: &mut KernelBuilder, cu_seqlens: Value, sequences: Value, t: Value) -> Value {
+    let zero = b.const_u32(0);
+    let one = b.const_u32(1);
+    b.for_range(one, sequences, one, &[zero], |b, m, acc| {
+        let p = b.ptr_add(cu_seqlens, m);
+        let start = b.load(p);
+        let inside = b.le(start, t);
+        vec![b.select(inside, m, acc[0])]
+    })[0]
+}
+
+/// Sequence `n`'s state row `states[state_slots[n], c]` and whether its slot is in range.
+fn state_row(
+    b: &mut KernelBuilder,
+    (states, state_slots, slots): (Value, Value, Value),
+    n: Value,
+    c: Value,
+    channels: Value,
+    keep: u32,
+) -> (Value, Value) {
+    let p = b.ptr_add(state_slots, n);
+    let slot = b.load(p);
+    let valid = b.lt(slot, slots);
+    let slot64 = b.cvt(slot, ScalarType::U64);
+    let c64 = b.cvt(channels, ScalarType::U64);
+    let cc64 = b.cvt(c, ScalarType::U64);
+    let at = b.fma(slot64, c64, cc64);
+    let keep64 = b.const_u64(keep as u64);
+    let offset = b.mul(at, keep64);
+    (b.ptr_add(states, offset), valid)
+}
+
+/// The causal conv1d of packed sequences (`cu_seqlens`), each continuing from its state in a
+/// pool (read only here; [`causal_conv1d_varlen_state`] then writes the final states).
+/// Parameters: x `[tokens, C]`, weight `[C, W]`, cu_seqlens (`u32 [N + 1]`), states
+/// `[slots, C, W - 1]`, state_slots (`u32 [N]`), y `[tokens, C]`, tokens, channels, sequences
+/// (`N`), slots. Grid: `(ceil(C / 128), min(ceil(tokens / 32), 65535))`, block
+/// [`CONV_THREADS`]; block row `y` handles chunks `y, y + gridDim.y, ...` of the packed tokens,
+/// finding each chunk's sequence by a scan of `cu_seqlens` and restarting the window at every
+/// sequence start. A slot out of range reads as zeros; malformed `cu_seqlens` give wrong
+/// values but never an access out of bounds.
+pub fn causal_conv1d_varlen(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.varlen_id().replace('.', "_"));
+    let Conv1dVarlenValues { x, weight, cu_seqlens, states, state_slots, y, tokens, channels, sequences, slots } =
+        Conv1dVarlenParams::declare(&mut b, cfg);
+    b.launch_bounds(CONV_THREADS, None);
+    let keep = cfg.width - 1;
+    let pool = (states, state_slots, slots);
+
+    let c = b.global_thread_id_x();
+    let in_range = b.lt(c, channels);
+    b.if_then(in_range, |b| {
+        let w = load_weights(b, weight, c, cfg.width);
+        let keep_v = b.const_u32(keep);
+        let chunk_len = b.const_u32(CONV_CHUNK);
+        let chunks = {
+            let last = b.add(tokens, chunk_len);
+            let one = b.const_u32(1);
+            let last = b.sub(last, one);
+            b.div(last, chunk_len)
+        };
+        // `u[t - keep + i]` within token `t`'s sequence `n`: the state's entries before the
+        // sequence's first token. `start` is clamped to `t`, so indices stay in range.
+        let older = |b: &mut KernelBuilder, t: Value, n: Value, i: u32| -> Value {
+            let p = b.ptr_add(cu_seqlens, n);
+            let start = b.load(p);
+            let start = b.min(start, t);
+            let i_v = b.const_u32(i);
+            let ti = b.add(t, i_v);
+            let ti = b.sub(ti, start);
+            let before = b.lt(ti, keep_v);
+            b.if_else(
+                before,
+                |b| {
+                    let (row, valid) = state_row(b, pool, n, c, channels, keep);
+                    let v = b.if_else(valid, |b| vec![load_f32(b, row, ti)], |b| vec![b.const_f32(0.0)]);
+                    vec![v[0]]
+                },
+                |b| {
+                    let s = b.add(t, i_v);
+                    let s = b.sub(s, keep_v);
+                    let s64 = b.cvt(s, ScalarType::U64);
+                    let c64 = b.cvt(channels, ScalarType::U64);
+                    let cc64 = b.cvt(c, ScalarType::U64);
+                    let at = b.fma(s64, c64, cc64);
+                    vec![load_f32(b, x, at)]
+                },
+            )[0]
+        };
+        // The first token of sequence `n + 1` (where the window restarts).
+        let next_start = |b: &mut KernelBuilder, n: Value| -> Value {
+            let one = b.const_u32(1);
+            let n1 = b.add(n, one);
+            let p = b.ptr_add(cu_seqlens, n1);
+            b.load(p)
+        };
+        let first_chunk = b.block_id_y();
+        let chunk_step = b.special(SpecialReg::NctaidY);
+        b.for_each(first_chunk, chunks, chunk_step, |b, chunk| {
+            let t0 = b.mul(chunk, chunk_len);
+            let n0 = sequence_of(b, cu_seqlens, sequences, t0);
+            let next0 = next_start(b, n0);
+            let mut carried = vec![n0, next0];
+            carried.extend((0..keep).map(|i| older(b, t0, n0, i)));
+            let end = b.add(t0, chunk_len);
+            let end = b.min(end, tokens);
+            let one = b.const_u32(1);
+            b.for_range(t0, end, one, &carried, |b, t, carried| {
+                let entered = b.ge(t, carried[1]);
+                let restarted = b.if_else(
+                    entered,
+                    |b| {
+                        let n = sequence_of(b, cu_seqlens, sequences, t);
+                        let mut v = vec![n, next_start(b, n)];
+                        v.extend((0..keep).map(|i| older(b, t, n, i)));
+                        v
+                    },
+                    |_| carried.to_vec(),
+                );
+                let window = &restarted[2..];
+                let t64 = b.cvt(t, ScalarType::U64);
+                let c64 = b.cvt(channels, ScalarType::U64);
+                let cc64 = b.cvt(c, ScalarType::U64);
+                let at = b.fma(t64, c64, cc64);
+                let xt = load_f32(b, x, at);
+                let out = convolve(b, cfg, &w, window, xt);
+                store_from_f32(b, y, at, out);
+                let mut next = restarted[..2].to_vec();
+                next.extend_from_slice(&window[1..]);
+                next.push(xt);
+                next
+            });
+        });
+    });
+    b.finish()
+}
+
+/// The final states of [`causal_conv1d_varlen`], launched after it on the same stream:
+/// `states[state_slots[n], c, i] = u[end - (W - 1) + i]` for sequence `n` ending at `end`, the
+/// state's own entries where the sequence is shorter than W - 1. Parameters: x `[tokens, C]`,
+/// cu_seqlens, states, state_slots, tokens, channels, slots. Grid: `(ceil(C / 128), N)`,
+/// block [`CONV_THREADS`]; each thread reads its state row whole before it writes it. A slot
+/// out of range is skipped.
+pub fn causal_conv1d_varlen_state(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.varlen_state_id().replace('.', "_"));
+    let Conv1dVarlenStateValues { x, cu_seqlens, states, state_slots, tokens, channels, slots } =
+        Conv1dVarlenStateParams::declare(&mut b, cfg);
+    b.launch_bounds(CONV_THREADS, None);
+    let keep = cfg.width - 1;
+
+    let c = b.global_thread_id_x();
+    let in_range = b.lt(c, channels);
+    b.if_then(in_range, |b| {
+        let n = b.block_id_y();
+        let (row, valid) = state_row(b, (states, state_slots, slots), n, c, channels, keep);
+        b.if_then(valid, |b| {
+            let p = b.ptr_add(cu_seqlens, n);
+            let start = b.load(p);
+            let one = b.const_u32(1);
+            let n1 = b.add(n, one);
+            let p = b.ptr_add(cu_seqlens, n1);
+            let end = b.load(p);
+            // Malformed ranges are clamped to the tokens (and count as empty when reversed).
+            let end = b.min(end, tokens);
+            let start = b.min(start, end);
+            let len = b.sub(end, start);
+            let keep_v = b.const_u32(keep);
+            let values: Vec<Value> = (0..keep)
+                .map(|i| {
+                    let i_v = b.const_u32(i);
+                    let li = b.add(len, i_v);
+                    let from_x = b.ge(li, keep_v);
+                    b.if_else(
+                        from_x,
+                        |b| {
+                            let s = b.add(end, i_v);
+                            let s = b.sub(s, keep_v);
+                            let s64 = b.cvt(s, ScalarType::U64);
+                            let c64 = b.cvt(channels, ScalarType::U64);
+                            let cc64 = b.cvt(c, ScalarType::U64);
+                            let at = b.fma(s64, c64, cc64);
+                            let p = b.ptr_add(x, at);
+                            vec![b.load(p)]
+                        },
+                        |b| {
+                            let p = b.ptr_add(row, li);
+                            vec![b.load(p)]
+                        },
+                    )[0]
+                })
+                .collect();
+            for (i, v) in values.into_iter().enumerate() {
+                let i = b.const_u32(i as u32);
+                let p = b.ptr_add(row, i);
+                b.store(p, v);
+            }
+        });
+    });
+    b.finish()
+}

@@ -12,6 +12,43 @@ use crate::params;
 /// Rows longer than this are one block's rather than one warp's.
 pub const ROW_NORM_WARP_MAX_COLS: u32 = 1024;
 
+/// The elements from one row of `t` (its last axis) to the next, for a `t` whose last axis is
+/// dense and whose rows are evenly spaced, such as `q_proj`'s output `[T, H, 2·D]` narrowed to
+/// its first or second halves (row stride `2·D`); the row length for a dense `t`.
+pub(crate) fn row_stride(op: &'static str, name: &str, t: &Tensor) -> Result<u32> {
+    let (shape, strides) = (t.shape(), t.strides());
+    if t.numel() == 0 || t.rank() == 0 {
+        return Err(OpError::Shape { op, message: format!("`{name}` is empty (shape {shape:?})") });
+    }
+    let n = shape.len();
+    let cols = shape[n - 1];
+    let uneven = || OpError::InvalidArgument {
+        op,
+        message: format!(
+            "`{name}` (shape {shape:?}, strides {strides:?}) must have a dense last axis and evenly spaced rows"
+        ),
+    };
+    if cols != 1 && strides[n - 1] != 1 {
+        return Err(uneven());
+    }
+    // Walk the leading axes inwards-out: the innermost non-trivial one sets the row stride, and
+    // each outer one must continue it densely.
+    let (mut row, mut next) = (None, 0);
+    for i in (0..n - 1).rev().filter(|&i| shape[i] != 1) {
+        match row {
+            None => row = Some(strides[i]),
+            Some(_) if strides[i] != next => return Err(uneven()),
+            Some(_) => {}
+        }
+        next = strides[i] * shape[i];
+    }
+    let row = row.unwrap_or(cols);
+    if row < cols {
+        return Err(uneven());
+    }
+    to_u32(op, "row stride", row)
+}
+
 /// The tensors of one norm (those its kind takes).
 struct Operands<'a> {
     x: &'a Tensor,
@@ -27,7 +64,7 @@ fn launch_row_norm(kind: RowNormKind, stream: &Stream, ops: Operands<'_>, eps: f
     let Operands { x, residual, z, weight, out } = ops;
     let name = kind.name();
     let dtype = float_dtype(name, x)?;
-    contiguous_nonempty(name, "x", x)?;
+    let x_stride = row_stride(name, "x", x)?;
     let cols = *x.shape().last().unwrap_or(&0);
     let like_x = residual.into_iter().flat_map(|(r, s)| [("residual", r), ("residual_out", s)]);
     for (what, t) in like_x.chain(z.map(|z| ("z", z))) {
@@ -61,13 +98,14 @@ fn launch_row_norm(kind: RowNormKind, stream: &Stream, ops: Operands<'_>, eps: f
         RowOwner::Block => rows,
     };
     let (residual, residual_out) = (residual.map(|(r, _)| r), residual.map(|(_, s)| s));
-    let args = RowNormParams { x, residual, z, weight, out, residual_out, rows, cols, eps };
+    let args = RowNormParams { x, residual, z, weight, out, residual_out, rows, cols, x_stride, eps };
     params::launch(stream, &k, LaunchConfig::linear(blocks, ROW_NORM_THREADS), &args.args())
 }
 
 /// L2 normalisation over the last axis: `out = x · (1 / sqrt(Σx² + eps))` in `f32`, rounded to
 /// `x`'s dtype (Qwen3.5's `l2norm` of q and k per head, `eps` 1e-6). `out` has `x`'s shape and
-/// dtype.
+/// dtype. In every norm here `x` may be a view whose last axis is dense and whose rows are
+/// evenly spaced (read in place); the other tensors are dense.
 pub fn l2_norm_into(stream: &Stream, x: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
     launch_row_norm(RowNormKind::L2, stream, Operands { x, residual: None, z: None, weight: None, out }, eps)
 }

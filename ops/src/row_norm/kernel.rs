@@ -9,6 +9,8 @@
 //! ```
 //!
 //! Statistics and products in `f32`, the result rounded once to the input dtype; `w` is `f32`.
+//! `x`'s rows may be evenly strided (the query halves of a `[T, H, 2·D]` projection, read in
+//! place); every other tensor is dense.
 //! `1 / sqrt` is two correctly rounded steps, so every engine agrees bit for bit. A row is
 //! either one warp's (eight rows per block, shuffles only: head-sized rows, many of them) or one
 //! block's (hidden-sized rows, few of them at decode).
@@ -85,18 +87,20 @@ crate::kernel_params! {
         residual_out: opt_tensor(cfg.dtype, cfg.kind == RowNormKind::ZeroCentredResidual),
         rows: scalar(u32),
         cols: scalar(u32),
+        x_stride: scalar(u32),
         eps: scalar(f32),
     }
 }
 
 /// Parameters: x `[rows, cols]`, residual (residual add), z (gated), weight (`f32 [cols]`,
-/// RMSNorms), out, residual_out (residual add), rows, cols, eps. Grid: `ceil(rows / 8)` blocks
+/// RMSNorms), out, residual_out (residual add), rows, cols, x_stride (elements from one row of
+/// `x` to the next: `x` may be a view), eps. Grid: `ceil(rows / 8)` blocks
 /// of [`ROW_NORM_THREADS`] when a warp owns a row, `rows` blocks when a block does. Each thread
 /// re-reads only what it read (or wrote to `residual_out`) itself, so on CUDA `out` may alias
 /// `x`, and `residual_out` may alias `residual` or `x`.
 pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let RowNormValues { x, residual, z, weight, out, residual_out, rows, cols, eps } =
+    let RowNormValues { x, residual, z, weight, out, residual_out, rows, cols, x_stride, eps } =
         RowNormParams::declare(&mut b, cfg);
     b.launch_bounds(ROW_NORM_THREADS, None);
     let (row, first, step) = match cfg.owner {
@@ -118,7 +122,7 @@ pub fn row_norm(cfg: &RowNormConfig) -> Result<Kernel, VerifyError> {
     let scratch =
         (cfg.owner == RowOwner::Block).then(|| b.shared_array("partials", ScalarType::F32, ROW_NORM_THREADS / 32));
     let body = |b: &mut KernelBuilder| {
-        let x_row = row_ptr(b, x, row, cols);
+        let x_row = row_ptr(b, x, row, x_stride);
         let out_row = row_ptr(b, out, row, cols);
         let z_row = z.map(|z| row_ptr(b, z, row, cols));
         let sums = residual.zip(residual_out).map(|(r, s)| (row_ptr(b, r, row, cols), row_ptr(b, s, row, cols)));

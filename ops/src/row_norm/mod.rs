@@ -38,13 +38,14 @@ impl Family for RowNorm {
         out
     }
 
-    /// Warp rows: 20 rows of 100 (three blocks, the last partly idle); block rows: 3 rows of
-    /// 1500.
+    /// Warp rows: 20 rows of 100 (three blocks, the last partly idle), `x`'s 200 apart (a view
+    /// of the first halves of a projection); block rows: 3 rows of 1500, dense.
     fn sample(&self, _: &str, id: &str) -> Option<Case> {
         let block = id.ends_with(".block");
         let mut c = Case::new([3, 1, 1]);
-        let (rows, cols) = if block { (3, 1500) } else { (20, 100) };
-        c.scalars.extend([("rows", rows), ("cols", cols), ("eps", crate::problem::f32_bits(1e-6))]);
+        let (rows, cols, x_stride) = if block { (3, 1500, 1500) } else { (20, 100, 200) };
+        c.scalars.extend([("rows", rows), ("cols", cols), ("x_stride", x_stride)]);
+        c.scalars.insert("eps", crate::problem::f32_bits(1e-6));
         Some(c)
     }
 }

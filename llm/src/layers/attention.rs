@@ -106,7 +106,7 @@ impl AttentionSpec {
             launch(format!("{p}.{what}"), format!("{kernel}.{dt}"), format!("[1, {hq}, {d}]"), read, written, flops)
         };
         self.q.decode_launches(step, out);
-        if self.output_gate {
+        if self.output_gate && self.qk_norm.is_none() {
             out.push(gate("query / gate split", "split_heads_halves", 2 * q_elems * e, 2 * q_elems * e, 0));
         }
         for lin in [&self.k, &self.v] {
@@ -210,8 +210,9 @@ pub struct AttentionScratch {
     attn: Tensor,
     /// The output projection before its bias is added.
     out_scratch: Tensor,
-    /// With an output gate: `q_proj`'s output `[tokens, 2·Hq·head_dim]` and its bias scratch.
-    gated: Option<(Tensor, Tensor)>,
+    /// With an output gate: `q_proj`'s output `[tokens, 2·Hq·head_dim]`, its bias scratch, and
+    /// the gated attention output `[tokens, Hq·head_dim]`.
+    gated: Option<(Tensor, Tensor, Tensor)>,
 }
 
 impl AttentionScratch {
@@ -237,7 +238,10 @@ impl AttentionScratch {
             attn: empty(&q)?,
             out_scratch: empty(&[tokens, hidden])?,
             gated: match output_gate {
-                true => Some((empty(&[tokens, 2 * q_heads * head_dim])?, empty(&[tokens, 2 * q_heads * head_dim])?)),
+                true => {
+                    let proj = [tokens, 2 * q_heads * head_dim];
+                    Some((empty(&proj)?, empty(&proj)?, empty(&q)?))
+                }
                 false => None,
             },
         })
@@ -305,17 +309,24 @@ impl Attention {
         let t = x.shape()[0];
         let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
-        // With the output gate, q_proj's output splits per head into the query and the gate.
+        // With the output gate, q_proj's output `[T, Hq, 2·D]` holds per head the query, then
+        // the gate: the q norm and the gate read those halves in place (views); without a q norm
+        // (RoPE takes a dense query) they are split into two tensors.
         let (q_raw, gate) = match (self.output_gate, &a.gated) {
             (false, _) => {
                 self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
-                (a.q.clone(), None)
+                (a.q.reshape(&[t, hq, d])?, None)
             }
-            (true, Some((proj, proj_scratch))) => {
+            (true, Some((proj, proj_scratch, _))) => {
                 self.q.forward(s, plan, x, proj, proj_scratch).map_err(op("projection"))?;
-                let (q, gate) =
-                    api::split_heads_halves(&proj.reshape(&[t, hq, 2 * d])?).map_err(op("query / gate split"))?;
-                (q.reshape(&[t, hq * d])?, Some(gate.reshape(&[t, hq * d])?))
+                let heads = proj.reshape(&[t, hq, 2 * d])?;
+                match self.qk_norm {
+                    Some(_) => (heads.narrow(2, 0, d)?, Some(heads.narrow(2, d, d)?)),
+                    None => {
+                        let (q, gate) = api::split_heads_halves(&heads).map_err(op("query / gate split"))?;
+                        (q, Some(gate))
+                    }
+                }
             }
             (true, None) => {
                 return Err(LlmError::InvalidArgument("gated attention needs a gated attention scratch".into()))
@@ -325,8 +336,9 @@ impl Attention {
         self.v.forward(s, plan, x, &a.v, &a.v_scratch).map_err(op("projection"))?;
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => {
-                qn.forward(s, &q_raw.reshape(&[t * hq, d])?, &a.q_scratch.reshape(&[t * hq, d])?)
-                    .map_err(op("q norm"))?;
+                // Rows of `D` (a view of the query halves stays `[T, Hq, D]`).
+                let q_in = if q_raw.is_contiguous() { q_raw.reshape(&[t * hq, d])? } else { q_raw.clone() };
+                qn.forward(s, &q_in, &a.q_scratch.reshape(q_in.shape())?).map_err(op("q norm"))?;
                 kn.forward(s, &a.k.reshape(&[t * hkv, d])?, &a.k_scratch.reshape(&[t * hkv, d])?)
                     .map_err(op("k norm"))?;
                 (&a.q_scratch, &a.k_scratch)
@@ -364,12 +376,13 @@ impl Attention {
             )
             .map_err(op("prefill attention"))?,
         }
-        match gate {
-            Some(gate) => {
-                let gated = api::sigmoid_gate(&a.attn, &gate).map_err(op("attention output gate"))?;
-                self.o.forward(s, plan, &gated, out, &a.out_scratch).map_err(op("projection"))
+        match (gate, &a.gated) {
+            (Some(gate), Some((_, _, gated))) => {
+                api::sigmoid_gate_into(s, &attn, &gate, &gated.reshape(&[t, hq, d])?)
+                    .map_err(op("attention output gate"))?;
+                self.o.forward(s, plan, gated, out, &a.out_scratch).map_err(op("projection"))
             }
-            None => self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection")),
+            _ => self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection")),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! `config.json` of a Qwen2 / Qwen2.5 (`model_type: qwen2`) or Qwen3 (`qwen3`) checkpoint, read
-//! into one typed [`ModelConfig`] with the defaults of transformers' `Qwen2Config` and
-//! `Qwen3Config`. What RUDA does not implement (quantisation, rope scaling, sliding windows,
+//! `config.json` of a Qwen2 / Qwen2.5 (`model_type: qwen2`), Qwen3 (`qwen3`) or Qwen3.5
+//! (`qwen3_5_text`, or the image-text `qwen3_5` read for its `text_config`) checkpoint, read into
+//! one typed [`ModelConfig`] with the defaults of transformers' `Qwen2Config`, `Qwen3Config` and
+//! `Qwen3_5TextConfig`. What RUDA does not implement (quantisation, rope scaling, sliding windows,
 //! activations other than SiLU) is rejected here, so later stages never meet it.
 
 use std::path::Path;
@@ -17,15 +18,80 @@ pub enum ModelType {
     Qwen2,
     /// Qwen3 (dense): RMS norms on q and k per head, explicit `head_dim`, no biases by default.
     Qwen3,
+    /// Qwen3.5 (`qwen3_5_text`, and the text of `qwen3_5`): gated DeltaNet and gated full
+    /// attention layers ([`ModelConfig::layer_types`]), zero-centred RMS norms, partial RoPE.
+    Qwen35,
 }
 
 impl ModelType {
+    /// Whether a `config.json` of `model_type` holds this architecture (Qwen3.5's text model is
+    /// `qwen3_5_text` alone or inside the composite `qwen3_5`).
+    pub fn accepts(self, model_type: &str) -> bool {
+        model_type == self.name() || (self == ModelType::Qwen35 && model_type == "qwen3_5")
+    }
+
+    /// The short name of the examples (`{short}_generate`) and bundled models (`tiny-{short}`).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            ModelType::Qwen2 => "qwen2",
+            ModelType::Qwen3 => "qwen3",
+            ModelType::Qwen35 => "qwen35",
+        }
+    }
+
     /// The `model_type` string of `config.json`.
     pub fn name(self) -> &'static str {
         match self {
             ModelType::Qwen2 => "qwen2",
             ModelType::Qwen3 => "qwen3",
+            ModelType::Qwen35 => "qwen3_5_text",
         }
+    }
+}
+
+/// The token mixer of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerType {
+    /// Causal softmax attention over a KV cache (every layer of Qwen2/3).
+    FullAttention,
+    /// Qwen3.5's gated DeltaNet: a causal conv1d and the gated delta rule over a recurrent state.
+    LinearAttention,
+}
+
+/// The `linear_*` fields of a Qwen3.5 config (transformers' defaults when absent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearAttentionConfig {
+    /// The causal conv1d's width `W` (`linear_conv_kernel_dim`).
+    pub conv_kernel_dim: usize,
+    pub num_key_heads: usize,
+    /// A multiple of [`LinearAttentionConfig::num_key_heads`]: value head `j` reads key head
+    /// `j / (value heads / key heads)`.
+    pub num_value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+}
+
+impl LinearAttentionConfig {
+    /// transformers' `Qwen3_5TextConfig` defaults.
+    pub const QWEN35_DEFAULTS: LinearAttentionConfig = LinearAttentionConfig {
+        conv_kernel_dim: 4,
+        num_key_heads: 16,
+        num_value_heads: 32,
+        key_head_dim: 128,
+        value_head_dim: 128,
+    };
+
+    /// Channels of `in_proj_qkv`'s output and of the conv: `[q | k | v]`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    pub fn key_dim(&self) -> usize {
+        self.num_key_heads * self.key_head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.num_value_heads * self.value_head_dim
     }
 }
 
@@ -57,12 +123,28 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The dtype the checkpoint was saved in (`torch_dtype` or `dtype`), when given.
     pub torch_dtype: Option<DType>,
+    /// Dimensions of each head that RoPE rotates (the first ones): `head_dim`, or for Qwen3.5
+    /// `partial_rotary_factor · head_dim` (the factor 0.25 when absent).
+    pub rotary_dim: usize,
+    /// Each layer's token mixer, `num_hidden_layers` of them.
+    pub layer_types: Vec<LayerType>,
+    /// Qwen3.5's gated DeltaNet shapes (`None` for Qwen2/3).
+    pub linear_attention: Option<LinearAttentionConfig>,
+    /// The prefix of the text model's tensors: `model.`, or `model.language_model.` in the
+    /// composite `qwen3_5` (whose `lm_head.weight` stays at the top level).
+    pub text_prefix: &'static str,
 }
 
 impl ModelConfig {
     /// Query heads per key/value head.
     pub fn gqa_group(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// Tensors of a checkpoint that this text model neither needs nor refuses: Qwen3.5's
+    /// multi-token-prediction head (`mtp.*`) and the composite's vision tower (`model.visual.*`).
+    pub fn ignores_tensor(&self, name: &str) -> bool {
+        self.model_type == ModelType::Qwen35 && (name.starts_with("mtp.") || name.starts_with("model.visual."))
     }
 }
 
@@ -75,28 +157,34 @@ pub fn load_config(dir: impl AsRef<Path>) -> Result<ModelConfig, LoadError> {
 
 /// Parse the JSON of a `config.json`; `path` is only used in error messages.
 pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError> {
-    let obj = json.as_object().ok_or_else(|| LoadError::invalid(path, "the top level is not a JSON object"))?;
-    let f = Fields { path, obj };
-
-    let model_type = match obj.get("model_type").and_then(Value::as_str) {
-        Some("qwen2") => ModelType::Qwen2,
-        Some("qwen3") => ModelType::Qwen3,
+    let top = json.as_object().ok_or_else(|| LoadError::invalid(path, "the top level is not a JSON object"))?;
+    reject_quantization(path, top, "")?;
+    let (model_type, obj, text_prefix) = match top.get("model_type").and_then(Value::as_str) {
+        Some("qwen2") => (ModelType::Qwen2, top, "model."),
+        Some("qwen3") => (ModelType::Qwen3, top, "model."),
+        Some("qwen3_5_text") => (ModelType::Qwen35, top, "model."),
+        Some("qwen3_5") => {
+            let text = top.get("text_config").filter(|v| !v.is_null());
+            let text =
+                text.ok_or_else(|| LoadError::invalid(path, "model_type \"qwen3_5\" without a \"text_config\""))?;
+            let text = text.as_object().ok_or_else(|| LoadError::invalid(path, "text_config is not an object"))?;
+            reject_quantization(path, text, "text_config.")?;
+            (ModelType::Qwen35, text, "model.language_model.")
+        }
         Some(other) => {
             return Err(LoadError::unsupported(
                 path,
-                format!("model_type \"{other}\" (only \"qwen2\" and \"qwen3\" are implemented)"),
+                format!(
+                "model_type \"{other}\" (only \"qwen2\", \"qwen3\", \"qwen3_5_text\" and \"qwen3_5\" are implemented)"
+            ),
             ))
         }
         None => return Err(LoadError::invalid(path, "no \"model_type\" string")),
     };
+    let f = Fields { path, obj };
+    // The composite's own fields, where it has them, over its text config's.
+    let outer = Fields { path, obj: top };
 
-    if let Some(q) = obj.get("quantization_config").filter(|v| !v.is_null()) {
-        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-        return Err(LoadError::unsupported(
-            path,
-            format!("quantization_config (quant_method \"{method}\"): quantised checkpoints are not implemented"),
-        ));
-    }
     let act = f.string("hidden_act")?.unwrap_or("silu");
     if act != "silu" {
         return Err(LoadError::unsupported(path, format!("hidden_act \"{act}\" (only \"silu\")")));
@@ -108,8 +196,9 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     let num_key_value_heads = f.usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
     let head_dim = match (f.usize("head_dim")?, model_type) {
         (Some(d), _) => d,
-        // transformers' Qwen3Config default.
+        // transformers' Qwen3Config and Qwen3_5TextConfig defaults.
         (None, ModelType::Qwen3) => 128,
+        (None, ModelType::Qwen35) => 256,
         (None, ModelType::Qwen2) => {
             if hidden_size % num_attention_heads.max(1) != 0 {
                 return Err(LoadError::invalid(path, format!("hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads} and no head_dim is given")));
@@ -123,7 +212,48 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     let attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_proj_bias, qk_norm) = match model_type {
         ModelType::Qwen2 => (true, false, false),
-        ModelType::Qwen3 => (attention_bias, attention_bias, true),
+        ModelType::Qwen3 | ModelType::Qwen35 => (attention_bias, attention_bias, true),
+    };
+    // The composite model ties (or not) by its own field, as transformers reads it: the text
+    // config's is not consulted (both default to false).
+    let tie_word_embeddings = outer.bool("tie_word_embeddings")?.unwrap_or(false);
+    let torch_dtype = match torch_dtype(&f)? {
+        None => torch_dtype(&outer)?,
+        some => some,
+    };
+    let linear_attention = match model_type {
+        ModelType::Qwen35 => {
+            let d = LinearAttentionConfig::QWEN35_DEFAULTS;
+            Some(LinearAttentionConfig {
+                conv_kernel_dim: f.usize("linear_conv_kernel_dim")?.unwrap_or(d.conv_kernel_dim),
+                num_key_heads: f.usize("linear_num_key_heads")?.unwrap_or(d.num_key_heads),
+                num_value_heads: f.usize("linear_num_value_heads")?.unwrap_or(d.num_value_heads),
+                key_head_dim: f.usize("linear_key_head_dim")?.unwrap_or(d.key_head_dim),
+                value_head_dim: f.usize("linear_value_head_dim")?.unwrap_or(d.value_head_dim),
+            })
+        }
+        _ => None,
+    };
+    let layer_types = match model_type {
+        ModelType::Qwen35 => qwen35_layer_types(&f, num_hidden_layers)?,
+        _ => vec![LayerType::FullAttention; num_hidden_layers],
+    };
+    let rotary_dim = match model_type {
+        ModelType::Qwen35 => {
+            let factor = partial_rotary_factor(&f)?;
+            // transformers' `int(head_dim * partial_rotary_factor)`.
+            let dim = (head_dim as f64 * factor) as usize;
+            if dim == 0 || !dim.is_multiple_of(2) {
+                return Err(LoadError::invalid(
+                    path,
+                    format!(
+                        "partial_rotary_factor {factor} of head_dim {head_dim} rotates {dim} dimensions (RoPE needs a positive even number)"
+                    ),
+                ));
+            }
+            dim
+        }
+        _ => head_dim,
     };
 
     let config = ModelConfig {
@@ -137,12 +267,16 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         head_dim,
         rope_theta: rope_theta(&f)?,
         rms_norm_eps: f.f64("rms_norm_eps")?.unwrap_or(1e-6),
-        tie_word_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
+        tie_word_embeddings,
         max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(32768),
         qkv_bias,
         o_proj_bias,
         qk_norm,
-        torch_dtype: torch_dtype(&f)?,
+        torch_dtype,
+        rotary_dim,
+        layer_types,
+        linear_attention,
+        text_prefix,
     };
     for (name, v) in [
         ("vocab_size", config.vocab_size),
@@ -170,8 +304,101 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     if !(config.rope_theta > 0.0 && config.rope_theta.is_finite()) {
         return Err(LoadError::invalid(path, format!("rope_theta {} is not a positive number", config.rope_theta)));
     }
-    reject_sliding_window(&f, num_hidden_layers)?;
+    if let Some(la) = &config.linear_attention {
+        for (name, v) in [
+            ("linear_conv_kernel_dim", la.conv_kernel_dim),
+            ("linear_num_key_heads", la.num_key_heads),
+            ("linear_num_value_heads", la.num_value_heads),
+            ("linear_key_head_dim", la.key_head_dim),
+            ("linear_value_head_dim", la.value_head_dim),
+        ] {
+            if v == 0 {
+                return Err(LoadError::invalid(path, format!("{name} is 0")));
+            }
+        }
+        if la.num_value_heads % la.num_key_heads != 0 {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                    la.num_value_heads, la.num_key_heads
+                ),
+            ));
+        }
+    } else {
+        reject_sliding_window(&f, num_hidden_layers)?;
+    }
     Ok(config)
+}
+
+/// A `quantization_config` (at `where_` in the file) is refused: quantised weights are not
+/// implemented.
+fn reject_quantization(path: &Path, obj: &Map<String, Value>, where_: &str) -> Result<(), LoadError> {
+    match obj.get("quantization_config").filter(|v| !v.is_null()) {
+        None => Ok(()),
+        Some(q) => {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+            Err(LoadError::unsupported(
+                path,
+                format!(
+                    "{where_}quantization_config (quant_method \"{method}\"): quantised checkpoints are not implemented"
+                ),
+            ))
+        }
+    }
+}
+
+/// Qwen3.5's `layer_types` (each `linear_attention` or `full_attention`), or, when absent, the
+/// pattern of `full_attention_interval` (4 when absent): layer `i` is full attention iff
+/// `(i + 1) % interval == 0`, as transformers derives it.
+fn qwen35_layer_types(f: &Fields, layers: usize) -> Result<Vec<LayerType>, LoadError> {
+    if let Some(v) = f.get("layer_types") {
+        let list = v.as_array().filter(|a| a.iter().all(Value::is_string));
+        let list = list.ok_or_else(|| LoadError::invalid(f.path, "layer_types is not a list of strings"))?;
+        if list.len() != layers {
+            return Err(LoadError::invalid(
+                f.path,
+                format!("layer_types has {} entries for {layers} layers", list.len()),
+            ));
+        }
+        return list
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.as_str() {
+                Some("full_attention") => Ok(LayerType::FullAttention),
+                Some("linear_attention") => Ok(LayerType::LinearAttention),
+                other => Err(LoadError::unsupported(
+                    f.path,
+                    format!(
+                        "layer type \"{}\" of layer {i} (only \"linear_attention\" and \"full_attention\")",
+                        other.unwrap_or_default()
+                    ),
+                )),
+            })
+            .collect();
+    }
+    let interval = f.usize("full_attention_interval")?.unwrap_or(4);
+    if interval == 0 {
+        return Err(LoadError::invalid(f.path, "full_attention_interval is 0"));
+    }
+    Ok((0..layers)
+        .map(|i| if (i + 1) % interval == 0 { LayerType::FullAttention } else { LayerType::LinearAttention })
+        .collect())
+}
+
+/// Qwen3.5's `partial_rotary_factor`, in `rope_parameters` (transformers 5) or at the top level
+/// (older configs); 0.25 when absent. A factor in (0, 1].
+fn partial_rotary_factor(f: &Fields) -> Result<f64, LoadError> {
+    let nested = f.get("rope_parameters").and_then(Value::as_object).and_then(|p| p.get("partial_rotary_factor"));
+    let (key, value) = match nested.filter(|v| !v.is_null()) {
+        Some(v) => ("rope_parameters.partial_rotary_factor", Some(v)),
+        None => ("partial_rotary_factor", f.get("partial_rotary_factor")),
+    };
+    let Some(value) = value else { return Ok(0.25) };
+    match value.as_f64() {
+        Some(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(LoadError::invalid(f.path, format!("{key} is not a number in (0, 1] (found {value})"))),
+    }
 }
 
 /// `rope_theta` at the top level (transformers 4.x) or in `rope_parameters` (5.x); any rope

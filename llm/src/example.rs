@@ -1,4 +1,4 @@
-//! The `qwen2_generate` / `qwen3_generate` examples: `MODEL_DIR PROMPT [MAX_NEW_TOKENS=32]
+//! The `qwen2_generate` / `qwen3_generate` / `qwen35_generate` examples: `MODEL_DIR PROMPT [MAX_NEW_TOKENS=32]
 //! [RUNS=1]`, or no arguments for the bundled tiny model. Standard output is JSON lines only: one
 //! `load` event, then one `generation` event per run; notices go to standard error.
 
@@ -17,7 +17,7 @@ use crate::pipeline::{Pipeline, PipelineOptions};
 /// what the examples run without arguments. In the source tree the binary was built from, or
 /// else `llm/models/` under the working directory (a binary copied to another checkout).
 pub fn bundled_model(model_type: ModelType) -> PathBuf {
-    let name = format!("tiny-{}", model_type.name());
+    let name = format!("tiny-{}", model_type.short_name());
     let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(&name);
     if built.exists() {
         built
@@ -43,7 +43,7 @@ impl ExampleArgs {
         let usage = || {
             format!(
                 "usage: {}_generate [MODEL_DIR PROMPT [MAX_NEW_TOKENS=32] [RUNS=1]] (no arguments: the bundled tiny model)",
-                model_type.name()
+                model_type.short_name()
             )
         };
         let positive = |what: &str, s: &OsStr| -> Result<usize, LlmError> {

@@ -40,7 +40,7 @@ mod tokenizer;
 pub mod tune;
 mod weights;
 
-pub use cache::{Cache, KvCache, LayerCache};
+pub use cache::{Cache, KvCache, LayerCache, LinearState};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};
 pub use error::{LlmError, LoadError};
@@ -55,9 +55,10 @@ pub use layers::{
 };
 pub use models::{architecture, Architecture, CausalLm, DecoderSpec, Workspace};
 pub use pipeline::{
-    architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen3_pipeline, load_pipeline, ChatRole,
-    HuggingFaceLoadError, HuggingFaceQwen2Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions,
-    Qwen2ChatMessage, Qwen2ChatRole, DEFAULT_CONTEXT,
+    architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen35_pipeline,
+    load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError, HuggingFaceQwen2Pipeline,
+    HuggingFaceQwen35Pipeline, HuggingFaceQwen3Pipeline, LoadedModel, Pipeline, PipelineOptions, Qwen2ChatMessage,
+    Qwen2ChatRole, Qwen35Cache, DEFAULT_CONTEXT,
 };
 pub use tokenizer::Tokenizer;
 pub use weights::{expected_tensors, WeightInfo, Weights};

@@ -27,6 +27,11 @@ use crate::weights::{check_weights_from_env, Weights};
 /// written against them.
 pub type HuggingFaceQwen2Pipeline = Pipeline;
 pub type HuggingFaceQwen3Pipeline = Pipeline;
+/// The Qwen3.5 pipeline ([`load_huggingface_qwen35_pipeline`]).
+pub type HuggingFaceQwen35Pipeline = Pipeline;
+/// The state a Qwen3.5 model carries between [`CausalLm::forward_cached_last`] calls: per layer
+/// the KV cache of full attention or the conv and recurrent states of the gated DeltaNet.
+pub type Qwen35Cache = Cache;
 pub type HuggingFaceLoadError = LlmError;
 pub type Qwen2ChatMessage = ChatMessage;
 pub type Qwen2ChatRole = ChatRole;
@@ -108,6 +113,12 @@ pub fn load_huggingface_qwen3_pipeline(dir: impl AsRef<Path>, device: &Device) -
     load_expecting(dir.as_ref(), ModelType::Qwen3, device)
 }
 
+/// Load `dir`, which must hold a Qwen3.5 model (`qwen3_5_text`, or the composite `qwen3_5` for
+/// its text), on `device`.
+pub fn load_huggingface_qwen35_pipeline(dir: impl AsRef<Path>, device: &Device) -> Result<Pipeline, LlmError> {
+    load_expecting(dir.as_ref(), ModelType::Qwen35, device)
+}
+
 fn load_expecting(dir: &Path, expected: ModelType, device: &Device) -> Result<Pipeline, LlmError> {
     let options = PipelineOptions { device: Some(device.clone()), ..Default::default() };
     Pipeline::load_expecting(dir, Some(expected), &options)
@@ -167,7 +178,7 @@ impl Pipeline {
                 .ok()
                 .and_then(|t| serde_json::from_str::<Value>(&t).ok())
                 .and_then(|j| j.get("model_type").and_then(Value::as_str).map(str::to_string));
-            if let Some(found) = found.filter(|f| f != expected.name()) {
+            if let Some(found) = found.filter(|f| !expected.accepts(f)) {
                 return Err(LlmError::WrongModelType { path, expected: expected.name(), found });
             }
         }

@@ -44,11 +44,14 @@ pub struct WeightInfo {
 }
 
 /// The validated, memory-mapped weights of a model: exactly the tensors its config needs,
-/// with the right shapes, each bf16, f16 or f32.
+/// with the right shapes, each bf16, f16 or f32 (besides what the config ignores, which is
+/// left out: [`ModelConfig::ignores_tensor`]).
 pub struct Weights {
     files: Vec<SafetensorsFile>,
     tensors: BTreeMap<String, WeightInfo>,
     tied: bool,
+    /// The embedding's name (under the config's text prefix), which a tied `lm_head` is.
+    embed_tokens: String,
     /// Whether reading a tensor for upload refuses NaN and infinities.
     check_finite: bool,
 }
@@ -76,7 +79,10 @@ impl Weights {
             let tensors = file.tensors().iter().map(|(n, t)| (n.clone(), info(0, t))).collect();
             (vec![file], tensors)
         };
-        let weights = Weights { files, tensors, tied: config.tie_word_embeddings, check_finite: true };
+        // What the text model ignores (a vision tower, an MTP head) is not part of its weights.
+        let tensors = tensors.into_iter().filter(|(name, _)| !config.ignores_tensor(name)).collect();
+        let embed_tokens = format!("{}{}", config.text_prefix, EMBED_TOKENS.trim_start_matches("model."));
+        let weights = Weights { files, tensors, tied: config.tie_word_embeddings, embed_tokens, check_finite: true };
         weights.validate(dir, config)?;
         Ok(weights)
     }
@@ -205,7 +211,7 @@ impl Weights {
             out.insert(name.clone(), tensor);
         }
         if self.tied {
-            if let Some(embed) = out.get(EMBED_TOKENS).cloned() {
+            if let Some(embed) = out.get(&self.embed_tokens).cloned() {
                 out.insert(LM_HEAD.to_string(), embed);
             }
         }

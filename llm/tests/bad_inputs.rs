@@ -107,6 +107,25 @@ fn poke_bf16(dir: &Path, name: &str, index: usize, value: u16) {
 
 const NORM: &str = "model.layers.1.post_attention_layernorm.weight";
 
+/// Replace the folder's files with those of fixture `name` (a Qwen3.5 one), less its goldens.
+fn use_fixture(dir: &Path, name: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "goldens.json" {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// The composite Qwen3.5 fixture with `edit` applied to its `text_config`.
+fn qwen35_text_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+    use_fixture(dir, "qwen35-vl");
+    edit_json(&dir.join("config.json"), |v| edit(&mut v["text_config"]));
+}
+
 /// How a row calls the example: the model folder, a text or raw bytes.
 #[derive(Clone, Copy)]
 enum Arg {
@@ -279,7 +298,7 @@ fn rows() -> Vec<Row> {
             ..generate(
                 "ruda-llm generate: an unknown model_type",
                 RUN,
-                "config.json: not supported: model_type \"llama\" (only \"qwen2\" and \"qwen3\" are implemented)",
+                "config.json: not supported: model_type \"llama\" (only \"qwen2\", \"qwen3\", \"qwen3_5_text\" and \"qwen3_5\" are implemented)",
             )
         },
         Row {
@@ -293,6 +312,108 @@ fn rows() -> Vec<Row> {
         Row {
             env: &[("RUDA_CHECK_WEIGHTS", "maybe")],
             ..generate("ruda-llm generate: RUDA_CHECK_WEIGHTS=maybe", RUN, "RUDA_CHECK_WEIGHTS=maybe: expected on or off")
+        },
+        // Qwen3.5 folders (the composite `qwen3_5` and `qwen3_5_text`), through `ruda-llm generate`.
+        Row {
+            setup: |d| use_fixture(d, "qwen35-vl"),
+            status: 0,
+            output: "\"event\":\"generation\"",
+            ..generate("ruda-llm generate: the composite Qwen3.5 (its vision tower ignored)", RUN, "")
+        },
+        Row {
+            setup: |d| {
+                // A multi-token-prediction head, as released Qwen3.5 checkpoints carry one.
+                use_fixture(d, "qwen35-text");
+                let path = d.join("model.safetensors");
+                let (header, mut data) = split(&path);
+                let n = data.len();
+                let entry = format!(r#""mtp.fc.weight":{{"dtype":"BF16","shape":[2],"data_offsets":[{n},{}]}}"#, n + 4);
+                let header = header.trim_end().replacen('{', &format!("{{{entry},"), 1);
+                data.extend([0, 0x3f, 0, 0x3f]);
+                join(&path, &header, &data);
+            },
+            status: 0,
+            output: "\"event\":\"generation\"",
+            ..generate("ruda-llm generate: Qwen3.5 with an MTP head (ignored)", RUN, "")
+        },
+        Row {
+            setup: |d| {
+                use_fixture(d, "qwen35-vl");
+                let a_log = "model.language_model.layers.1.linear_attn.A_log";
+                edit_header(d, |h| h.replace(&format!("\"{a_log}\""), &format!("\"{a_log}_renamed\"")));
+            },
+            ..generate(
+                "ruda-llm generate: Qwen3.5 without a DeltaNet tensor",
+                RUN,
+                "1 missing tensor(s) for this qwen3_5_text config: model.language_model.layers.1.linear_attn.A_log",
+            )
+        },
+        Row {
+            setup: |d| qwen35_text_config(d, |t| t["linear_conv_kernel_dim"] = 3.into()),
+            ..generate(
+                "ruda-llm generate: Qwen3.5 conv width that is not the checkpoint's",
+                RUN,
+                "tensor model.language_model.layers.1.linear_attn.conv1d.weight has shape [112, 1, 4], the config needs [112, 1, 3]",
+            )
+        },
+        Row {
+            setup: |d| {
+                use_fixture(d, "qwen35-text");
+                config(d, "linear_num_value_heads", 3.into());
+            },
+            ..generate(
+                "ruda-llm generate: Qwen3.5 value heads not a multiple of key heads",
+                RUN,
+                "config.json: linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2",
+            )
+        },
+        Row {
+            setup: |d| {
+                use_fixture(d, "qwen35-text");
+                config(d, "full_attention_interval", 0.into());
+            },
+            ..generate("ruda-llm generate: Qwen3.5 full_attention_interval 0", RUN, "config.json: full_attention_interval is 0")
+        },
+        Row {
+            setup: |d| {
+                qwen35_text_config(d, |t| t["layer_types"] = serde_json::json!(["full_attention", "mamba", "linear_attention"]))
+            },
+            ..generate(
+                "ruda-llm generate: Qwen3.5 unknown layer type",
+                RUN,
+                "not supported: layer type \"mamba\" of layer 1 (only \"linear_attention\" and \"full_attention\")",
+            )
+        },
+        Row {
+            setup: |d| qwen35_text_config(d, |t| t["layer_types"] = serde_json::json!(["full_attention"])),
+            ..generate("ruda-llm generate: Qwen3.5 layer_types too short", RUN, "layer_types has 1 entries for 3 layers")
+        },
+        Row {
+            setup: |d| qwen35_text_config(d, |t| t["rope_parameters"]["partial_rotary_factor"] = 0.01.into()),
+            ..generate(
+                "ruda-llm generate: Qwen3.5 partial RoPE of no dimension",
+                RUN,
+                "partial_rotary_factor 0.01 of head_dim 32 rotates 0 dimensions",
+            )
+        },
+        Row {
+            setup: |d| qwen35_text_config(d, |t| t["quantization_config"] = serde_json::json!({"quant_method": "fp8"})),
+            ..generate(
+                "ruda-llm generate: Qwen3.5 quantised text model",
+                RUN,
+                "not supported: text_config.quantization_config (quant_method \"fp8\")",
+            )
+        },
+        Row {
+            setup: |d| {
+                use_fixture(d, "qwen35-vl");
+                edit_json(&d.join("config.json"), |v| v.as_object_mut().unwrap().remove("text_config").map(drop).unwrap());
+            },
+            ..generate(
+                "ruda-llm generate: the composite Qwen3.5 without text_config",
+                RUN,
+                "config.json: model_type \"qwen3_5\" without a \"text_config\"",
+            )
         },
         // Environment variables.
         Row {

@@ -66,7 +66,7 @@ fn same_as_example(model_type: ModelType, args: &[&str]) -> Vec<Value> {
 
 #[test]
 fn generate_prints_the_examples_lines_with_32_tokens_by_default() {
-    for model_type in [ModelType::Qwen2, ModelType::Qwen3] {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
         let dir = example::bundled_model(model_type).display().to_string();
         let lines = same_as_example(model_type, &[&dir, "Hello"]);
         assert_eq!(lines.len(), 2);
@@ -179,5 +179,20 @@ fn tune_keeps_its_flags_and_statuses() {
     }
     for args in [os(&[]), os(&["tune"]), os(&["serve"])] {
         assert_eq!(ruda_llm(&args).status.code(), Some(2), "{args:?}");
+    }
+}
+
+/// `ruda-llm tune` takes a Qwen3.5 folder: the gated DeltaNet's products (its q/k/v blocks of
+/// `in_proj_qkv`, `in_proj_z`, the gates, `out_proj`) and the gated attention's (a `q_proj` of
+/// twice the query) besides the MLP's, and decode attention of the full-attention layers.
+#[test]
+fn tune_takes_a_qwen35_folder() {
+    let out = tune(&bundled(ModelType::Qwen35), &["--context", "200", "--dtype", "f32"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    if text.starts_with("autotuning is off") {
+        for line in ["gemv f32 1x160x48", "gemv f32 1x4x48", "gemv f32 1x192x48", "attention_decode f32 1x2x1x48x200"] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
     }
 }

@@ -228,14 +228,18 @@ fn example_arguments() {
     assert_eq!((full.prompt.as_str(), full.max_new_tokens, full.runs), ("Hello", 8, 3));
     assert!(args(&["dir", "Hello", "8", "0"]).unwrap_err().to_string().contains("RUNS must be a positive integer"));
     assert!(args(&["dir", "Hello", "x"]).unwrap_err().to_string().contains("MAX_NEW_TOKENS"));
-    assert!(args(&["dir"]).unwrap_err().to_string().contains("usage"));
+    assert!(args(&["dir"]).unwrap_err().to_string().contains("usage: qwen2_generate"));
+    let qwen35 = ExampleArgs::parse(ModelType::Qwen35, &[] as &[&str]).unwrap();
+    assert!(qwen35.model_dir.ends_with("tiny-qwen35"), "{}", qwen35.model_dir.display());
+    let usage = ExampleArgs::parse(ModelType::Qwen35, &["dir"]).unwrap_err().to_string();
+    assert!(usage.contains("usage: qwen35_generate"), "{usage}");
 }
 
 /// The README's main command: the bundled model through the interpreter, JSON lines only on
 /// standard output with the contract's keys in order, a notice on standard error.
 #[test]
 fn examples_print_the_json_contract_for_the_bundled_models() {
-    for model_type in [ModelType::Qwen2, ModelType::Qwen3] {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
         let (mut out, mut notices) = (Vec::new(), Vec::new());
         let args: Vec<String> =
             [example::bundled_model(model_type).display().to_string(), "Hello".into(), "5".into(), "2".into()].into();

@@ -1,11 +1,13 @@
 //! Per-sequence model state between forward passes. A model's [`Cache`] holds one
 //! [`LayerCache`] per layer, by the kind of that layer's token mixer: the contiguous
-//! [`KvCache`] of full attention today; a paged cache (block tables) and the recurrent state of
-//! linear attention are further kinds, side by side in hybrid models.
+//! [`KvCache`] of full attention, or the [`LinearState`] of Qwen3.5's gated DeltaNet, side by side
+//! in hybrid models; a paged cache (block tables) is a further kind.
 
 mod kv;
 
 pub use kv::KvCache;
+
+use ruda_runtime::Tensor;
 
 use ruda_ops::api::DecodeWorkspace;
 
@@ -15,6 +17,18 @@ use crate::error::LlmError;
 pub enum LayerCache {
     /// Keys and values of every position so far (full attention).
     Kv(KvCache),
+    /// The conv and recurrent states after the last position (linear attention).
+    Linear(LinearState),
+}
+
+/// What a gated DeltaNet layer carries from one position to the next. It is only read when the
+/// cache holds positions: a sequence's first chunk starts from zeros and overwrites it (so
+/// [`Cache::clear`] needs not zero it).
+pub struct LinearState {
+    /// The last `W − 1` conv inputs `[channels, W − 1]` of the q, k and v channel blocks.
+    pub conv: [Tensor; 3],
+    /// f32 `[1, Hv, K, V]`.
+    pub recurrent: Tensor,
 }
 
 impl LayerCache {
@@ -22,6 +36,20 @@ impl LayerCache {
     pub fn kv(&self) -> Result<&KvCache, LlmError> {
         match self {
             LayerCache::Kv(kv) => Ok(kv),
+            LayerCache::Linear(_) => Err(LlmError::InvalidArgument(
+                "a linear-attention layer's cache where full attention needs a KV cache: it was made by another model"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The state of a linear-attention layer.
+    pub fn linear_mut(&mut self) -> Result<&mut LinearState, LlmError> {
+        match self {
+            LayerCache::Linear(state) => Ok(state),
+            LayerCache::Kv(_) => Err(LlmError::InvalidArgument(
+                "a KV cache where a linear-attention layer needs its state: it was made by another model".into(),
+            )),
         }
     }
 }
@@ -32,12 +60,12 @@ pub struct Cache {
     capacity: usize,
     len: usize,
     /// Split-KV decode's scratch, shared by the attention layers (one shape), with the split
-    /// count tuned for this capacity.
-    decode: DecodeWorkspace,
+    /// count tuned for this capacity (`None` for a model without attention layers).
+    decode: Option<DecodeWorkspace>,
 }
 
 impl Cache {
-    pub(crate) fn new(layers: Vec<LayerCache>, capacity: usize, decode: DecodeWorkspace) -> Cache {
+    pub(crate) fn new(layers: Vec<LayerCache>, capacity: usize, decode: Option<DecodeWorkspace>) -> Cache {
         Cache { layers, capacity, len: 0, decode }
     }
 
@@ -64,8 +92,9 @@ impl Cache {
         &self.layers
     }
 
-    pub(crate) fn decode_workspace(&self) -> &DecodeWorkspace {
-        &self.decode
+    /// The layers' states and the decode attention workspace, borrowed together.
+    pub(crate) fn parts_mut(&mut self) -> (&mut [LayerCache], Option<&DecodeWorkspace>) {
+        (&mut self.layers, self.decode.as_ref())
     }
 
     /// Count `tokens` more positions as filled (after every layer appended them).

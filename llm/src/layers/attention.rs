@@ -1,5 +1,6 @@
 //! Causal self-attention with grouped-query heads over a contiguous KV cache. Its variants are
-//! values of the spec (a bias on q/k/v or on o, per-head q/k norms), not flags of a decoder.
+//! values of the spec (a bias on q/k/v or on o, per-head q/k norms, Qwen3.5's output gate), not
+//! flags of a decoder.
 
 use ruda_ops::api::{self, DecodeWorkspace};
 use ruda_runtime::{DType, Device, Stream, Tensor};
@@ -27,6 +28,9 @@ pub struct AttentionSpec {
     pub o: LinearSpec,
     /// RMS norms of each head of q and of k before RoPE (Qwen3).
     pub qk_norm: Option<(RmsNormSpec, RmsNormSpec)>,
+    /// Qwen3.5's gated attention: `q_proj` makes `[T, Hq, 2·head_dim]`, per head the query then
+    /// a gate, and the attention output is multiplied by `sigmoid(gate)` before `o_proj`.
+    pub output_gate: bool,
 }
 
 impl AttentionSpec {
@@ -41,7 +45,16 @@ impl AttentionSpec {
             v: LinearSpec::new("v_proj", &format!("{prefix}.v_proj"), kv, hidden, false),
             o: LinearSpec::new("o_proj", &format!("{prefix}.o_proj"), hidden, q, false),
             qk_norm: None,
+            output_gate: false,
         }
+    }
+
+    /// Qwen3.5's output gate: `q_proj` doubles to `[2·Hq·head_dim, hidden]` (call before
+    /// [`AttentionSpec::with_bias`], which sizes the bias by the weight).
+    pub fn with_output_gate(mut self) -> AttentionSpec {
+        self.q.weights[0].shape[0] *= 2;
+        self.output_gate = true;
+        self
     }
 
     /// Biases (`{name}.bias [out]` beside each `{name}.weight`) on q, k and v, and with `o` on the
@@ -79,27 +92,40 @@ impl AttentionSpec {
         [&self.q, &self.k, &self.v, &self.o].map(|l| l.linear_shape(tokens))
     }
 
-    /// The launches of [`Attention::forward`] for one token at `step.context - 1`: q, k and v,
-    /// the per-head norms, RoPE of q, RoPE of k with the cache append, split-KV decode attention
-    /// over `step.context` keys and its combine, the output projection.
+    /// The launches of [`Attention::forward`] for one token at `step.context - 1`: q (and the
+    /// split of query and gate), k and v, the per-head norms, RoPE of q, RoPE of k with the cache
+    /// append, split-KV decode attention over `step.context` keys and its combine, the output
+    /// gate, the output projection.
     pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
         let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
         let (e, dt) = (step.elem(), step.dt());
-        for lin in [&self.q, &self.k, &self.v] {
+        let q_elems = (hq * d) as u64;
+        let gate = |what: &str, kernel: &str, read: u64, written: u64, flops: u64| {
+            let label = self.q.label();
+            let p = label.rsplit_once('.').map_or("self_attn", |(p, _)| p).to_string();
+            launch(format!("{p}.{what}"), format!("{kernel}.{dt}"), format!("[1, {hq}, {d}]"), read, written, flops)
+        };
+        self.q.decode_launches(step, out);
+        if self.output_gate && self.qk_norm.is_none() {
+            out.push(gate("query / gate split", "split_heads_halves", 2 * q_elems * e, 2 * q_elems * e, 0));
+        }
+        for lin in [&self.k, &self.v] {
             lin.decode_launches(step, out);
         }
         if let Some((qn, kn)) = &self.qk_norm {
-            out.push(qn.decode_launch(step, hq, false));
-            out.push(kn.decode_launch(step, hkv, false));
+            qn.decode_launches(step, hq, false, out);
+            kn.decode_launches(step, hkv, false, out);
         }
         let label = self.q.label();
         let p = label.rsplit_once('.').map_or("self_attn", |(p, _)| p);
         let (q, kv) = ((hq * d) as u64, (hkv * d) as u64);
-        // The rotary table is f32 `cos` and `sin`, `d / 2` of each per position.
-        let table = 4 * d as u64;
+        // The rotary table is f32 `cos` and `sin`, `rotary_dim / 2` of each per position.
+        let r = step.rotary_dim;
+        let table = 4 * r as u64;
+        let partial = if r == d { String::new() } else { format!(".r{r}") };
         out.push(launch(
             format!("{p}.rope (q)"),
-            format!("rope.{dt}.d{d}"),
+            format!("rope.{dt}.d{d}{partial}"),
             format!("[1, {hq}, {d}]"),
             q * e + 4 + table,
             q * e,
@@ -107,7 +133,7 @@ impl AttentionSpec {
         ));
         out.push(launch(
             format!("{p}.rope (k) + cache append"),
-            format!("rope_kv_cache.{dt}.d{d}"),
+            format!("rope_kv_cache.{dt}.d{d}{partial}"),
             format!("k, v [1, {hkv}, {d}]"),
             2 * kv * e + 8 + table,
             2 * kv * e,
@@ -138,6 +164,9 @@ impl AttentionSpec {
             q * e,
             2 * splits * q,
         ));
+        if self.output_gate {
+            out.push(gate("output gate", "sigmoid_gate", 2 * q_elems * e, q_elems * e, 4 * q_elems));
+        }
         self.o.decode_launches(step, out);
     }
 
@@ -148,6 +177,7 @@ impl AttentionSpec {
         };
         Ok(Attention {
             shape: self.shape,
+            output_gate: self.output_gate,
             q: self.q.load(ld)?,
             k: self.k.load(ld)?,
             v: self.v.load(ld)?,
@@ -159,6 +189,7 @@ impl AttentionSpec {
 
 pub struct Attention {
     shape: AttentionShape,
+    output_gate: bool,
     q: Linear,
     k: Linear,
     v: Linear,
@@ -179,6 +210,9 @@ pub struct AttentionScratch {
     attn: Tensor,
     /// The output projection before its bias is added.
     out_scratch: Tensor,
+    /// With an output gate: `q_proj`'s output `[tokens, 2·Hq·head_dim]`, its bias scratch, and
+    /// the gated attention output `[tokens, Hq·head_dim]`.
+    gated: Option<(Tensor, Tensor, Tensor)>,
 }
 
 impl AttentionScratch {
@@ -188,6 +222,7 @@ impl AttentionScratch {
         tokens: usize,
         hidden: usize,
         shape: AttentionShape,
+        output_gate: bool,
     ) -> Result<AttentionScratch, LlmError> {
         let AttentionShape { q_heads, kv_heads, head_dim } = shape;
         let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(device, dtype, shape)?) };
@@ -202,6 +237,13 @@ impl AttentionScratch {
             q_rot: empty(&[tokens, q_heads, head_dim])?,
             attn: empty(&q)?,
             out_scratch: empty(&[tokens, hidden])?,
+            gated: match output_gate {
+                true => {
+                    let proj = [tokens, 2 * q_heads * head_dim];
+                    Some((empty(&proj)?, empty(&proj)?, empty(&q)?))
+                }
+                false => None,
+            },
         })
     }
 }
@@ -222,6 +264,11 @@ impl StepInputs {
     pub fn new(device: &Device, tokens: usize) -> Result<StepInputs, LlmError> {
         let u32s = |n: usize| -> Result<Tensor, LlmError> { Ok(Tensor::zeros(device, DType::U32, &[n])?) };
         Ok(StepInputs { positions: u32s(tokens)?, slots: u32s(tokens)?, seq_lens: u32s(1)?, cu_seqlens: u32s(2)? })
+    }
+
+    /// `[0, tokens]`: the chunk as one packed sequence.
+    pub(crate) fn cu_seqlens(&self) -> &Tensor {
+        &self.cu_seqlens
     }
 
     /// The chunk of `tokens` rows at positions `start..start + tokens` of one sequence.
@@ -262,18 +309,41 @@ impl Attention {
         let t = x.shape()[0];
         let AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: d } = self.shape;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
-        self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
+        // With the output gate, q_proj's output `[T, Hq, 2·D]` holds per head the query, then
+        // the gate: the q norm and the gate read those halves in place (views); without a q norm
+        // (RoPE takes a dense query) they are split into two tensors.
+        let (q_raw, gate) = match (self.output_gate, &a.gated) {
+            (false, _) => {
+                self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
+                (a.q.reshape(&[t, hq, d])?, None)
+            }
+            (true, Some((proj, proj_scratch, _))) => {
+                self.q.forward(s, plan, x, proj, proj_scratch).map_err(op("projection"))?;
+                let heads = proj.reshape(&[t, hq, 2 * d])?;
+                match self.qk_norm {
+                    Some(_) => (heads.narrow(2, 0, d)?, Some(heads.narrow(2, d, d)?)),
+                    None => {
+                        let (q, gate) = api::split_heads_halves(&heads).map_err(op("query / gate split"))?;
+                        (q, Some(gate))
+                    }
+                }
+            }
+            (true, None) => {
+                return Err(LlmError::InvalidArgument("gated attention needs a gated attention scratch".into()))
+            }
+        };
         self.k.forward(s, plan, x, &a.k, &a.k_scratch).map_err(op("projection"))?;
         self.v.forward(s, plan, x, &a.v, &a.v_scratch).map_err(op("projection"))?;
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => {
-                qn.forward(s, &a.q.reshape(&[t * hq, d])?, &a.q_scratch.reshape(&[t * hq, d])?)
-                    .map_err(op("q norm"))?;
+                // Rows of `D` (a view of the query halves stays `[T, Hq, D]`).
+                let q_in = if q_raw.is_contiguous() { q_raw.reshape(&[t * hq, d])? } else { q_raw.clone() };
+                qn.forward(s, &q_in, &a.q_scratch.reshape(q_in.shape())?).map_err(op("q norm"))?;
                 kn.forward(s, &a.k.reshape(&[t * hkv, d])?, &a.k_scratch.reshape(&[t * hkv, d])?)
                     .map_err(op("k norm"))?;
                 (&a.q_scratch, &a.k_scratch)
             }
-            None => (&a.q, &a.k),
+            None => (&q_raw, &a.k),
         };
         let (q3, k3, v3) = (q.reshape(&[t, hq, d])?, k.reshape(&[t, hkv, d])?, a.v.reshape(&[t, hkv, d])?);
         rope.forward(s, &q3, &step.positions, &a.q_rot).map_err(op("rope"))?;
@@ -306,6 +376,13 @@ impl Attention {
             )
             .map_err(op("prefill attention"))?,
         }
-        self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection"))
+        match (gate, &a.gated) {
+            (Some(gate), Some((_, _, gated))) => {
+                api::sigmoid_gate_into(s, &attn, &gate, &gated.reshape(&[t, hq, d])?)
+                    .map_err(op("attention output gate"))?;
+                self.o.forward(s, plan, gated, out, &a.out_scratch).map_err(op("projection"))
+            }
+            _ => self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection")),
+        }
     }
 }

@@ -20,7 +20,12 @@ pub struct EmbeddingSpec {
 
 impl EmbeddingSpec {
     pub fn new(vocab: usize, hidden: usize) -> EmbeddingSpec {
-        EmbeddingSpec { weight: ExpectedTensor::compute(EMBED_TOKENS.into(), vec![vocab, hidden]) }
+        EmbeddingSpec::named(EMBED_TOKENS, vocab, hidden)
+    }
+
+    /// The embedding stored as `name` (a composite checkpoint's text model has its own prefix).
+    pub fn named(name: &str, vocab: usize, hidden: usize) -> EmbeddingSpec {
+        EmbeddingSpec { weight: ExpectedTensor::compute(name.into(), vec![vocab, hidden]) }
     }
 
     /// The gather of one token's row: 16-byte accesses when a row is a multiple of 16 bytes.

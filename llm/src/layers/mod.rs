@@ -6,6 +6,7 @@
 
 mod attention;
 mod embedding;
+mod gated_delta_net;
 mod linear;
 mod mlp;
 mod norm;
@@ -14,6 +15,7 @@ mod rope;
 
 pub use attention::{Attention, AttentionScratch, AttentionShape, AttentionSpec, StepInputs};
 pub use embedding::{Embedding, EmbeddingSpec, LmHeadSpec, EMBED_TOKENS, LM_HEAD};
+pub use gated_delta_net::{GatedDeltaNet, GatedDeltaNetSpec};
 pub use linear::{Linear, LinearPlan, LinearShape, LinearSpec};
 pub use mlp::{Mlp, MlpScratch, MlpSpec};
 pub use norm::{RmsNorm, RmsNormSpec};
@@ -91,6 +93,21 @@ impl Loader<'_> {
     pub(crate) fn tensor(&self, t: &ExpectedTensor) -> Result<Tensor, LlmError> {
         let (dtype, shape, bytes) = self.stored(&t.name)?;
         let tensor = Tensor::from_bytes(self.device, dtype, shape, bytes)
+            .map_err(|e| LlmError::upload(&t.name, self.device, e))?;
+        convert(tensor, self.target(t), &t.name)
+    }
+
+    /// Rows `start..start + rows` of `t` (its first axis; the rest flattened into columns) as a
+    /// `[rows, columns]` tensor in the dtype of `t`'s declaration (one host copy of those rows).
+    pub(crate) fn rows(&self, t: &ExpectedTensor, start: usize, rows: usize) -> Result<Tensor, LlmError> {
+        let (dtype, shape, bytes) = self.stored(&t.name)?;
+        let cols: usize = shape.iter().skip(1).product();
+        let row_bytes = cols * dtype.size();
+        if start + rows > shape.first().copied().unwrap_or(0) {
+            return Err(LlmError::InvalidArgument(format!("rows {start}..{} of {} {shape:?}", start + rows, t.name)));
+        }
+        let part = &bytes[start * row_bytes..(start + rows) * row_bytes];
+        let tensor = Tensor::from_bytes(self.device, dtype, &[rows, cols], part)
             .map_err(|e| LlmError::upload(&t.name, self.device, e))?;
         convert(tensor, self.target(t), &t.name)
     }

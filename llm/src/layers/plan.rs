@@ -67,6 +67,8 @@ pub struct DecodeStep<'a> {
     pub context: usize,
     /// Key splits of decode attention, resolved.
     pub attention_splits: usize,
+    /// Dimensions of each head that RoPE rotates (the model's rotary table).
+    pub rotary_dim: usize,
     pub choices: &'a DecodeChoices,
 }
 

@@ -5,17 +5,18 @@ use ruda_runtime::{Device, Stream, Tensor};
 
 use crate::error::LlmError;
 
-/// Unscaled RoPE (`rope_theta`) over `head_dim` for up to `max_positions`; it has no tensors.
+/// Unscaled RoPE (`rope_theta`) of the first `rotary_dim` dimensions of each head (all of them,
+/// or Qwen3.5's partial RoPE) for up to `max_positions`; it has no tensors.
 #[derive(Clone, Debug)]
 pub struct RopeSpec {
     pub theta: f64,
-    pub head_dim: usize,
+    pub rotary_dim: usize,
     pub max_positions: usize,
 }
 
 impl RopeSpec {
     pub fn load(&self, device: &Device) -> Result<Rope, LlmError> {
-        RopeTable::new(device, self.theta, self.head_dim, self.max_positions)
+        RopeTable::new(device, self.theta, self.rotary_dim, self.max_positions)
             .map(Rope)
             .map_err(|e| LlmError::op("building the rotary table", e))
     }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! h = embed(ids)
-//! per layer:  n = rms_norm(h);  h = h + mixer(n)        (mixer: attention over the layer's cache)
+//! per layer:  n = rms_norm(h);  h = h + mixer(n)        (mixer: attention over the layer's cache,
+//!                                                         or a gated DeltaNet over its state)
 //!             n' = rms_norm(h); h = h + ffn(n')          (ffn: the SwiGLU MLP)
 //! logits = rms_norm(h)·Wlmᵀ
 //! ```
@@ -21,8 +22,8 @@ use crate::config::ModelConfig;
 use crate::error::LlmError;
 use crate::layers::{
     Attention, AttentionScratch, AttentionShape, AttentionSpec, DecodeChoices, DecodeStep, Embedding, EmbeddingSpec,
-    ExpectedTensor, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch,
-    RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
+    ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp,
+    MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
 };
 use crate::models::CausalLm;
 
@@ -31,6 +32,8 @@ use crate::models::CausalLm;
 pub enum MixerSpec {
     /// Causal softmax attention over a KV cache.
     Attention(AttentionSpec),
+    /// Qwen3.5's linear attention over a conv and a recurrent state.
+    GatedDeltaNet(GatedDeltaNetSpec),
 }
 
 /// The per-position feed-forward block of one layer.
@@ -83,7 +86,7 @@ impl DecoderSpec {
             embedding: EmbeddingSpec::new(v, h),
             rope: RopeSpec {
                 theta: config.rope_theta,
-                head_dim: config.head_dim,
+                rotary_dim: config.rotary_dim,
                 max_positions: config.max_position_embeddings,
             },
             layers,
@@ -99,6 +102,7 @@ impl DecoderSpec {
             out.extend([layer.input_norm.weight.clone(), layer.post_norm.weight.clone()]);
             match &layer.mixer {
                 MixerSpec::Attention(a) => a.declare(&mut out),
+                MixerSpec::GatedDeltaNet(g) => g.declare(&mut out),
             }
             match &layer.ffn {
                 FfnSpec::Mlp(m) => m.declare(&mut out),
@@ -116,6 +120,7 @@ impl DecoderSpec {
             let mut shapes = Vec::new();
             match &layer.mixer {
                 MixerSpec::Attention(a) => shapes.extend(a.linear_shapes(tokens)),
+                MixerSpec::GatedDeltaNet(g) => shapes.extend(g.linear_shapes(tokens)),
             }
             match &layer.ffn {
                 FfnSpec::Mlp(m) => shapes.extend(m.linear_shapes(tokens)),
@@ -133,13 +138,20 @@ impl DecoderSpec {
     /// The distinct attention shapes of the layers.
     pub fn attention_shapes(&self) -> Vec<AttentionShape> {
         let mut out = Vec::new();
-        for layer in &self.layers {
-            let MixerSpec::Attention(a) = &layer.mixer;
+        for a in self.attention_layers() {
             if !out.contains(&a.shape) {
                 out.push(a.shape);
             }
         }
         out
+    }
+
+    /// The full-attention layers' specs, in order.
+    fn attention_layers(&self) -> impl Iterator<Item = &AttentionSpec> {
+        self.layers.iter().filter_map(|l| match &l.mixer {
+            MixerSpec::Attention(a) => Some(a),
+            MixerSpec::GatedDeltaNet(_) => None,
+        })
     }
 
     /// The kernel launches of one decode step in `dtype`, in order, as [`CausalLm::decode_step`]
@@ -169,23 +181,30 @@ impl DecoderSpec {
             return Err(LlmError::InvalidArgument(format!("the compute dtype must be f32, f16 or bf16, not {dtype}")));
         }
         let first = self.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
-        // One decode workspace serves every layer, made for the first layer's shape (`new_cache`).
-        let MixerSpec::Attention(a) = &first.mixer;
-        let AttentionShape { q_heads, kv_heads, head_dim } = a.shape;
-        let attention_splits =
-            choices.attention_splits.unwrap_or_else(|| api::decode_splits(1, q_heads, kv_heads, head_dim, context));
-        let step = DecodeStep { dtype, context, attention_splits, choices };
-        let mut out = vec![self.embedding.decode_launch(&step), first.input_norm.decode_launch(&step, 1, false)];
+        // One decode workspace serves every attention layer, made for the first one's shape
+        // (`new_cache`); a model without attention layers has none (1: unused).
+        let attention_splits = match (choices.attention_splits, self.attention_layers().next()) {
+            (Some(splits), _) => splits,
+            (None, Some(a)) => {
+                let AttentionShape { q_heads, kv_heads, head_dim } = a.shape;
+                api::decode_splits(1, q_heads, kv_heads, head_dim, context)
+            }
+            (None, None) => 1,
+        };
+        let step = DecodeStep { dtype, context, attention_splits, rotary_dim: self.rope.rotary_dim, choices };
+        let mut out = vec![self.embedding.decode_launch(&step)];
+        first.input_norm.decode_launches(&step, 1, false, &mut out);
         for (l, layer) in self.layers.iter().enumerate() {
             match &layer.mixer {
                 MixerSpec::Attention(a) => a.decode_launches(&step, &mut out),
+                MixerSpec::GatedDeltaNet(g) => g.decode_launches(&step, &mut out),
             }
-            out.push(layer.post_norm.decode_launch(&step, 1, true));
+            layer.post_norm.decode_launches(&step, 1, true, &mut out);
             match &layer.ffn {
                 FfnSpec::Mlp(m) => m.decode_launches(&step, &mut out),
             }
             let next_norm = self.layers.get(l + 1).map_or(&self.norm, |n| &n.input_norm);
-            out.push(next_norm.decode_launch(&step, 1, true));
+            next_norm.decode_launches(&step, 1, true, &mut out);
         }
         self.lm_head.decode_launches(&step, &mut out);
         out.extend(greedy_pick(&step, self.config.vocab_size, choices.argmax_splits.unwrap_or(1)));
@@ -227,6 +246,7 @@ impl DecoderSpec {
                 input_norm: layer.input_norm.load(&ld)?,
                 mixer: match &layer.mixer {
                     MixerSpec::Attention(a) => Mixer::Attention(a.load(&ld)?),
+                    MixerSpec::GatedDeltaNet(g) => Mixer::GatedDeltaNet(g.load(&ld)?),
                 },
                 post_norm: layer.post_norm.load(&ld)?,
                 ffn: match &layer.ffn {
@@ -279,8 +299,11 @@ fn greedy_pick(step: &DecodeStep, vocab: usize, splits: usize) -> Vec<PlannedLau
     ]
 }
 
+// One per layer, made once at load and never moved after: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Mixer {
     Attention(Attention),
+    GatedDeltaNet(GatedDeltaNet),
 }
 
 enum Ffn {
@@ -295,10 +318,14 @@ struct Layer {
 }
 
 impl Layer {
-    fn linears(&self) -> impl Iterator<Item = &Linear> + Clone {
-        let Mixer::Attention(a) = &self.mixer;
+    fn linears(&self) -> Vec<&Linear> {
         let Ffn::Mlp(m) = &self.ffn;
-        a.linears().into_iter().chain(m.linears())
+        let mut out: Vec<&Linear> = match &self.mixer {
+            Mixer::Attention(a) => a.linears().into_iter().collect(),
+            Mixer::GatedDeltaNet(g) => g.linears().collect(),
+        };
+        out.extend(m.linears());
+        out
     }
 }
 
@@ -327,7 +354,8 @@ pub struct Workspace {
     normed: Tensor,
     /// A mixer's or ffn's output, before the residual add.
     block_out: Tensor,
-    attention: AttentionScratch,
+    /// `None` without attention layers.
+    attention: Option<AttentionScratch>,
     mlp: MlpScratch,
     /// The last row's logits `[1, vocab]`.
     logits: Tensor,
@@ -341,7 +369,11 @@ impl Decoder {
         let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(dev, dt, shape)?) };
         let first =
             self.spec.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
-        let (MixerSpec::Attention(attention), FfnSpec::Mlp(mlp)) = (&first.mixer, &first.ffn);
+        let FfnSpec::Mlp(mlp) = &first.ffn;
+        let attention = match self.spec.attention_layers().next() {
+            Some(a) => Some(AttentionScratch::new(dev, dt, tokens, c.hidden_size, a.shape, a.output_gate)?),
+            None => None,
+        };
         let shapes = self.spec.linear_shapes(tokens);
         let linears = self.layers.iter().flat_map(Layer::linears).chain([&self.lm_head]);
         Ok(Workspace {
@@ -351,7 +383,7 @@ impl Decoder {
             residual: [empty(&[tokens, c.hidden_size])?, empty(&[tokens, c.hidden_size])?],
             normed: empty(&[tokens, c.hidden_size])?,
             block_out: empty(&[tokens, c.hidden_size])?,
-            attention: AttentionScratch::new(dev, dt, tokens, c.hidden_size, attention.shape)?,
+            attention,
             mlp: MlpScratch::new(dev, dt, tokens, mlp.intermediate())?,
             logits: empty(&[1, c.vocab_size])?,
             plan: LinearPlan::new(dev, dt, tokens, &shapes, linears)?,
@@ -375,17 +407,18 @@ impl Decoder {
         w: &Workspace,
         all_logits: bool,
     ) -> Result<Tensor, LlmError> {
-        if cache.layers().len() != self.layers.len() {
+        let start = cache.len();
+        let (layer_caches, decode) = cache.parts_mut();
+        if layer_caches.len() != self.layers.len() {
             return Err(LlmError::InvalidArgument(format!(
                 "the cache has {} layers, the model {}: it was made by another model",
-                cache.layers().len(),
+                layer_caches.len(),
                 self.layers.len()
             )));
         }
         let stream = self.device.default_stream();
         let s = &stream;
         let t = ids.len();
-        let start = cache.len();
         w.ids.copy_from_slice(ids)?;
         w.step.write(start, t)?;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
@@ -394,17 +427,31 @@ impl Decoder {
         self.embedding.forward(s, &w.ids, &w.residual[cur]).map_err(op("embedding"))?;
         let first = self.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
         first.input_norm.forward(s, &w.residual[cur], &w.normed).map_err(op("input norm"))?;
-        for (l, (layer, layer_cache)) in self.layers.iter().zip(cache.layers()).enumerate() {
+        for (l, (layer, layer_cache)) in self.layers.iter().zip(layer_caches.iter_mut()).enumerate() {
             match &layer.mixer {
-                Mixer::Attention(a) => a.forward(
+                Mixer::Attention(a) => {
+                    let (Some(decode), Some(scratch)) = (decode, &w.attention) else {
+                        return Err(LlmError::InvalidArgument("an attention layer without its workspace".into()));
+                    };
+                    a.forward(
+                        s,
+                        &w.plan,
+                        &self.rope,
+                        &w.step,
+                        &w.normed,
+                        layer_cache.kv()?,
+                        decode,
+                        scratch,
+                        &w.block_out,
+                    )?
+                }
+                Mixer::GatedDeltaNet(g) => g.forward(
                     s,
                     &w.plan,
-                    &self.rope,
-                    &w.step,
                     &w.normed,
-                    layer_cache.kv()?,
-                    cache.decode_workspace(),
-                    &w.attention,
+                    w.step.cu_seqlens(),
+                    layer_cache.linear_mut()?,
+                    start == 0,
                     &w.block_out,
                 )?,
             }
@@ -463,30 +510,33 @@ impl CausalLm for Decoder {
             )));
         }
         let mut layers = Vec::with_capacity(self.layers.len());
+        let mut first_attention = None;
         for layer in &self.layers {
-            let Mixer::Attention(a) = &layer.mixer;
-            let shape = a.shape();
-            layers.push(LayerCache::Kv(KvCache::new(
-                &self.device,
-                self.dtype,
-                shape.kv_heads,
-                capacity,
-                shape.head_dim,
-            )?));
+            layers.push(match &layer.mixer {
+                Mixer::Attention(a) => {
+                    let shape = a.shape();
+                    let kv = KvCache::new(&self.device, self.dtype, shape.kv_heads, capacity, shape.head_dim)?;
+                    first_attention.get_or_insert((shape, kv.k().clone(), kv.v().clone()));
+                    LayerCache::Kv(kv)
+                }
+                Mixer::GatedDeltaNet(g) => LayerCache::Linear(g.new_state(&self.device, self.dtype)?),
+            });
+        }
+        if layers.is_empty() {
+            return Err(LlmError::InvalidArgument("a model without layers".into()));
         }
         // Decode attention's split count is measured here on a GPU (once per shape; cached), so
         // that no decode step pays for it.
-        let (Some(LayerCache::Kv(kv)), Some(Layer { mixer: Mixer::Attention(a), .. })) =
-            (layers.first(), self.layers.first())
-        else {
-            return Err(LlmError::InvalidArgument("a model without layers".into()));
+        let decode = match first_attention {
+            None => None,
+            Some((shape, k, v)) => {
+                let q = Tensor::zeros(&self.device, self.dtype, &[1, shape.q_heads, shape.head_dim])?;
+                let stream = self.device.default_stream();
+                let op = |what: &'static str| move |e| LlmError::op(what, e);
+                let splits = tune::tuned_decode_splits(&stream, &q, &k, &v).map_err(op("tuning decode attention"))?;
+                Some(api::DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?)
+            }
         };
-        let shape = a.shape();
-        let q = Tensor::zeros(&self.device, self.dtype, &[1, shape.q_heads, shape.head_dim])?;
-        let stream = self.device.default_stream();
-        let op = |what: &'static str| move |e| LlmError::op(what, e);
-        let splits = tune::tuned_decode_splits(&stream, &q, kv.k(), kv.v()).map_err(op("tuning decode attention"))?;
-        let decode = api::DecodeWorkspace::new(&q, splits).map_err(op("decode workspace"))?;
         Ok(Cache::new(layers, capacity, decode))
     }
 

@@ -10,6 +10,7 @@
 mod decoder;
 mod qwen2;
 mod qwen3;
+mod qwen35;
 
 pub use decoder::{DecoderSpec, LayerSpec, Workspace};
 
@@ -25,6 +26,7 @@ pub fn architecture(model_type: ModelType) -> &'static dyn Architecture {
     match model_type {
         ModelType::Qwen2 => &qwen2::Qwen2,
         ModelType::Qwen3 => &qwen3::Qwen3,
+        ModelType::Qwen35 => &qwen35::Qwen35,
     }
 }
 
@@ -87,12 +89,25 @@ pub trait CausalLm: Send + Sync {
     /// with `all_logits`. Long inputs run in chunks of `chunk` tokens.
     fn forward(&self, cache: &mut Cache, ids: &[u32], chunk: usize, all_logits: bool) -> Result<Tensor, LlmError>;
 
+    /// The manual path: run `tokens` at positions `cache.len()..` (the prompt first, then only
+    /// the new tokens) and return the last position's logits, f32 `[vocab]`. Prefill runs in
+    /// chunks of 512 tokens, as the pipeline's default.
+    fn forward_cached_last(&self, tokens: &[u32], cache: &mut Cache) -> Result<Tensor, LlmError> {
+        let logits = self.forward(cache, tokens, 512, false)?;
+        let logits = logits.reshape(&[self.config().vocab_size])?;
+        match logits.dtype() {
+            DType::F32 => Ok(logits),
+            _ => ruda_ops::api::cast(&logits, DType::F32).map_err(|e| LlmError::op("the logits to f32", e)),
+        }
+    }
+
     /// The buffers of [`CausalLm::decode_step`], made once per generation: on a GPU the first
     /// ones for a model measure the decode GEMVs' split counts.
     fn decode_workspace(&self) -> Result<Workspace, LlmError>;
 
     /// One decode step: the logits `[1, vocab]` after appending `id`, in `workspace`'s buffer
-    /// (valid until the next step). Allocates nothing.
+    /// (valid until the next step). Allocates nothing (except in Qwen3.5's gated attention and
+    /// gated DeltaNet layers, which allocate their intermediates for now).
     fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError>;
 }
 
@@ -120,9 +135,74 @@ mod tests {
 
     #[test]
     fn every_model_type_has_its_own_architecture() {
-        for t in [ModelType::Qwen2, ModelType::Qwen3] {
+        for t in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
             assert_eq!(architecture(t).model_type(), t);
         }
+    }
+
+    /// transformers' Qwen3.5 defaults: full attention every 4th layer, a quarter of the head
+    /// rotated, head_dim 256, the `linear_*` shapes of `Qwen3_5TextConfig`.
+    #[test]
+    fn qwen35_configs_take_transformers_defaults() {
+        use crate::config::{LayerType, LinearAttentionConfig};
+        let c = config("qwen3_5_text", json!({"num_hidden_layers": 8, "head_dim": null}));
+        let (l, f) = (LayerType::LinearAttention, LayerType::FullAttention);
+        assert_eq!(c.layer_types, [l, l, l, f, l, l, l, f]);
+        assert_eq!((c.head_dim, c.rotary_dim), (256, 64));
+        assert_eq!(c.linear_attention, Some(LinearAttentionConfig::QWEN35_DEFAULTS));
+        assert_eq!(c.text_prefix, "model.");
+        let c = config("qwen3_5_text", json!({"full_attention_interval": 1, "partial_rotary_factor": 0.5}));
+        assert_eq!((c.layer_types.as_slice(), c.rotary_dim), ([f, f].as_slice(), 8));
+        let c = config("qwen3_5_text", json!({"layer_types": ["full_attention", "linear_attention"]}));
+        assert_eq!(c.layer_types, [f, l]);
+        // Qwen2/3 layers are all full attention, rotated whole.
+        let c = config("qwen3", json!({}));
+        assert_eq!((c.layer_types.as_slice(), c.rotary_dim), ([f, f].as_slice(), 16));
+    }
+
+    /// The composite `qwen3_5` is its `text_config`, with the text tensors under
+    /// `model.language_model.`, `lm_head.weight` at the top level, and the vision tower and MTP
+    /// head ignored.
+    #[test]
+    fn the_composite_qwen35_is_its_text_config_under_its_prefix() {
+        let text = json!({
+            "vocab_size": 40, "hidden_size": 24, "intermediate_size": 20, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+            "layer_types": ["linear_attention", "full_attention"], "tie_word_embeddings": true,
+        });
+        let j =
+            json!({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": false, "dtype": "bfloat16"});
+        let c = parse_config(Path::new("config.json"), &j).unwrap();
+        assert_eq!(
+            (c.model_type, c.text_prefix, c.tie_word_embeddings),
+            (ModelType::Qwen35, "model.language_model.", false)
+        );
+        // transformers ties a composite model by its own field only (false when absent).
+        let mut other = j.clone();
+        other.as_object_mut().unwrap().remove("tie_word_embeddings");
+        assert!(!parse_config(Path::new("config.json"), &other).unwrap().tie_word_embeddings);
+        other["tie_word_embeddings"] = true.into();
+        other["text_config"]["tie_word_embeddings"] = false.into();
+        assert!(parse_config(Path::new("config.json"), &other).unwrap().tie_word_embeddings);
+        assert_eq!(c.torch_dtype, Some(DType::BF16));
+        assert!(ModelType::Qwen35.accepts("qwen3_5") && ModelType::Qwen35.accepts("qwen3_5_text"));
+        let tensors = architecture(c.model_type).tensors(&c);
+        let shape = |name: &str| tensors.iter().find(|t| t.name == name).map(|t| t.shape.clone());
+        let p = "model.language_model.";
+        assert_eq!(shape(&format!("{p}embed_tokens.weight")), Some(vec![40, 24]));
+        assert_eq!(shape("lm_head.weight"), Some(vec![40, 24]));
+        // in_proj_qkv: q and k of 2 × 8, v of 4 × 12; the conv over the same 80 channels.
+        assert_eq!(shape(&format!("{p}layers.0.linear_attn.in_proj_qkv.weight")), Some(vec![80, 24]));
+        assert_eq!(shape(&format!("{p}layers.0.linear_attn.conv1d.weight")), Some(vec![80, 1, 4]));
+        assert_eq!(shape(&format!("{p}layers.0.linear_attn.norm.weight")), Some(vec![12]));
+        // q_proj makes the query and the gate.
+        assert_eq!(shape(&format!("{p}layers.1.self_attn.q_proj.weight")), Some(vec![2 * 4 * 16, 24]));
+        assert_eq!(shape(&format!("{p}norm.weight")), Some(vec![24]));
+        assert!(tensors.iter().all(|t| t.name.starts_with(p) || t.name == "lm_head.weight"));
+        assert!(c.ignores_tensor("model.visual.blocks.0.attn.qkv.weight") && c.ignores_tensor("mtp.fc.weight"));
+        assert!(!c.ignores_tensor(&format!("{p}norm.weight")));
+        assert!(!config("qwen3", json!({})).ignores_tensor("mtp.fc.weight"));
     }
 
     #[test]

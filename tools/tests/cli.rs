@@ -324,3 +324,29 @@ fn ruda_bench_command_line() {
 fn lines_with(stdout: &[u8], word: &str) -> usize {
     String::from_utf8_lossy(stdout).lines().filter(|l| l.contains(word)).count()
 }
+
+/// The gated delta rows' setup and launches, at the quick shapes on the interpreter: every row
+/// prints a JSON line, and a decode row's bytes are its state read and written
+/// (`2 · B · Hv · K · V · 4`), the floor the GPU rung's summary divides by the copy bandwidth.
+#[test]
+fn ruda_bench_gated_delta_rows_run_on_the_interpreter() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
+        .args(["--quick", "--samples", "1", "--sample-ms", "1", "gated_delta"])
+        .env("RUDA_DEVICE", "cpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["gated_delta_decode_bf16", "gated_delta_decode_bf16", "gated_delta_chunk_bf16"], "{stderr}");
+    for r in &rows {
+        assert!(r["ruda_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let shape: Vec<u64> = r["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+        if r["op"] == "gated_delta_decode_bf16" {
+            let [b, _, hv, k, v] = shape[..] else { panic!("{r}") };
+            assert_eq!(r["bytes"].as_f64().unwrap(), (2 * b * hv * k * v * 4) as f64, "{r}");
+        }
+    }
+}

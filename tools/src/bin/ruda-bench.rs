@@ -4,7 +4,7 @@
 //! `scripts/gpu/summarize.py` joins them into ratios.
 //!
 //! `ruda-bench --help` lists the flags (`--list`, `--quick`, the sample time and count, the
-//! time budget) and the filters.
+//! time budget), the filters and `--exclude`.
 //!
 //! Output lines: `{"op","shape","tag","ruda_ms","iters","flops","bytes"}` plus `"base"` (the
 //! baseline row's op, when it differs) and `"splits"` (decode attention, GEMV) where they

@@ -6,13 +6,19 @@ line: {"op", "shape", "torch_ms", "iters"}. The ops and shapes are those of ruda
 Baselines: y = x·Wᵀ through torch.nn.functional.linear (cuBLAS); attention through
 torch.nn.functional.scaled_dot_product_attention (GQA by enable_gqa, or the KV heads repeated
 on older PyTorch; the repeat is outside the timed region); the device-to-device copy through
-Tensor.copy_; PyTorch's own norm, softmax and elementwise kernels.
+Tensor.copy_; PyTorch's own norm, softmax and elementwise kernels; the gated delta rule through
+flash-linear-attention (`fla.ops.gated_delta_rule`: `chunk_gated_delta_rule` for prefill,
+`fused_recurrent_gated_delta_rule` for a decode step), imported only when installed: without
+it those rows print SKIPPED (the GPU rung installs its wheels from the bundle).
 
-Timing: 3 warm-up calls, then SAMPLES samples of as many calls as fill SAMPLE_MS each, CUDA
-events around each sample; the median per call.
+Timing: 3 warm-up calls (the first compiles Triton's kernels and runs their autotuning), then
+SAMPLES samples of as many calls as fill SAMPLE_MS each, CUDA events around each sample; the
+median per call.
 
-Usage: baseline.py [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S] [FILTER...]
-(--list needs no GPU and no torch; --quick: tiny shapes.)
+Usage: baseline.py [--list] [--quick] [--sample-ms MS] [--samples N] [--budget-s S]
+                   [--exclude WORD]... [FILTER...]
+(--list needs no GPU and no torch; --quick: tiny shapes; --exclude leaves out the problems
+whose `op shape tag` line contains WORD.)
 """
 import json
 import sys
@@ -59,7 +65,40 @@ def catalog(quick):
     add("swiglu_bf16", [rows, hidden], "silu(gate) * up", lambda: swiglu_problem(rows, hidden))
     vocab = 1000 if quick else 151936
     add("argmax_bf16", [1, vocab], "", lambda: unary_problem([1, vocab], "argmax"))
+    # The gated delta rule at Qwen3.5's heads (Hk 16, Hv 32, K = V = 128), in ruda-bench's order.
+    hk, hv, kd, vd = (1, 2, 32, 40) if quick else (16, 32, 128, 128)
+    for b in ((1, 2) if quick else (1, 32)):
+        add("gated_delta_decode_bf16", [b, hk, hv, kd, vd], "fla fused_recurrent_gated_delta_rule",
+            lambda b=b: gated_delta_problem(b, 1, hk, hv, kd, vd, False))
+    for t in ((70,) if quick else (2048, 8192, 65536)):
+        add("gated_delta_chunk_bf16", [1, t, hk, hv, kd, vd], "fla chunk_gated_delta_rule",
+            lambda t=t: gated_delta_problem(1, t, hk, hv, kd, vd, True))
     return out
+
+
+class Skipped(Exception):
+    """A baseline that cannot run on this machine (a missing optional package), said so."""
+
+
+_FLA = None
+
+
+def fla_gated_delta():
+    """`fla.ops.gated_delta_rule`, imported once; Skipped when flash-linear-attention is not
+    importable."""
+    global _FLA
+    if _FLA is None:
+        try:
+            import fla
+            import fla.ops.gated_delta_rule as gdr
+            _FLA = gdr
+            print(f"baseline.py: flash-linear-attention {getattr(fla, '__version__', '?')} from "
+                  f"{fla.__path__[0] if hasattr(fla, '__path__') else '?'}", file=sys.stderr, flush=True)
+        except Exception as e:  # ImportError, or an fla that fails on this torch/triton
+            _FLA = e
+    if isinstance(_FLA, Exception):
+        raise Skipped(f"flash-linear-attention (fla.ops.gated_delta_rule) is not importable: {_FLA!r}")
+    return _FLA
 
 
 # ---- problems (torch is imported by main only when timing) ----------------------------------
@@ -133,6 +172,48 @@ def swiglu_problem(rows, hidden):
     return lambda: torch.nn.functional.silu(gate) * up
 
 
+def gated_delta_problem(b, t, hk, hv, kd, vd, chunked):
+    """fla's chunked (prefill from a zero state) or fused recurrent (one decode step from a given
+    state) gated delta rule on the inputs the model passes: q/k L2-normalised over the head dim,
+    beta = sigmoid, g = log decay <= 0 (both f32), bf16 q/k/v, an f32 state, scale K^-1/2.
+
+    Layout: fla takes `[B, T, H, K]` (and gates `[B, T, Hv]`) where RUDA's op takes
+    `[B, H, T, K]` (gates `[B, Hv, T]`): RUDA's q[b, h, t, :] is fla's q[b, t, h, :], one
+    transpose(1, 2) apart (not timed: the inputs are made in fla's layout here). The states are
+    `[B, Hv, K, V]` on both sides (fla's default, state_v_first=False). Value head j reads key
+    head j // (Hv // Hk) on both sides; an fla without grouped value heads (an output with Hk
+    heads, or an error) gets q/k repeated to Hv heads outside the timed region."""
+    gdr = fla_gated_delta()
+    F = torch.nn.functional
+    q = F.normalize(torch.randn(b, t, hk, kd, device="cuda"), p=2, dim=-1).to(torch.bfloat16)
+    k = F.normalize(torch.randn(b, t, hk, kd, device="cuda"), p=2, dim=-1).to(torch.bfloat16)
+    v = rand(b, t, hv, vd)
+    beta = torch.sigmoid(torch.rand(b, t, hv, device="cuda") * 2 - 1)
+    g = F.logsigmoid(torch.rand(b, t, hv, device="cuda") * 2 - 1)
+    kw = dict(g=g, beta=beta, scale=kd ** -0.5, output_final_state=True)
+    if chunked:
+        fn = gdr.chunk_gated_delta_rule
+    else:
+        fn = gdr.fused_recurrent_gated_delta_rule
+        kw["initial_state"] = (torch.rand(b, hv, kd, vd, device="cuda") * 2 - 1) * 0.1
+
+    def call(q, k):
+        with torch.no_grad():
+            return fn(q, k, v, **kw)
+
+    try:
+        out = call(q, k)[0]
+        grouped = out.shape[2] == hv
+    except Exception:
+        if hv == hk:
+            raise
+        grouped = False
+    if not grouped:
+        q, k = q.repeat_interleave(hv // hk, 2), k.repeat_interleave(hv // hk, 2)
+        call(q, k)
+    return lambda: call(q, k)
+
+
 def timed(fn, sample_ms, samples):
     for _ in range(3):
         fn()
@@ -156,11 +237,16 @@ def timed(fn, sample_ms, samples):
 
 
 def parse_args(args):
-    opts = dict(list=False, quick=False, sample_ms=15.0, samples=5, budget_s=240.0, filters=[])
+    opts = dict(list=False, quick=False, sample_ms=15.0, samples=5, budget_s=240.0, filters=[], exclude=[])
     it = iter(args)
     for a in it:
         if a in ("--list", "--quick"):
             opts[a[2:]] = True
+        elif a == "--exclude":
+            word = next(it, None)
+            if word is None:
+                sys.exit("baseline.py: --exclude needs a word")
+            opts["exclude"].append(word)
         elif a in ("--sample-ms", "--samples", "--budget-s"):
             v = float(next(it, "nan"))
             if not v > 0:
@@ -176,8 +262,10 @@ def parse_args(args):
 def main():
     global torch
     opts = parse_args(sys.argv[1:])
+    line = lambda p: f"{p[0]} {p[1]} {p[2]}"  # noqa: E731
     problems = [p for p in catalog(opts["quick"])
-                if not opts["filters"] or any(f in f"{p[0]} {p[1]} {p[2]}" for f in opts["filters"])]
+                if (not opts["filters"] or any(f in line(p) for f in opts["filters"]))
+                and not any(x in line(p) for x in opts["exclude"])]
     if opts["list"]:
         for op, shape, tag, _ in problems:
             print(f"{op} {shape} {tag}")
@@ -197,6 +285,9 @@ def main():
         t0 = time.time()
         try:
             ms, iters = timed(make(), opts["sample_ms"], int(opts["samples"]))
+        except Skipped as e:
+            print(f"  {where}: SKIPPED ({e})", file=sys.stderr, flush=True)
+            continue
         except Exception as e:  # a failed baseline is reported, the others still run
             failed += 1
             print(f"  {where}: FAILED: {e!r}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the test and bench executables here (release) and gather them into scripts/gpu/bundle/
-# (compressed: executables.tar.xz), the folder `run` carries to the GPU machine (which has no
-# cargo). Snapshot tests stay behind.
+# (compressed: executables.tar.xz), with the baselines' extra wheels (wheels/), the folder `run`
+# carries to the GPU machine (which has no cargo and no network). Snapshot tests stay behind.
 # The bundle plus the working tree must stay under 64 MiB; the size is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,6 +74,19 @@ cp scripts/gpu/ncu_kernels.txt "$bundle/profile/"
 echo "bundle: writing the PTX backend's GPU semantics check" >&2
 cargo run --release --locked --quiet -p ruda-codegen-ptx --example gpucheck -- "$bundle/gpucheck" >&2
 cp codegen-ptx/gpucheck/*.py "$bundle/gpucheck/"
+# flash-linear-attention, the gated delta rows' baseline (bench/baseline.py): pure Python and
+# Triton wheels (~1.5 MiB for 0.6.0), downloaded here because the GPU machine has no network;
+# run.sh installs them there offline. Without a network here the bundle goes without them and
+# those baselines print SKIPPED.
+echo "bundle: downloading the flash-linear-attention wheels" >&2
+fla_version=0.6.0
+if timeout 120 python3 -m pip download --quiet --no-deps -d "$bundle/wheels" \
+    "flash-linear-attention==$fla_version" "fla-core==$fla_version" einops >&2; then
+  du -sh "$bundle/wheels" >&2
+else
+  echo "bundle: the fla wheels did not download: the gated delta baselines will be SKIPPED" >&2
+  rm -rf "$bundle/wheels"
+fi
 git rev-parse HEAD > "$bundle/COMMIT"
 # Benchmarks list (no device needed): a check that ruda-bench runs at all.
 "$bundle/bin/ruda-bench" --list > /dev/null

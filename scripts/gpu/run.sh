@@ -3,23 +3,32 @@
 # scripts/gpu/bundle.sh built scripts/gpu/bundle/ here. Runs every bundled test executable on
 # CUDA (RUDA_REQUIRE_GPU=1, so a missing GPU fails instead of skipping) for each compiler in
 # RUDA_GPU_COMPILERS, then rudac check with the machine's ptxas, then the benchmarks beside
-# their PyTorch baselines and the model benchmark, and writes into RESULTS_DIR a few files:
-# machine.json, tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json,
-# summary.json, summary.md, and logs.tar.gz (every log). The summary ends stdout.
+# their PyTorch baselines and the model benchmark, then the gated delta rule's benchmarks
+# beside flash-linear-attention's, and writes into RESULTS_DIR a few files: machine.json,
+# tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json, gdelta_ruda.jsonl,
+# gdelta_torch.jsonl, summary.json, summary.md, and logs.tar.gz (every log). The summary ends
+# stdout.
 #
 # Every step has a timeout, and all of them share RUDA_GPU_BUDGET_S (420 s by default, under
 # the device tool's 600 s per call): tests 180 s in all (each executable at most 120 s: a crate's tests are one binary of modules), rudac
 # check 60 s, rudac run 30 s, ncu 40 s, gpucheck 45 s, the model bench 150 s, ruda-bench 100 s, baseline
-# 80 s, each capped by what is left of the budget (less a margin for the summary).
+# 80 s, the fla wheels' install 30 s (2 s expected), the gated delta rows 60 s (ruda-bench, ~25 s
+# expected) and 120 s (fla, whose first chunked call compiles and autotunes ~30 Triton
+# configurations), each capped by what is left of the budget (less a margin for the summary).
+# `RUDA_GPU_STEPS=gdelta` alone takes at most 3.5 minutes.
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
-# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model bench"),
-#        RUDA_GPU_BUDGET_S (420), RUDA_BENCH_FILTER (words passed to both benchmark programs).
+# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model bench gdelta"),
+#        RUDA_GPU_BUDGET_S (420), RUDA_BENCH_FILTER (words passed to both benchmark programs in the
+#        bench step; the gdelta step runs the gated_delta rows, and the copy row when the bench
+#        step does not run, for the decode rows' floor).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 results=${1:?usage: run.sh RESULTS_DIR}
 mkdir -p "$results"
 logs=$(mktemp -d /tmp/ruda-gpu-logs.XXXXXX)
+# Python packages installed for this run (the fla wheels), apart from the logs that come back.
+pylib=$(mktemp -d /tmp/ruda-gpu-pylib.XXXXXX)
 bundle=scripts/gpu/bundle
 [ -f "$bundle/executables.tar.xz" ] || [ -d "$bundle/tests" ] \
   || { echo "run.sh: no $bundle; run scripts/gpu/bundle.sh first" >&2; exit 2; }
@@ -29,7 +38,7 @@ if [ -f "$bundle/executables.tar.xz" ]; then
   tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
 fi
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
-steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model bench} "
+steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model bench gdelta} "
 budget=${RUDA_GPU_BUDGET_S:-420}
 filter=${RUDA_BENCH_FILTER:-}
 t_start=$(date +%s)
@@ -150,28 +159,61 @@ if has_step model; then
   note "model_bench.py exit $?"
 fi
 
+# flash-linear-attention (pure Python and Triton), the gated delta rows' baseline: installed
+# offline from the bundle's wheels (scripts/gpu/bundle.sh) into this run's folder, put first on
+# PYTHONPATH. A failure is logged, never fatal: baseline.py then prints those rows SKIPPED.
+if { has_step bench || has_step gdelta; } && [ -d "$bundle/wheels" ]; then
+  if timeout "$(allot 30)" python3 -m pip install --no-index --no-deps --target "$pylib" "$bundle"/wheels/*.whl \
+      > "$logs/pip_install.log" 2>&1; then
+    export PYTHONPATH="$pylib${PYTHONPATH:+:$PYTHONPATH}"
+    note "fla wheels installed: $(cd "$bundle/wheels" && echo *.whl)"
+  else
+    note "installing the fla wheels failed (pip_install.log): the gated delta baselines will be SKIPPED"
+  fi
+fi
+
 if has_step bench; then
-  # Each program stops starting benchmarks 15 s before its timeout.
+  # Each program stops starting benchmarks 15 s before its timeout. The gated delta rows are
+  # the gdelta step's.
   t=$(allot 100)
   # shellcheck disable=SC2086
-  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) $filter \
+  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) --exclude gated_delta $filter \
     > "$results/bench_ruda.jsonl" 2> "$logs/bench_ruda.log"
   note "ruda-bench exit $?"
   t=$(allot 80)
   # shellcheck disable=SC2086
-  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) $filter \
+  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) --exclude gated_delta $filter \
     > "$results/bench_torch.jsonl" 2> "$logs/bench_torch.log"
   note "baseline.py exit $?"
+fi
+
+# The gated delta rule (issue 13): chunked prefill at T = 2k, 8k, 64k and decode steps against
+# fla's kernels. The decode rows' floor needs the copy bandwidth: measured here when the bench
+# step did not run.
+if has_step gdelta; then
+  words="gated_delta"
+  has_step bench || words="copy gated_delta"
+  t=$(allot 60)
+  # shellcheck disable=SC2086
+  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) $words \
+    > "$results/gdelta_ruda.jsonl" 2> "$logs/gdelta_ruda.log"
+  note "ruda-bench (gated delta) exit $?"
+  t=$(allot 120)
+  # shellcheck disable=SC2086
+  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) $words \
+    > "$results/gdelta_torch.jsonl" 2> "$logs/gdelta_torch.log"
+  note "baseline.py (gated delta) exit $?"
 fi
 
 python3 scripts/gpu/summarize.py "$results" > "$logs/summary.txt" 2>&1
 echo "=== run.sh: $(( $(date +%s) - t_start )) s; results in $results ==="
 tail -n 2 "$logs/gpucheck.txt" "$logs/rudac-check.txt" 2>/dev/null
 cat "$logs/rudac-run.txt" 2>/dev/null
-grep -h "FAILED\|SKIPPED" "$logs/bench_ruda.log" "$logs/bench_torch.log" 2>/dev/null | head -20
+grep -h "FAILED\|SKIPPED" "$logs/bench_ruda.log" "$logs/bench_torch.log" "$logs/gdelta_ruda.log" \
+  "$logs/gdelta_torch.log" 2>/dev/null | head -20
 tail -n 3 "$logs/model_bench.log" 2>/dev/null
 cat "$logs/summary.txt"
 # One archive of every log (the tool carrying $OUT back drops results with many files).
 tar -czf "$results/logs.tar.gz" -C "$logs" . 2>/dev/null
-rm -rf "$logs"
+rm -rf "$logs" "$pylib"
 ls "$results"

@@ -6,8 +6,9 @@ baseline measured in the same run on the same GPU.
 Columns: `x base` = torch_ms / ruda_ms (above 1: RUDA is faster); TFLOP/s and GB/s are RUDA's
 (GB/s counts the bytes the op must move at least); `copy%` = RUDA's GB/s as a fraction of the
 device-to-device copy bandwidth measured in the same run (ours / PyTorch's copy_). Targets of
-the op-library issue are checked at the end. Any input file may be missing: what is there is
-summarized.
+the op-library and gated delta issues are checked at the end (a gated delta decode row's bytes
+are its state traffic, so its GB/s over the best copy bandwidth is the fraction of its floor).
+Any input file may be missing: what is there is summarized.
 
 Usage: summarize.py RESULTS_DIR
 """
@@ -49,8 +50,11 @@ def fmt(v, digits=3):
 
 
 def bench_rows(results):
-    ours = read_jsonl(os.path.join(results, "bench_ruda.jsonl"))
-    theirs = {(r["op"], tuple(r["shape"])): r for r in read_jsonl(os.path.join(results, "bench_torch.jsonl"))}
+    # The bench step's rows, then the gdelta step's (the gated delta rule, and the copy rows
+    # when the bench step did not run).
+    ours = read_jsonl(os.path.join(results, "bench_ruda.jsonl")) + read_jsonl(os.path.join(results, "gdelta_ruda.jsonl"))
+    theirs = {(r["op"], tuple(r["shape"])): r
+              for name in ("bench_torch.jsonl", "gdelta_torch.jsonl") for r in read_jsonl(os.path.join(results, name))}
     copy = {"ruda": None, "torch": None}
     for r in ours:
         if r["op"] == "copy" and r.get("ruda_ms"):
@@ -67,7 +71,8 @@ def bench_rows(results):
         ms, tms = r.get("ruda_ms"), t.get("torch_ms") if t else None
         gbs = r["bytes"] / ms / 1e6 if ms and r.get("bytes") else None
         # Compute-bound rows (GEMM above the GEMV range, prefill) get no copy fraction.
-        memory_bound = r["op"] != "attention_prefill_bf16" and not (r["op"].startswith("linear") and r["shape"][0] > 16)
+        memory_bound = (r["op"] not in ("attention_prefill_bf16", "gated_delta_chunk_bf16")
+                        and not (r["op"].startswith("linear") and r["shape"][0] > 16))
         row = {
             "op": r["op"], "shape": r["shape"], "tag": r.get("tag", ""), "baseline": base,
             "ruda_ms": ms, "torch_ms": tms,
@@ -92,7 +97,8 @@ def find(rows, op, shape):
 
 
 def targets(rows, copy):
-    """The op-library issue's targets on an H200: (name, value, goal, met)."""
+    """The op-library (5) and gated delta (13) issues' targets on an H200: (name, value, goal,
+    met)."""
     out = []
     g = find(rows, "linear_bf16", [4096, 4096, 4096])
     out.append(("GEMM 4096^3 bf16 vs cuBLAS", g and g["ratio"], 0.45))
@@ -107,6 +113,15 @@ def targets(rows, copy):
         out.append(("GEMV M=1 fraction of copy bandwidth", None, 0.75))
     p = find(rows, "attention_prefill_bf16", [4096, 16, 8, 128])
     out.append(("prefill attention 4k vs SDPA", p and p["ratio"], 0.5))
+    # The gated delta issue's (13), at Qwen3.5's heads (Hk 16, Hv 32, K = V = 128).
+    for t in (2048, 8192, 65536):
+        c = find(rows, "gated_delta_chunk_bf16", [1, t, 16, 32, 128, 128])
+        out.append((f"gated delta chunked prefill T={t} vs fla chunk_gated_delta_rule", c and c["ratio"], 1.0))
+    for b in (1, 32):
+        d = find(rows, "gated_delta_decode_bf16", [b, 16, 32, 128, 128])
+        # The step's floor: its state bytes (read and written) at the best measured copy bandwidth.
+        frac = round(d["gbs"] / best_copy, 3) if d and d.get("gbs") and best_copy else None
+        out.append((f"gated delta decode step B={b}, fraction of its state-traffic floor", frac, 0.8))
     return [(n, v, goal, v is not None and v >= goal) for n, v, goal in out]
 
 
@@ -167,7 +182,7 @@ def main():
                   f"{fmt(r['torch_ms'], 4)} | {fmt(r['ratio'])} | {fmt(r.get('tflops'))} | {fmt(r.get('gbs'))} | {cf} | "
                   f"{r.get('splits', '')} |")
     md.append("")
-    md.append("Targets (op-library issue):")
+    md.append("Targets (issues 5 and 13):")
     for n, v, goal, ok in goals:
         verdict = "NOT MEASURED" if v is None else "MET" if ok else "NOT MET"
         md.append(f"- {verdict}: {n}: {fmt(v)} (goal >= {goal})")
@@ -200,7 +215,7 @@ def main():
         extra = f" copy% {r['copy_frac_ours']}" if r.get("copy_frac_ours") is not None and r["op"] != "copy" else ""
         print(f"  {r['op']:<32} {'x'.join(map(str, r['shape'])):<22} ruda {fmt(r['ruda_ms'], 4):>8} ms  "
               f"base {fmt(r['torch_ms'], 4):>8} ms  x{fmt(r['ratio'])}{extra}")
-    print("\n".join(md[md.index("Targets (op-library issue):"):]))
+    print("\n".join(md[md.index("Targets (issues 5 and 13):"):]))
 
 
 if __name__ == "__main__":

@@ -279,7 +279,7 @@ fn ruda_bench_command_line() {
     let out = bench(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--list", "--quick", "--sample-ms", "--samples", "--budget-s", "[FILTER]"] {
+    for flag in ["--list", "--quick", "--sample-ms", "--samples", "--budget-s", "--exclude", "[FILTER]"] {
         assert!(help.contains(flag), "{flag}: {help}");
     }
     for args in [&["--samples", "0"][..], &["--budget-s=-1"], &["--sample-ms", "nan"], &["--frob"]] {
@@ -298,4 +298,55 @@ fn ruda_bench_command_line() {
     assert!(!some.is_empty() && some.len() < lines && some.iter().all(|l| l.contains("gate_up")), "{some:?}");
     let none = bench(&["--list", "--quick", "no-such-benchmark"]);
     assert_eq!(none.status.code(), Some(2));
+    let rest = bench(&["--list", "--quick", "--exclude", "gate_up", "--exclude", "lm_head"]);
+    let rest: Vec<String> = String::from_utf8_lossy(&rest.stdout).lines().map(String::from).collect();
+    assert!(!rest.is_empty() && rest.iter().all(|l| !l.contains("gate_up") && !l.contains("lm_head")), "{rest:?}");
+    assert_eq!(rest.len() + some.len() + lines_with(&all.stdout, "lm_head"), lines, "{rest:?}");
+    let nothing_left = bench(&["--list", "--quick", "gate_up", "--exclude", "linear"]);
+    assert_eq!(nothing_left.status.code(), Some(2));
+    // The gated delta rows at Qwen3.5's heads (Hk 16, Hv 32, K = V = 128) that issue 13 measures:
+    // chunked prefill at T = 2k, 8k and 64k, decode at batch 1 and 32.
+    let delta = bench(&["--list", "gated_delta"]);
+    let delta = String::from_utf8_lossy(&delta.stdout).to_string();
+    for row in [
+        "gated_delta_chunk_bf16 [1, 2048, 16, 32, 128, 128]",
+        "gated_delta_chunk_bf16 [1, 8192, 16, 32, 128, 128]",
+        "gated_delta_chunk_bf16 [1, 65536, 16, 32, 128, 128]",
+        "gated_delta_decode_bf16 [1, 16, 32, 128, 128]",
+        "gated_delta_decode_bf16 [32, 16, 32, 128, 128]",
+    ] {
+        assert!(delta.contains(row), "{row}: {delta}");
+    }
+    assert_eq!(delta.lines().count(), 5, "{delta}");
+}
+
+/// The lines of a `--list` output that contain `word`.
+fn lines_with(stdout: &[u8], word: &str) -> usize {
+    String::from_utf8_lossy(stdout).lines().filter(|l| l.contains(word)).count()
+}
+
+/// The gated delta rows' setup and launches, at the quick shapes on the interpreter: every row
+/// prints a JSON line, and a decode row's bytes are its state read and written
+/// (`2 · B · Hv · K · V · 4`), the floor the GPU rung's summary divides by the copy bandwidth.
+#[test]
+fn ruda_bench_gated_delta_rows_run_on_the_interpreter() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
+        .args(["--quick", "--samples", "1", "--sample-ms", "1", "gated_delta"])
+        .env("RUDA_DEVICE", "cpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["gated_delta_decode_bf16", "gated_delta_decode_bf16", "gated_delta_chunk_bf16"], "{stderr}");
+    for r in &rows {
+        assert!(r["ruda_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let shape: Vec<u64> = r["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+        if r["op"] == "gated_delta_decode_bf16" {
+            let [b, _, hv, k, v] = shape[..] else { panic!("{r}") };
+            assert_eq!(r["bytes"].as_f64().unwrap(), (2 * b * hv * k * v * 4) as f64, "{r}");
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! `scripts/gpu/summarize.py` joins them into ratios.
 //!
 //! `ruda-bench --help` lists the flags (`--list`, `--quick`, the sample time and count, the
-//! time budget) and the filters.
+//! time budget), the filters and `--exclude`.
 //!
 //! Output lines: `{"op","shape","tag","ruda_ms","iters","flops","bytes"}` plus `"base"` (the
 //! baseline row's op, when it differs) and `"splits"` (decode attention, GEMV) where they
@@ -18,8 +18,9 @@ use clap::Parser;
 use half::bf16;
 use ruda_ir::{AddrSpace, KernelBuilder, ScalarType, Type};
 use ruda_ops::api;
+use ruda_ops::gated_delta::api::{chunk_gated_delta_rule, gated_delta_rule, GatedDeltaInput};
 use ruda_ops::tune::{tuned_decode_splits, tuned_gemv_splits};
-use ruda_runtime::{Arg, DType, Device, HashedKernel, LaunchConfig, Stream, Tensor};
+use ruda_runtime::{Arg, DType, Device, Element, HashedKernel, LaunchConfig, Stream, Tensor};
 
 type BoxError = Box<dyn Error>;
 /// One timed launch of an op on its prepared inputs.
@@ -78,19 +79,51 @@ const QWEN3_06B: Model = Model {
 const TINY: Model =
     Model { name: "tiny", hidden: 128, intermediate: 256, heads: 2, kv_heads: 1, head_dim: 64, vocab: 1000 };
 
-/// Pseudo-random bf16 values in [-1, 1): a 64 Ki-element block, repeated (the values do not
-/// change the timing, and large tensors are made quickly).
-fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, BoxError> {
-    let n: usize = shape.iter().product();
+/// `len` pseudo-random values in [-1, 1).
+fn uniform(len: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let block: Vec<bf16> = (0..n.min(1 << 16))
+    (0..len)
         .map(|_| {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            bf16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
-        .collect();
-    let data: Vec<bf16> = block.iter().copied().cycle().take(n).collect();
+        .collect()
+}
+
+/// A tensor of `shape` holding `block` repeated (the values do not change the timing, and large
+/// tensors are made quickly).
+fn repeated<T: Element>(device: &Device, block: &[T], shape: &[usize]) -> Result<Tensor, BoxError> {
+    let n: usize = shape.iter().product();
+    let data: Vec<T> = block.iter().copied().cycle().take(n).collect();
     Ok(Tensor::from_slice(device, &data, shape)?)
+}
+
+/// Pseudo-random bf16 values in [-1, 1): a 64 Ki-element block, repeated.
+fn random_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, BoxError> {
+    let n: usize = shape.iter().product();
+    let block: Vec<bf16> = uniform(n.min(1 << 16), seed).into_iter().map(bf16::from_f32).collect();
+    repeated(device, &block, shape)
+}
+
+/// Pseudo-random bf16 rows (the last axis) of unit L2 norm, as the gated delta rule's queries
+/// and keys arrive: a block of whole rows (at least 64 Ki elements), repeated.
+fn random_unit_rows_bf16(device: &Device, shape: &[usize], seed: u64) -> Result<Tensor, BoxError> {
+    let n: usize = shape.iter().product();
+    let row = shape.last().copied().unwrap_or(1).max(1);
+    let mut block = uniform(n.min(row * (1usize << 16).div_ceil(row)), seed);
+    for r in block.chunks_mut(row) {
+        let norm = r.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+        r.iter_mut().for_each(|x| *x /= norm);
+    }
+    let block: Vec<bf16> = block.into_iter().map(bf16::from_f32).collect();
+    repeated(device, &block, shape)
+}
+
+/// Pseudo-random f32 values `f(u)`, `u` in [-1, 1): a 64 Ki-element block, repeated.
+fn random_f32(device: &Device, shape: &[usize], seed: u64, f: fn(f32) -> f32) -> Result<Tensor, BoxError> {
+    let n: usize = shape.iter().product();
+    let block: Vec<f32> = uniform(n.min(1 << 16), seed).into_iter().map(f).collect();
+    repeated(device, &block, shape)
 }
 
 /// `dst = src` in 16-byte vectors, one per thread: the device-to-device copy bandwidth that
@@ -168,6 +201,112 @@ fn decode_bench(op: &'static str, b: usize, (hq, hkv, d): (usize, usize, usize),
         flops: 4.0 * (b * hq * s * d) as f64,
         bytes: 2.0 * (2 * b * hkv * s * d + 2 * b * hq * d) as f64,
         make,
+    }
+}
+
+/// Gated delta heads `(Hk, Hv, K, V)`: Qwen3.5's linear attention (16 key heads, 32 value
+/// heads, head dims 128).
+type DeltaHeads = (usize, usize, usize, usize);
+const QWEN35_DELTA_HEADS: DeltaHeads = (16, 32, 128, 128);
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln sigmoid(x)`: a log decay `g <= 0`.
+fn log_sigmoid(x: f32) -> f32 {
+    -(-x).exp().ln_1p()
+}
+
+/// The gated delta rule's inputs as the model passes them: q/k rows L2-normalised, `beta` a
+/// sigmoid, `log_decay` at most 0 (both f32), `[B, H, T, ·]`.
+struct DeltaInputs {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    scale: f32,
+}
+
+impl DeltaInputs {
+    fn new(dev: &Device, b: usize, t: usize, (hk, hv, kd, vd): DeltaHeads, seed: u64) -> Result<Self, BoxError> {
+        Ok(DeltaInputs {
+            q: random_unit_rows_bf16(dev, &[b, hk, t, kd], seed)?,
+            k: random_unit_rows_bf16(dev, &[b, hk, t, kd], seed + 1)?,
+            v: random_bf16(dev, &[b, hv, t, vd], seed + 2)?,
+            beta: random_f32(dev, &[b, hv, t], seed + 3, sigmoid)?,
+            g: random_f32(dev, &[b, hv, t], seed + 4, log_sigmoid)?,
+            scale: (kd as f32).powf(-0.5),
+        })
+    }
+
+    fn input<'a>(&'a self, initial_state: Option<&'a Tensor>) -> GatedDeltaInput<'a> {
+        GatedDeltaInput {
+            query: &self.q,
+            key: &self.k,
+            value: &self.v,
+            beta: &self.beta,
+            log_decay: &self.g,
+            initial_state,
+            query_scale: self.scale,
+        }
+    }
+}
+
+/// The gated delta rule's flops per token and value head as the recurrence counts them: the
+/// decay (K·V), `Sᵀk`, `k·dᵀ` and `Sᵀq` (2·K·V each). The chunked form does more (its in-chunk
+/// `k kᵀ` and `q kᵀ`), so its TFLOP/s are those of the math, not of the kernel.
+fn delta_flops(b: usize, t: usize, (_, hv, kd, vd): DeltaHeads) -> f64 {
+    7.0 * (b * t * hv * kd * vd) as f64
+}
+
+/// Chunked prefill of one sequence of `t` tokens, from a zero state (as fla's
+/// `chunk_gated_delta_rule` in bench/baseline.py, joined by op and shape `[B, T, Hk, Hv, K, V]`).
+fn delta_chunk_bench(t: usize, heads: DeltaHeads, chunk: usize) -> Bench {
+    let (hk, hv, kd, vd) = heads;
+    Bench {
+        op: "gated_delta_chunk_bf16",
+        shape: vec![1, t, hk, hv, kd, vd],
+        tag: format!("qwen3.5 heads, chunk {chunk}, one sequence, f32 gates"),
+        base: None,
+        flops: delta_flops(1, t, heads),
+        // q, k, v and the output in bf16, the f32 gates, the final state written.
+        bytes: (2 * t * (2 * hk * kd + 2 * hv * vd) + 8 * t * hv + 4 * hv * kd * vd) as f64,
+        make: Box::new(move |dev| {
+            let x = DeltaInputs::new(dev, 1, t, heads, 21)?;
+            // The op launches on its tensors' default stream, the one `time` synchronises.
+            let run: Launch = Box::new(move |_: &Stream| {
+                chunk_gated_delta_rule(x.input(None), chunk)?;
+                Ok(())
+            });
+            Ok((run, None))
+        }),
+    }
+}
+
+/// One recurrent step of `b` sequences from a given state (decode). `bytes` is the state traffic
+/// alone, `2 · B · Hv · K · V · 4` (read, then written; q/k/v/gates add under 1 %), so its
+/// GB/s over the copy bandwidth is the fraction of the step's floor that the GPU rung's summary
+/// checks.
+fn delta_decode_bench(b: usize, heads: DeltaHeads) -> Bench {
+    let (hk, hv, kd, vd) = heads;
+    Bench {
+        op: "gated_delta_decode_bf16",
+        shape: vec![b, hk, hv, kd, vd],
+        tag: "qwen3.5 heads, one recurrent step, bytes: the state read and written".into(),
+        base: None,
+        flops: delta_flops(b, 1, heads),
+        bytes: (2 * 4 * b * hv * kd * vd) as f64,
+        make: Box::new(move |dev| {
+            let x = DeltaInputs::new(dev, b, 1, heads, 31)?;
+            let state = random_f32(dev, &[b, hv, kd, vd], 36, |u| 0.1 * u)?;
+            let run: Launch = Box::new(move |_: &Stream| {
+                gated_delta_rule(x.input(Some(&state)))?;
+                Ok(())
+            });
+            Ok((run, None))
+        }),
     }
 }
 
@@ -260,6 +399,22 @@ fn catalog(quick: bool) -> Vec<Bench> {
             out.push(decode_bench("attention_decode_bf16", b, heads, s, true));
             out.push(decode_bench("attention_decode_heuristic_bf16", b, heads, s, false));
         }
+    }
+    // The gated delta rule at Qwen3.5's heads: decode steps, then chunked prefill, longest last.
+    // The T = 65536 row takes seconds a launch, so `time` gives it fewer samples: the current
+    // kernel runs one warp per (V tile, value head), 128 blocks on 132 SMs, each ~5·10⁵ warp
+    // instructions per chunk of 64 (`rudac profile`), ~1-3 ms at ~2 GHz with one warp an SM to
+    // hide latency; 1024 chunks.
+    let (delta_heads, delta_batches, delta_tokens) = if quick {
+        ((1, 2, 32, 40), vec![1, 2], vec![70])
+    } else {
+        (QWEN35_DELTA_HEADS, vec![1, 32], vec![2048, 8192, 65536])
+    };
+    for &b in &delta_batches {
+        out.push(delta_decode_bench(b, delta_heads));
+    }
+    for &t in &delta_tokens {
+        out.push(delta_chunk_bench(t, delta_heads, 64));
     }
     // Row-wise and elementwise ops at 4096 x 4096.
     let (rows, hidden) = if quick { (64, 256) } else { (4096, 4096) };
@@ -377,7 +532,8 @@ fn catalog(quick: bool) -> Vec<Bench> {
 /// Times RUDA's ops on the device RUDA_DEVICE names and prints one JSON object per line.
 ///
 /// Timing: 3 warm-up launches, then --samples samples of as many launches as fill --sample-ms
-/// each, host wall clock around a synchronise; the median per launch. Progress goes to stderr.
+/// each, host wall clock around a synchronise; the median per launch (rows of half a second or
+/// more a launch: one warm-up and the samples that fit 8 s). Progress goes to stderr.
 #[derive(Parser)]
 #[command(name = "ruda-bench")]
 struct Options {
@@ -397,6 +553,10 @@ struct Options {
     /// Seconds for all benchmarks; those left when it is spent are skipped, and said so.
     #[arg(long, value_name = "S", default_value = "240", value_parser = positive)]
     budget_s: f64,
+    /// Leave out the benchmarks whose `op shape tag` line contains WORD (repeatable; after the
+    /// filters).
+    #[arg(long, value_name = "WORD")]
+    exclude: Vec<String>,
     /// Run only benchmarks whose `op shape tag` line contains one of the words.
     #[arg(value_name = "FILTER")]
     filters: Vec<String>,
@@ -420,9 +580,10 @@ fn main() -> ExitCode {
     let benches: Vec<Bench> = catalog(opts.quick)
         .into_iter()
         .filter(|b| opts.filters.is_empty() || opts.filters.iter().any(|f| b.line().contains(f.as_str())))
+        .filter(|b| !opts.exclude.iter().any(|x| b.line().contains(x.as_str())))
         .collect();
     if benches.is_empty() {
-        eprintln!("ruda-bench: no benchmark matches {:?} (see --list)", opts.filters);
+        eprintln!("ruda-bench: no benchmark matches {:?} less --exclude {:?} (see --list)", opts.filters, opts.exclude);
         return ExitCode::from(2);
     }
     if opts.list {
@@ -444,26 +605,46 @@ fn main() -> ExitCode {
     }
 }
 
-/// Median milliseconds per launch and the launches per sample.
+/// A launch this slow (ms) or slower makes a slow row (the gated delta rule's long prefill).
+const SLOW_LAUNCH_MS: f64 = 500.0;
+/// The measured time (ms) a slow row's samples may fill, so that it fits the GPU rung's time.
+const SLOW_ROW_MS: f64 = 8000.0;
+
+/// Median milliseconds per launch and the launches per sample. A slow row warms up once, its
+/// second launch is the first sample and it takes only the samples that fit [`SLOW_ROW_MS`]
+/// (at least one), one launch each.
 fn time(stream: &Stream, run: &Launch, sample_ms: f64, samples: usize) -> Result<(f64, usize), BoxError> {
-    for _ in 0..3 {
-        run(stream)?;
-    }
-    stream.synchronize()?;
-    let started = Instant::now();
-    run(stream)?;
-    stream.synchronize()?;
-    let once = started.elapsed().as_secs_f64() * 1e3;
-    let iters = ((sample_ms / once.max(1e-4)).ceil() as usize).clamp(1, 10_000);
-    let mut times = Vec::with_capacity(samples);
-    for _ in 0..samples {
+    let timed = |n: usize| -> Result<f64, BoxError> {
         let started = Instant::now();
-        for _ in 0..iters {
+        for _ in 0..n {
             run(stream)?;
         }
         stream.synchronize()?;
-        times.push(started.elapsed().as_secs_f64() * 1e3 / iters as f64);
-    }
+        Ok(started.elapsed().as_secs_f64() * 1e3 / n as f64)
+    };
+    // The first launch loads the module; the second tells a slow row.
+    run(stream)?;
+    stream.synchronize()?;
+    let second = timed(1)?;
+    let mut times = Vec::with_capacity(samples);
+    let iters = if second >= SLOW_LAUNCH_MS {
+        times.push(second);
+        let n = samples.min((SLOW_ROW_MS / second) as usize).max(1);
+        for _ in 1..n {
+            times.push(timed(1)?);
+        }
+        1
+    } else {
+        // Three warm-up launches in all, then one to size the samples.
+        run(stream)?;
+        stream.synchronize()?;
+        let once = timed(1)?;
+        let iters = ((sample_ms / once.max(1e-4)).ceil() as usize).clamp(1, 10_000);
+        for _ in 0..samples {
+            times.push(timed(iters)?);
+        }
+        iters
+    };
     times.sort_by(f64::total_cmp);
     Ok((times[times.len() / 2], iters))
 }

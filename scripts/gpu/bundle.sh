@@ -57,7 +57,7 @@ if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"qw
   echo "bundle: building the ruda-llm examples" >&2
   cargo build --release --locked -p ruda-llm --examples
 fi
-for example in qwen2_generate qwen3_generate; do
+for example in qwen2_generate qwen3_generate qwen35_generate; do
   if [ -x "$target_dir/release/examples/$example" ]; then
     cp "$target_dir/release/examples/$example" "$bundle/bin/"
   fi

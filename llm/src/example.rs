@@ -40,9 +40,11 @@ impl ExampleArgs {
     /// gives them: `MODEL_DIR` may be any path (Linux paths need not be UTF-8); the prompt and
     /// the numbers must be text.
     pub fn parse(model_type: ModelType, args: &[impl AsRef<OsStr>]) -> Result<ExampleArgs, LlmError> {
+        // `qwen35_generate`'s documented default is 8 new tokens, the older examples' 32.
+        let default_new = if model_type == ModelType::Qwen35 { 8 } else { 32 };
         let usage = || {
             format!(
-                "usage: {}_generate [MODEL_DIR PROMPT [MAX_NEW_TOKENS=32] [RUNS=1]] (no arguments: the bundled tiny model)",
+                "usage: {}_generate [MODEL_DIR PROMPT [MAX_NEW_TOKENS={default_new}] [RUNS=1]] (no arguments: the bundled tiny model)",
                 model_type.short_name()
             )
         };
@@ -61,13 +63,13 @@ impl ExampleArgs {
             [] => Ok(ExampleArgs {
                 model_dir: bundled_model(model_type),
                 prompt: "Hello".into(),
-                max_new_tokens: 32,
+                max_new_tokens: default_new,
                 runs: 1,
             }),
             [dir, prompt, ref rest @ ..] if rest.len() <= 2 => Ok(ExampleArgs {
                 model_dir: PathBuf::from(dir),
                 prompt: prompt_text(prompt)?,
-                max_new_tokens: rest.first().map(|s| positive("MAX_NEW_TOKENS", s)).transpose()?.unwrap_or(32),
+                max_new_tokens: rest.first().map(|s| positive("MAX_NEW_TOKENS", s)).transpose()?.unwrap_or(default_new),
                 runs: rest.get(1).map(|s| positive("RUNS", s)).transpose()?.unwrap_or(1),
             }),
             _ => Err(LlmError::InvalidArgument(usage())),

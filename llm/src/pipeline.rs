@@ -436,7 +436,7 @@ impl Pipeline {
             Some(c) if c.capacity() >= positions => c.clear(),
             _ => {
                 *guard = None;
-                *guard = Some(self.model.new_cache(positions.max(self.context))?);
+                *guard = Some(self.model.new_cache_with_capacity(positions.max(self.context))?);
             }
         }
         Ok(guard)

@@ -18,7 +18,7 @@ fn launched_and_planned(name: &str, dtype: DType, context: usize) -> (Vec<String
     // The interpreter: the device whose choices are its heuristics' (a GPU's are tuned).
     let device = Device::cpu();
     let model: Box<dyn CausalLm> = arch.load(&config, &weights, &device, dtype).unwrap();
-    let mut cache = model.new_cache(context).unwrap();
+    let mut cache = model.new_cache_with_capacity(context).unwrap();
     let prompt: Vec<u32> = (0..context as u32 - 1).map(|i| 3 + 7 * i).collect();
     model.forward(&mut cache, &prompt, 64, false).unwrap();
     let workspace = model.decode_workspace().unwrap();

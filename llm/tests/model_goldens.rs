@@ -302,7 +302,7 @@ fn qwen35_manual_path_follows_the_reference() {
         let g = goldens(name);
         let p = ruda_llm::load_huggingface_qwen35_pipeline(fixture(name), &device()).unwrap();
         let model = p.model();
-        let mut cache: ruda_llm::Qwen35Cache = model.new_cache(64).unwrap();
+        let mut cache: ruda_llm::Qwen35Cache = model.new_cache().unwrap();
         for prompt in g["prompts"].as_array().unwrap().iter().take(2) {
             let label = format!("{name}/{}", prompt["name"].as_str().unwrap());
             cache.clear();

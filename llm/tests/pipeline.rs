@@ -231,8 +231,11 @@ fn example_arguments() {
     assert!(args(&["dir"]).unwrap_err().to_string().contains("usage: qwen2_generate"));
     let qwen35 = ExampleArgs::parse(ModelType::Qwen35, &[] as &[&str]).unwrap();
     assert!(qwen35.model_dir.ends_with("tiny-qwen35"), "{}", qwen35.model_dir.display());
+    assert_eq!(qwen35.max_new_tokens, 8, "qwen35_generate MODEL_DIR PROMPT [MAX_NEW_TOKENS=8]");
+    let given = ExampleArgs::parse(ModelType::Qwen35, &["dir", "Hello"]).unwrap();
+    assert_eq!((given.max_new_tokens, given.runs), (8, 1));
     let usage = ExampleArgs::parse(ModelType::Qwen35, &["dir"]).unwrap_err().to_string();
-    assert!(usage.contains("usage: qwen35_generate"), "{usage}");
+    assert!(usage.contains("usage: qwen35_generate") && usage.contains("MAX_NEW_TOKENS=8"), "{usage}");
 }
 
 /// The README's main command: the bundled model through the interpreter, JSON lines only on
@@ -300,11 +303,11 @@ fn the_causal_lm_trait_decodes_as_it_prefills() {
     let p = pipeline("qwen2-tied");
     let m = p.model();
     let ids = p.encode("Hello world!", false).unwrap();
-    let mut whole = m.new_cache(ids.len()).unwrap();
+    let mut whole = m.new_cache_with_capacity(ids.len()).unwrap();
     let want = m.forward(&mut whole, &ids, 4, false).unwrap().to_f32_vec().unwrap();
     assert_eq!(whole.len(), ids.len());
 
-    let mut cache = m.new_cache(ids.len()).unwrap();
+    let mut cache = m.new_cache_with_capacity(ids.len()).unwrap();
     m.forward(&mut cache, &ids[..ids.len() - 1], 4, false).unwrap();
     let workspace = m.decode_workspace().unwrap();
     let got = m.decode_step(&mut cache, ids[ids.len() - 1], &workspace).unwrap().to_f32_vec().unwrap();
@@ -314,7 +317,7 @@ fn the_causal_lm_trait_decodes_as_it_prefills() {
     assert!(full.contains("full"), "{full}");
 
     let other = pipeline("qwen2-untied");
-    let mut foreign = other.model().new_cache(8).unwrap();
+    let mut foreign = other.model().new_cache_with_capacity(8).unwrap();
     let err = m.forward(&mut foreign, &ids, 4, false).unwrap_err().to_string();
     assert!(err.contains("another model"), "{err}");
 }

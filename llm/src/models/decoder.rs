@@ -502,7 +502,7 @@ impl CausalLm for Decoder {
         self.spec.linear_shapes(tokens)
     }
 
-    fn new_cache(&self, capacity: usize) -> Result<Cache, LlmError> {
+    fn new_cache_with_capacity(&self, capacity: usize) -> Result<Cache, LlmError> {
         let max = self.spec.config.max_position_embeddings;
         if capacity == 0 || capacity > max {
             return Err(LlmError::InvalidArgument(format!(
@@ -583,7 +583,10 @@ impl CausalLm for Decoder {
 
     fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError> {
         if cache.len() + 1 > cache.capacity() {
-            return Err(LlmError::InvalidArgument(format!("the KV cache is full ({} positions)", cache.capacity())));
+            return Err(LlmError::InvalidArgument(format!(
+                "the KV cache is full ({} positions; new_cache_with_capacity makes a larger one)",
+                cache.capacity()
+            )));
         }
         if id as usize >= self.spec.config.vocab_size {
             return Err(LlmError::InvalidArgument(format!("token id {id} is outside the vocabulary")));

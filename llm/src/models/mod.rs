@@ -82,7 +82,15 @@ pub trait CausalLm: Send + Sync {
     fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape>;
 
     /// An empty cache for up to `capacity` positions (at most `max_position_embeddings`).
-    fn new_cache(&self, capacity: usize) -> Result<Cache, LlmError>;
+    fn new_cache_with_capacity(&self, capacity: usize) -> Result<Cache, LlmError>;
+
+    /// An empty cache for the manual path ([`CausalLm::forward_cached_last`]): room for
+    /// [`DEFAULT_CONTEXT`](crate::pipeline::DEFAULT_CONTEXT) positions, or
+    /// `max_position_embeddings` if fewer (a full cache is an error that says so; take
+    /// [`CausalLm::new_cache_with_capacity`] for more).
+    fn new_cache(&self) -> Result<Cache, LlmError> {
+        self.new_cache_with_capacity(crate::pipeline::DEFAULT_CONTEXT.min(self.config().max_position_embeddings))
+    }
 
     /// Run `ids` at positions `cache.len()..` (appending them to the cache) and return the
     /// logits `[rows, vocab]` in the compute dtype: of the last token only, or of every token
@@ -303,7 +311,7 @@ mod tests {
         for c in [config("qwen2", json!({})), config("qwen3", json!({"attention_bias": true}))] {
             let spec = architecture(c.model_type).spec(&c);
             let model = architecture(c.model_type).load(&c, &Zeros::new(&spec), &device, DType::BF16).unwrap();
-            let mut cache = model.new_cache(3).unwrap();
+            let mut cache = model.new_cache_with_capacity(3).unwrap();
             model.forward(&mut cache, &[1, 2], 8, false).unwrap();
             let workspace = model.decode_workspace().unwrap();
             let stream = device.default_stream();

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Model-level benchmark of the GPU rung (Qwen issue, item 6): Qwen2.5-0.5B- and
-Qwen3-0.6B-shaped models with random weights (fixed seed) made here by `transformers` (bf16,
+"""Model-level benchmark of the GPU rung (Qwen issue, item 6; Qwen3.5 issue): Qwen2.5-0.5B-,
+Qwen3-0.6B- and Qwen3.5-shaped models with random weights (fixed seed) made here by `transformers` (bf16,
 CUDA), saved with save_pretrained (safetensors) plus a small byte-level tokenizer; then
 transformers' prefill of 512 tokens and greedy decode of 128 tokens (CUDA-synchronised, median
 of 3), and the teacher-forced logits of the greedy ids. Then, when the bundle has them, RUDA's
@@ -9,7 +9,7 @@ their timings, and each RUDA token checked against transformers' teacher-forced 
 step (within TOL of the best logit: random-weight models have near-ties).
 
 Writes OUT/model_bench.json. Usage: model_bench.py OUT BUNDLE [--tiny] [--device cpu]
-(--tiny: 2-layer models of the same kinds, for a smoke run.)
+(--tiny: 2-layer models of the same kinds, 4 for Qwen3.5, for a smoke run.)
 """
 import json
 import os
@@ -37,6 +37,13 @@ MODELS = [
         hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
         rms_norm_eps=1e-6, tie_word_embeddings=True, vocab_size=151936)),
+    # Qwen3.5-shaped (an assumed ~0.8B shape: transformers' default heads and head dims, depth and
+    # width reduced): every fourth layer full attention, the rest gated DeltaNet.
+    ("qwen3.5-0.8b-shaped", "qwen3_5_text", "qwen35_generate", dict(
+        hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True, vocab_size=248320)),
 ]
 
 
@@ -73,7 +80,8 @@ def tokenizer_json(path, vocab_size):
 def make_model(name, model_type, cfg, out_dir, tiny, device, torch, transformers):
     cfg = dict(cfg, initializer_range=INIT)
     if tiny:
-        cfg.update(num_hidden_layers=2, vocab_size=4096)
+        # Qwen3.5 needs four layers for one of full attention (every fourth).
+        cfg.update(num_hidden_layers=4 if model_type == "qwen3_5_text" else 2, vocab_size=4096)
     config_cls = transformers.AutoConfig.for_model(model_type, **cfg)
     config_cls.torch_dtype = "bfloat16"
     torch.manual_seed(SEED)

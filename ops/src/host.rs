@@ -79,3 +79,40 @@ pub(crate) fn rows_cols(op: &'static str, t: &Tensor) -> Result<(u32, u32)> {
     let cols = *t.shape().last().unwrap_or(&0);
     Ok((to_u32(op, "rows", t.numel() / cols.max(1))?, to_u32(op, "last axis", cols)?))
 }
+
+/// The elements from one row of `t` (its last axis) to the next, for a `t` whose last axis is
+/// dense and whose rows are evenly spaced, such as `q_proj`'s output `[T, H, 2·D]` narrowed to
+/// its first or second halves (row stride `2·D`); the row length for a dense `t`.
+pub(crate) fn row_stride(op: &'static str, name: &str, t: &Tensor) -> Result<u32> {
+    let (shape, strides) = (t.shape(), t.strides());
+    if t.numel() == 0 || t.rank() == 0 {
+        return Err(OpError::Shape { op, message: format!("`{name}` is empty (shape {shape:?})") });
+    }
+    let n = shape.len();
+    let cols = shape[n - 1];
+    let uneven = || OpError::InvalidArgument {
+        op,
+        message: format!(
+            "`{name}` (shape {shape:?}, strides {strides:?}) must have a dense last axis and evenly spaced rows"
+        ),
+    };
+    if cols != 1 && strides[n - 1] != 1 {
+        return Err(uneven());
+    }
+    // Walk the leading axes inwards-out: the innermost non-trivial one sets the row stride, and
+    // each outer one must continue it densely.
+    let (mut row, mut next) = (None, 0);
+    for i in (0..n - 1).rev().filter(|&i| shape[i] != 1) {
+        match row {
+            None => row = Some(strides[i]),
+            Some(_) if strides[i] != next => return Err(uneven()),
+            Some(_) => {}
+        }
+        next = strides[i] * shape[i];
+    }
+    let row = row.unwrap_or(cols);
+    if row < cols {
+        return Err(uneven());
+    }
+    to_u32(op, "row stride", row)
+}

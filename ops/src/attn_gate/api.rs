@@ -9,7 +9,6 @@ use super::kernel::{
 use crate::error::{OpError, Result};
 use crate::host::*;
 use crate::params;
-use crate::row_norm::api::row_stride;
 
 /// `out = x · sigmoid(gate)` elementwise, in `f32` and rounded once (Qwen3.5's
 /// `attn_output * torch.sigmoid(gate)`, which also rounds the sigmoid to the dtype first).

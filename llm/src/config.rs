@@ -31,6 +31,15 @@ impl ModelType {
     }
 
     /// The short name of the examples (`{short}_generate`) and bundled models (`tiny-{short}`).
+    /// The examples' (and `ruda-llm generate`'s) `MAX_NEW_TOKENS` when it is not given: 8 for
+    /// Qwen3.5 (`qwen35_generate`'s documented default), 32 for the others.
+    pub fn default_max_new_tokens(self) -> usize {
+        match self {
+            ModelType::Qwen35 => 8,
+            ModelType::Qwen2 | ModelType::Qwen3 => 32,
+        }
+    }
+
     pub fn short_name(self) -> &'static str {
         match self {
             ModelType::Qwen2 => "qwen2",

@@ -1,5 +1,5 @@
-//! The `qwen2_generate` / `qwen3_generate` / `qwen35_generate` examples: `MODEL_DIR PROMPT [MAX_NEW_TOKENS=32]
-//! [RUNS=1]`, or no arguments for the bundled tiny model. Standard output is JSON lines only: one
+//! The `qwen2_generate` / `qwen3_generate` / `qwen35_generate` examples: `MODEL_DIR PROMPT
+//! [MAX_NEW_TOKENS=32, 8 for Qwen3.5] [RUNS=1]`, or no arguments for the bundled tiny model. Standard output is JSON lines only: one
 //! `load` event, then one `generation` event per run; notices go to standard error.
 
 use std::ffi::{OsStr, OsString};
@@ -40,8 +40,7 @@ impl ExampleArgs {
     /// gives them: `MODEL_DIR` may be any path (Linux paths need not be UTF-8); the prompt and
     /// the numbers must be text.
     pub fn parse(model_type: ModelType, args: &[impl AsRef<OsStr>]) -> Result<ExampleArgs, LlmError> {
-        // `qwen35_generate`'s documented default is 8 new tokens, the older examples' 32.
-        let default_new = if model_type == ModelType::Qwen35 { 8 } else { 32 };
+        let default_new = model_type.default_max_new_tokens();
         let usage = || {
             format!(
                 "usage: {}_generate [MODEL_DIR PROMPT [MAX_NEW_TOKENS={default_new}] [RUNS=1]] (no arguments: the bundled tiny model)",

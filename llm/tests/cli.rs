@@ -65,14 +65,16 @@ fn same_as_example(model_type: ModelType, args: &[&str]) -> Vec<Value> {
 }
 
 #[test]
-fn generate_prints_the_examples_lines_with_32_tokens_by_default() {
+fn generate_prints_the_examples_lines_with_their_default_token_count() {
     for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
         let dir = example::bundled_model(model_type).display().to_string();
         let lines = same_as_example(model_type, &[&dir, "Hello"]);
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0]["model_type"], model_type.name());
         let generated = lines[1]["generated_token_ids"].as_array().unwrap().len();
-        assert!(generated == 32 || lines[1]["stop_reason"] == "eos", "{generated} tokens: {}", lines[1]);
+        let default = model_type.default_max_new_tokens();
+        assert_eq!(default, if model_type == ModelType::Qwen35 { 8 } else { 32 });
+        assert!(generated == default || lines[1]["stop_reason"] == "eos", "{generated} tokens: {}", lines[1]);
     }
 }
 

@@ -1,6 +1,6 @@
 //! `ruda-llm`: the model layer's command line.
 //!
-//! - `ruda-llm generate MODEL_DIR PROMPT [MAX_NEW_TOKENS=32] [RUNS=1]`: greedy generation with any
+//! - `ruda-llm generate MODEL_DIR PROMPT [MAX_NEW_TOKENS=32 (8 for Qwen3.5)] [RUNS=1]`: greedy generation with any
 //!   supported architecture (dispatched on `config.json`'s `model_type`), printing exactly the
 //!   `qwen2_generate` / `qwen3_generate` examples' JSON lines; exit status 1 on any error.
 //! - `ruda-llm tune MODEL_DIR [--context N] [--prefill-tokens N] [--dtype f32|f16|bf16]`:
@@ -71,12 +71,12 @@ struct GenerateArgs {
     /// The prompt (UTF-8); one that starts with `-` is a prompt too, as in the examples
     #[arg(allow_hyphen_values = true)]
     prompt: OsString,
-    /// Tokens to generate at most
-    #[arg(default_value_t = 32, value_parser = positive(), allow_negative_numbers = true)]
-    max_new_tokens: usize,
-    /// Generations to run (timings of later runs exclude first-use costs)
-    #[arg(default_value_t = 1, value_parser = positive(), allow_negative_numbers = true)]
-    runs: usize,
+    /// Tokens to generate at most [default: 32; 8 for Qwen3.5, as its example]
+    #[arg(value_parser = positive(), allow_negative_numbers = true)]
+    max_new_tokens: Option<usize>,
+    /// Generations to run (timings of later runs exclude first-use costs) [default: 1]
+    #[arg(value_parser = positive(), allow_negative_numbers = true)]
+    runs: Option<usize>,
 }
 
 #[derive(Args)]
@@ -112,8 +112,8 @@ fn compute_dtype(s: &str) -> Result<DType, String> {
 fn generate(args: GenerateArgs) -> Result<(), LlmError> {
     let prompt = example::prompt_text(&args.prompt)?;
     let model_type = ruda_llm::architecture_of(&args.model_dir)?.model_type();
-    let parsed =
-        ExampleArgs { model_dir: args.model_dir, prompt, max_new_tokens: args.max_new_tokens, runs: args.runs };
+    let max_new_tokens = args.max_new_tokens.unwrap_or(model_type.default_max_new_tokens());
+    let parsed = ExampleArgs { model_dir: args.model_dir, prompt, max_new_tokens, runs: args.runs.unwrap_or(1) };
     example::run_parsed(model_type, &parsed, &mut std::io::stdout().lock(), &mut std::io::stderr())
 }
 

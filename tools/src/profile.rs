@@ -161,22 +161,9 @@ fn bound_name(bound: &Bound) -> &'static str {
 
 /// The instruction classes of a mix, and its total.
 fn mix(c: &Counters) -> Vec<(&'static str, u64)> {
-    let m = &c.instructions;
-    vec![
-        ("fp32", m.fp32),
-        ("fp16_bf16", m.fp16_bf16),
-        ("fp64", m.fp64),
-        ("integer", m.integer),
-        ("mma", m.mma),
-        ("ldmatrix", m.ldmatrix),
-        ("cp_async", m.cp_async),
-        ("shuffles", m.shuffles),
-        ("barriers", m.barriers),
-        ("branches", m.branches),
-        ("memory", m.memory),
-        ("other", m.other),
-        ("total", m.total()),
-    ]
+    let mut classes = c.instructions.fields();
+    classes.push(("total", c.instructions.total()));
+    classes
 }
 
 /// Counters as a JSON object: every scalar counter and the instruction mix.

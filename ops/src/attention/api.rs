@@ -322,6 +322,24 @@ fn launch_prefill(op: &'static str, stream: &Stream, p: &PrefillLaunch<'_>) -> R
     params::launch(stream, &k, launch, &args.args())
 }
 
+/// What prefill over a cache and decode ask of a KV cache `[batch, kv_heads, s_max, D]` / `[…, Dv]`
+/// and its lengths `seq_lens` u32 `[batch]`, for `batch` sequences of head dim `d`; its
+/// `(kv_heads, s_max, Dv)`.
+fn check_kv_cache(
+    op: &'static str,
+    (k_cache, v_cache, seq_lens): (&Tensor, &Tensor, &Tensor),
+    batch: usize,
+    d: usize,
+) -> Result<(usize, usize, usize)> {
+    let (kv_heads, s_max, dv) = (k_cache.shape()[1], k_cache.shape()[2], v_cache.shape()[3]);
+    expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
+    expect_shape(op, "v_cache", v_cache, &[batch, kv_heads, s_max, dv])?;
+    contiguous_nonempty(op, "seq_lens", seq_lens)?;
+    expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
+    expect_shape(op, "seq_lens", seq_lens, &[batch])?;
+    Ok((kv_heads, s_max, dv))
+}
+
 /// Checks of the query side shared by the prefill entry points: `q` `[T, Hq, D]`, `out`
 /// `[T, Hq, Dv]` (its shape is checked once `Dv` is known), `cu_seqlens_q` u32 `[batch + 1]`,
 /// `max_seqlen_q >= 1`. Returns `(T, Hq, D, batch)`.
@@ -525,13 +543,8 @@ fn check_prefill_cache<'a>(
         4,
         "[batch, kv_heads, max_seq_len, head_dim]",
     )?;
-    let (kv_heads, s_max, dv) = (k_cache.shape()[1], k_cache.shape()[2], v_cache.shape()[3]);
-    expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
-    expect_shape(op, "v_cache", v_cache, &[batch, kv_heads, s_max, dv])?;
+    let (kv_heads, s_max, dv) = check_kv_cache(op, (k_cache, v_cache, seq_lens), batch, d)?;
     expect_shape(op, "out", out, &[total_q, q_heads, dv])?;
-    contiguous_nonempty(op, "seq_lens", seq_lens)?;
-    expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
-    expect_shape(op, "seq_lens", seq_lens, &[batch])?;
     let group = gqa_group(op, q_heads, kv_heads)?;
     let (head_dim, v_head_dim) = flash_head_dims(op, d, dv)?;
     let operands = [("q", q), ("out", out), ("k_cache", k_cache), ("v_cache", v_cache)];
@@ -747,13 +760,8 @@ pub fn attention_decode_into(
     expect_rank(op, "k_cache", k_cache, 4, "[batch, kv_heads, max_seq_len, head_dim]")?;
     expect_rank(op, "v_cache", v_cache, 4, "[batch, kv_heads, max_seq_len, v_head_dim]")?;
     let (batch, q_heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-    let (kv_heads, s_max, dv) = (k_cache.shape()[1], k_cache.shape()[2], v_cache.shape()[3]);
-    expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
-    expect_shape(op, "v_cache", v_cache, &[batch, kv_heads, s_max, dv])?;
+    let (kv_heads, s_max, dv) = check_kv_cache(op, (k_cache, v_cache, seq_lens), batch, d)?;
     expect_shape(op, "out", out, &[batch, q_heads, dv])?;
-    contiguous_nonempty(op, "seq_lens", seq_lens)?;
-    expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
-    expect_shape(op, "seq_lens", seq_lens, &[batch])?;
     let group = gqa_group(op, q_heads, kv_heads)?;
     let (head_dim, v_head_dim) = flash_head_dims(op, d, dv)?;
     expect_flash_aligned(op, (head_dim, v_head_dim), &operands)?;

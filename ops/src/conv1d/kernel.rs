@@ -109,6 +109,26 @@ fn convolve(b: &mut KernelBuilder, cfg: &Conv1dConfig, w: &[Value], window: &[Va
     }
 }
 
+/// One decode step of a channel: its state `row` (the `W - 1` older inputs) and the newest
+/// input `x[at]` give `y[at]`, then the state rolls by one in place.
+fn decode_step(b: &mut KernelBuilder, cfg: &Conv1dConfig, w: &[Value], row: Value, (x, y, at): (Value, Value, Value)) {
+    let window: Vec<Value> = (0..cfg.width - 1)
+        .map(|i| {
+            let i = b.const_u32(i);
+            load_f32(b, row, i)
+        })
+        .collect();
+    let xt = load_f32(b, x, at);
+    let out = convolve(b, cfg, w, &window, xt);
+    store_from_f32(b, y, at, out);
+    let mut next = window[1..].to_vec();
+    next.push(xt);
+    for (i, v) in next.into_iter().enumerate() {
+        let i = b.const_u32(i as u32);
+        store_from_f32(b, row, i, v);
+    }
+}
+
 /// Parameters: x `[T, C]`, weight `[C, W]`, initial_state `[C, W - 1]` (when
 /// `cfg.initial_state`), y `[T, C]`, final_state `[C, W - 1]`, tokens, channels (`u32`). Grid:
 /// `(ceil(C / 128), min(ceil(T / 32), 65535))`, block [`CONV_THREADS`]; block row `y` handles
@@ -207,21 +227,7 @@ pub fn causal_conv1d_update(cfg: &Conv1dConfig) -> Result<Kernel, VerifyError> {
         let w = load_weights(b, weight, c, cfg.width);
         let keep_v = b.const_u32(keep);
         let row = row_ptr(b, state, c, keep_v);
-        let window: Vec<Value> = (0..keep)
-            .map(|i| {
-                let i = b.const_u32(i);
-                load_f32(b, row, i)
-            })
-            .collect();
-        let xt = load_f32(b, x, c);
-        let out = convolve(b, cfg, &w, &window, xt);
-        store_from_f32(b, y, c, out);
-        let mut next = window[1..].to_vec();
-        next.push(xt);
-        for (i, v) in next.into_iter().enumerate() {
-            let i = b.const_u32(i as u32);
-            store_from_f32(b, row, i, v);
-        }
+        decode_step(b, cfg, &w, row, (x, y, c));
     });
     b.finish()
 }
@@ -278,21 +284,7 @@ pub fn causal_conv1d_update_slots(cfg: &Conv1dConfig) -> Result<Kernel, VerifyEr
                 let keep64 = b.const_u64(keep as u64);
                 let offset = b.mul(state_at, keep64);
                 let row = b.ptr_add(states, offset);
-                let window: Vec<Value> = (0..keep)
-                    .map(|i| {
-                        let i = b.const_u32(i);
-                        load_f32(b, row, i)
-                    })
-                    .collect();
-                let xt = load_f32(b, x, at);
-                let out = convolve(b, cfg, &w, &window, xt);
-                store_from_f32(b, y, at, out);
-                let mut next = window[1..].to_vec();
-                next.push(xt);
-                for (i, v) in next.into_iter().enumerate() {
-                    let i = b.const_u32(i as u32);
-                    store_from_f32(b, row, i, v);
-                }
+                decode_step(b, cfg, &w, row, (x, y, at));
                 vec![]
             },
             |b| {

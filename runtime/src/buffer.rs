@@ -133,6 +133,7 @@ impl Buffer {
             }
             (None, None) => return Err(oom("the device has neither host nor GPU memory".into())),
         };
+        device.counters_core().allocation();
         let buffer = Buffer {
             inner: Arc::new(BufferInner {
                 device: device.clone(),
@@ -202,7 +203,11 @@ impl Buffer {
             )));
         }
         match &self.inner.storage {
-            Storage::Host { lock, .. } => Ok(self.lock_host(lock)[range].to_vec()),
+            Storage::Host { lock, .. } => {
+                // What synchronises the stream on a GPU counts as a host sync here too.
+                self.device().counters_core().host_sync();
+                Ok(self.lock_host(lock)[range].to_vec())
+            }
             Storage::Cuda { .. } => {
                 let s = stream.cuda().ok_or_else(|| RuntimeError::driver("reading a buffer", "a CPU stream"))?;
                 self.note_use(stream);

@@ -44,15 +44,78 @@ pub struct LaunchRecord {
     pub dynamic_shared_bytes: u32,
 }
 
-/// What the clones of one [`crate::Device::cpu`] share: its caching allocator over host memory
-/// and its default stream.
+/// What the runtime did on one device so far ([`crate::Device::counters`]): what a captured
+/// CUDA graph cannot contain (allocations, host synchronisations) and what it replays
+/// (launches). Monotone; compare two readings with [`RuntimeCounters::since`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeCounters {
+    /// Buffers handed out, whether the caching allocator reused a block or called the driver:
+    /// a graph replays fixed addresses, so even a reuse from the pool is a new address.
+    pub allocations: u64,
+    /// Times the host waited for the device: stream, device and event synchronisations and
+    /// every device-to-host read (which synchronises its stream). Counted on the CPU device
+    /// too, where they return at once, so that CPU tests find what would block on a GPU.
+    pub host_syncs: u64,
+    /// Kernels queued for execution, including each kernel a graph replay runs; a launch
+    /// recorded into a graph under capture is not counted until the graph runs.
+    pub launches: u64,
+}
+
+impl RuntimeCounters {
+    /// What happened between the reading `earlier` and this one.
+    pub fn since(&self, earlier: &RuntimeCounters) -> RuntimeCounters {
+        RuntimeCounters {
+            allocations: self.allocations.saturating_sub(earlier.allocations),
+            host_syncs: self.host_syncs.saturating_sub(earlier.host_syncs),
+            launches: self.launches.saturating_sub(earlier.launches),
+        }
+    }
+}
+
+/// The live counters behind [`RuntimeCounters`], one set per device (shared by its handles).
+#[derive(Default)]
+pub(crate) struct Counters {
+    allocations: AtomicU64,
+    host_syncs: AtomicU64,
+    launches: AtomicU64,
+}
+
+impl Counters {
+    pub fn allocation(&self) {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn host_sync(&self) {
+        self.host_syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn launched(&self, kernels: u64) {
+        self.launches.fetch_add(kernels, Ordering::Relaxed);
+    }
+
+    pub fn read(&self) -> RuntimeCounters {
+        RuntimeCounters {
+            allocations: self.allocations.load(Ordering::Relaxed),
+            host_syncs: self.host_syncs.load(Ordering::Relaxed),
+            launches: self.launches.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the clones of one [`crate::Device::cpu`] share: its caching allocator over host memory,
+/// its default stream and its counters.
 pub(crate) struct CpuCore {
     pub memory: Arc<Allocator<HostMemory>>,
     pub default_stream: Arc<StreamCore>,
+    pub counters: Counters,
 }
 
 impl CpuCore {
     pub fn new() -> CpuCore {
-        CpuCore { memory: Arc::new(Allocator::new(HostMemory)), default_stream: StreamCore::new(None) }
+        CpuCore {
+            memory: Arc::new(Allocator::new(HostMemory)),
+            default_stream: StreamCore::new(None),
+            counters: Counters::default(),
+        }
     }
 }

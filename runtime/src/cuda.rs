@@ -12,7 +12,7 @@ use ruda_codegen_ptx::PtxVersion;
 
 use crate::alloc::{Allocator, Memory};
 use crate::cache::ModuleCache;
-use crate::context::StreamCore;
+use crate::context::{Counters, StreamCore};
 use crate::error::{Result, RuntimeError};
 use crate::probe::probe_driver;
 use crate::target::{max_ptx_for_driver, select_arch, CudaVersion};
@@ -47,6 +47,7 @@ pub(crate) struct CudaCore {
     pub(crate) info: CudaDeviceInfo,
     pub(crate) modules: ModuleCache<LoadedModule>,
     pub(crate) memory: Arc<Allocator<DeviceMemory>>,
+    pub(crate) counters: Counters,
 }
 
 /// Segments for the caching allocator: `cuMemAlloc` (at least 256-byte aligned) and
@@ -164,7 +165,14 @@ fn open(ordinal: usize, driver_version: CudaVersion) -> Result<CudaCore> {
         )?,
     };
     let memory = Arc::new(Allocator::new(DeviceMemory { ctx: Arc::clone(&ctx), spare_events: Mutex::new(Vec::new()) }));
-    Ok(CudaCore { ctx, default_stream: StreamCore::new(Some(stream)), info, modules: ModuleCache::new(), memory })
+    Ok(CudaCore {
+        ctx,
+        default_stream: StreamCore::new(Some(stream)),
+        info,
+        modules: ModuleCache::new(),
+        memory,
+        counters: Counters::default(),
+    })
 }
 
 /// A module loaded into a context, and the kernel's function in it.

@@ -7,7 +7,7 @@ use ruda_codegen_ptx::{PtxVersion, Target};
 
 use crate::alloc::{MemoryStats, PoolId, SHARED_POOL};
 use crate::cache::CacheStats;
-use crate::context::{CpuCore, StreamCore};
+use crate::context::{Counters, CpuCore, RuntimeCounters, StreamCore};
 use crate::cuda::{self, CudaCore, CudaDeviceInfo};
 use crate::env::{self, check_env, parse_ptx_version, Compiler, DeviceSpec};
 use crate::error::{Result, RuntimeError};
@@ -170,6 +170,7 @@ impl Device {
     /// Wait until all work queued on the device, on every stream, has finished (a no-op on
     /// the CPU).
     pub fn synchronize(&self) -> Result<()> {
+        self.counters_core().host_sync();
         match self.cuda_core() {
             None => Ok(()),
             Some(core) => core.ctx.synchronize().map_err(|e| {
@@ -178,6 +179,19 @@ impl Device {
                     cuda::describe(e),
                 )
             }),
+        }
+    }
+
+    /// Allocations, host synchronisations and launches on this device so far, over every
+    /// stream and every handle of it.
+    pub fn counters(&self) -> RuntimeCounters {
+        self.counters_core().read()
+    }
+
+    pub(crate) fn counters_core(&self) -> &Counters {
+        match &*self.inner {
+            DeviceInner::Cpu(c) => &c.counters,
+            DeviceInner::Cuda(c) => &c.core.counters,
         }
     }
 

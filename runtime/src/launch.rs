@@ -106,6 +106,7 @@ impl Stream {
             None => launch_cpu(k, &cfg, args)?,
             Some(core) => self.launch_cuda(core, kernel, &cfg, args)?,
         }
+        self.device().counters_core().launched(1);
         self.note_launch(|| LaunchRecord {
             kernel: k.name.clone(),
             grid: cfg.grid,

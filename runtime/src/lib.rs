@@ -97,7 +97,7 @@ pub use autotune::{
 };
 pub use buffer::Buffer;
 pub use cache::{CacheStats, ModuleCache, ModuleKey};
-pub use context::LaunchRecord;
+pub use context::{LaunchRecord, RuntimeCounters};
 pub use cuda::CudaDeviceInfo;
 pub use device::{Device, DeviceKind, MemoryPool};
 pub use dtype::{DType, Element};

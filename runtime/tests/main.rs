@@ -8,6 +8,7 @@ mod common;
 mod alloc;
 mod autotune;
 mod cache;
+mod counters;
 mod cuda;
 mod device;
 mod env;

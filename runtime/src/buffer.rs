@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{result, CudaEvent};
 
 use crate::alloc::{Allocation, Allocator, HostMemory};
-use crate::context::StreamCore;
+use crate::context::{Capture, StreamCore};
 use crate::cuda::{describe, DeviceMemory};
 use crate::device::{pool_id, Device, MemoryPool};
 use crate::error::{Result, RuntimeError};
@@ -120,6 +120,7 @@ impl Buffer {
                 });
             }
         }
+        stream.forbid_in_capture(|| format!("allocating {len} bytes on {device}"))?;
         let oom = |e: String| RuntimeError::driver(format!("allocating {len} bytes on {device}"), e);
         let id = stream.core().id;
         let (block, storage) = match (device.cpu_core(), device.cuda_core()) {
@@ -196,6 +197,7 @@ impl Buffer {
     /// copy sees every earlier write on that stream.
     pub fn read_on(&self, stream: &Stream, range: Range<usize>) -> Result<Vec<u8>> {
         stream.check_device("reading a buffer", self.device())?;
+        stream.forbid_in_capture(|| format!("reading {} bytes back from {}", range.len(), self.device()))?;
         if range.start > range.end || range.end > self.inner.len {
             return Err(RuntimeError::Shape(format!(
                 "reading bytes {}..{} of a {}-byte buffer",
@@ -238,6 +240,7 @@ impl Buffer {
     /// its earlier work.
     pub fn write_on(&self, stream: &Stream, offset: usize, bytes: &[u8]) -> Result<()> {
         stream.check_device("writing a buffer", self.device())?;
+        stream.forbid_in_capture(|| format!("copying {} bytes from the host to {}", bytes.len(), self.device()))?;
         let end = offset.checked_add(bytes.len()).filter(|&e| e <= self.inner.len).ok_or_else(|| {
             RuntimeError::Shape(format!(
                 "writing {} bytes at {offset} into a {}-byte buffer",
@@ -310,10 +313,32 @@ impl Drop for BufferInner {
             Storage::Host { memory, .. } => memory.free(self.block.id, Vec::new()),
             Storage::Cuda { memory } => {
                 let used = std::mem::take(self.used_on.get_mut().unwrap_or_else(|p| p.into_inner()));
-                let fences =
-                    std::iter::once(&self.stream).chain(&used).filter_map(|s| fence(memory.memory(), s)).collect();
-                memory.free(self.block.id, fences);
+                let streams: Vec<Arc<StreamCore>> = std::iter::once(Arc::clone(&self.stream)).chain(used).collect();
+                // A fence cannot be recorded on a capturing stream (it would become part of the
+                // graph): free once that capture has ended.
+                let capturing = streams.iter().find(|s| s.is_capturing()).map(Arc::clone);
+                let (memory, id) = (Arc::clone(memory), self.block.id);
+                let free = move || {
+                    let fences = streams.iter().filter_map(|s| fence(memory.memory(), s)).collect();
+                    memory.free(id, fences);
+                };
+                match capturing {
+                    Some(s) => defer_or_run(&s, Box::new(free)),
+                    None => free(),
+                }
             }
+        }
+    }
+}
+
+/// Run `work` when `stream`'s capture ends, or now if it has ended meanwhile.
+fn defer_or_run(stream: &StreamCore, work: Box<dyn FnOnce() + Send>) {
+    let mut c = stream.capture();
+    match &mut *c {
+        Capture::Active(a) => a.deferred.push(work),
+        _ => {
+            drop(c);
+            work()
         }
     }
 }

@@ -6,9 +6,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{result, CudaStream};
 
 use crate::alloc::{Allocator, HostMemory};
+use crate::error::Result;
 
 /// A stream without its device: an identity (unique in the process, what the allocator keys
 /// blocks by) and, on a GPU, the driver's stream.
@@ -19,6 +20,37 @@ pub(crate) struct StreamCore {
     /// one relaxed load while it is off.
     pub recording: AtomicBool,
     pub record: Mutex<Vec<LaunchRecord>>,
+    /// Graph capture on this stream ([`crate::Stream::begin_capture`]).
+    pub capture: Mutex<Capture>,
+}
+
+/// A launch recorded by a capture on the CPU device: runs the kernel over the buffers it was
+/// given, reading their contents when it runs.
+pub(crate) type Replay = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
+/// Where a stream stands with graph capture.
+#[derive(Default)]
+pub(crate) enum Capture {
+    #[default]
+    Idle,
+    Active(ActiveCapture),
+    /// A forbidden call ended the capture; `end_capture` reports it.
+    Invalidated(String),
+}
+
+/// What a capture in progress has collected.
+#[derive(Default)]
+pub(crate) struct ActiveCapture {
+    /// The CPU device's recorded launches, in order (empty on a GPU, where the driver records).
+    pub replays: Vec<Replay>,
+    /// Kernels captured so far.
+    pub kernels: usize,
+    /// The buffers the captured kernels use, kept alive by the graph: it replays their
+    /// addresses, so nobody else may be handed their blocks while it lives.
+    pub buffers: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    /// Work that cannot run while the stream captures (a GPU buffer's free records a fence on
+    /// its streams): done once the capture ends.
+    pub deferred: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl StreamCore {
@@ -29,7 +61,44 @@ impl StreamCore {
             cuda,
             recording: AtomicBool::new(false),
             record: Mutex::new(Vec::new()),
+            capture: Mutex::new(Capture::Idle),
         })
+    }
+
+    pub fn capture(&self) -> std::sync::MutexGuard<'_, Capture> {
+        self.capture.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_capturing(&self) -> bool {
+        matches!(*self.capture(), Capture::Active(_))
+    }
+
+    /// End the capture in progress because of `reason` (what CUDA does by invalidating it): on
+    /// a GPU the driver's capture is ended and its graph destroyed; deferred work runs; the
+    /// stream then works normally and `end_capture` reports `reason`. Whether one was active.
+    pub fn abort_capture(&self, reason: &str) -> bool {
+        let active = {
+            let mut c = self.capture();
+            if !matches!(*c, Capture::Active(_)) {
+                return false;
+            }
+            std::mem::replace(&mut *c, Capture::Invalidated(reason.to_string()))
+        };
+        if let Some(s) = &self.cuda {
+            let ctx = s.context();
+            ctx.record_err(ctx.bind_to_thread());
+            // SAFETY: the stream is live and capturing (begun by `begin_capture`).
+            match unsafe { result::stream::end_capture(s.cu_stream()) } {
+                // SAFETY: the graph was just handed to us and nothing else holds it.
+                Ok(graph) if !graph.is_null() => ctx.record_err(unsafe { result::graph::destroy(graph) }),
+                Ok(_) => {}
+                Err(e) => ctx.record_err(Err::<(), _>(e)),
+            }
+        }
+        if let Capture::Active(a) = active {
+            a.deferred.into_iter().for_each(|f| f());
+        }
+        true
     }
 }
 
@@ -72,12 +141,14 @@ impl RuntimeCounters {
     }
 }
 
-/// The live counters behind [`RuntimeCounters`], one set per device (shared by its handles).
+/// The live counters behind [`RuntimeCounters`], one set per device (shared by its handles),
+/// and the device's streams that are capturing a graph.
 #[derive(Default)]
 pub(crate) struct Counters {
     allocations: AtomicU64,
     host_syncs: AtomicU64,
     launches: AtomicU64,
+    pub capturing: Mutex<Vec<Arc<StreamCore>>>,
 }
 
 impl Counters {
@@ -91,6 +162,11 @@ impl Counters {
 
     pub fn launched(&self, kernels: u64) {
         self.launches.fetch_add(kernels, Ordering::Relaxed);
+    }
+
+    /// The streams of this device capturing a graph now.
+    pub fn capturing(&self) -> std::sync::MutexGuard<'_, Vec<Arc<StreamCore>>> {
+        self.capturing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn read(&self) -> RuntimeCounters {

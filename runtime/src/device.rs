@@ -170,6 +170,7 @@ impl Device {
     /// Wait until all work queued on the device, on every stream, has finished (a no-op on
     /// the CPU).
     pub fn synchronize(&self) -> Result<()> {
+        self.forbid_in_capture(|| format!("synchronising {self}"))?;
         self.counters_core().host_sync();
         match self.cuda_core() {
             None => Ok(()),

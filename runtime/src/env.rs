@@ -14,6 +14,7 @@ pub const RUDA_PTX_VERSION: &str = "RUDA_PTX_VERSION";
 pub const RUDA_DUMP_IR: &str = "RUDA_DUMP_IR";
 pub const RUDA_REQUIRE_GPU: &str = "RUDA_REQUIRE_GPU";
 pub const RUDA_AUTOTUNE: &str = "RUDA_AUTOTUNE";
+pub const RUDA_CUDA_GRAPHS: &str = "RUDA_CUDA_GRAPHS";
 /// Read by the runtime before each CPU launch; the interpreter's own name for it.
 pub const RUDA_INTERP_THREADS: &str = ruda_ir::interp::THREADS_ENV;
 
@@ -218,6 +219,34 @@ pub fn parse_interp_threads(value: Option<&str>) -> Result<usize> {
     }
 }
 
+/// Whether decode steps are captured into graphs and replayed (`RUDA_CUDA_GRAPHS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphMode {
+    On,
+    Off,
+}
+
+impl GraphMode {
+    /// Parse a `RUDA_CUDA_GRAPHS` value (`None` or empty = unset = `on`).
+    pub fn parse(value: Option<&str>) -> Result<GraphMode> {
+        match value.map(str::trim) {
+            None | Some("") | Some("on") => Ok(GraphMode::On),
+            Some("off") => Ok(GraphMode::Off),
+            Some(_) => Err(RuntimeError::InvalidEnv {
+                var: RUDA_CUDA_GRAPHS,
+                value: value.unwrap_or_default().to_string(),
+                accepted: "on (the default), off".into(),
+            }),
+        }
+    }
+}
+
+/// Read and parse `RUDA_CUDA_GRAPHS`: an error naming the variable and its value unless it is
+/// unset, `on` or `off`, whichever device runs.
+pub fn graph_mode() -> Result<GraphMode> {
+    GraphMode::parse(var(RUDA_CUDA_GRAPHS).as_deref())
+}
+
 /// Read and parse `RUDA_INTERP_THREADS`.
 pub(crate) fn interp_threads_from_env() -> Result<usize> {
     parse_interp_threads(var(RUDA_INTERP_THREADS).as_deref())
@@ -231,6 +260,7 @@ pub fn check_env() -> Result<()> {
     Compiler::from_env()?;
     parse_ptx_version(var(RUDA_PTX_VERSION).as_deref())?;
     AutotuneMode::parse(var(RUDA_AUTOTUNE).as_deref())?;
+    graph_mode()?;
     interp_threads_from_env()?;
     Ok(())
 }

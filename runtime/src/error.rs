@@ -90,6 +90,12 @@ pub enum RuntimeError {
     #[error("{op}: expected dtype {expected}, got {got}")]
     DType { op: String, expected: String, got: String },
 
+    /// A call that a CUDA graph cannot contain (an allocation, a host synchronisation, a copy
+    /// from host memory) on a stream capturing one; the capture has been ended. Also misuse of
+    /// capture itself (ending one that was not begun, ...).
+    #[error("{op}: {message}")]
+    GraphCapture { op: String, message: String },
+
     /// Tensors or streams on different devices were combined.
     #[error("{op}: {message}")]
     DeviceMismatch { op: String, message: String },

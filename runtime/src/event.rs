@@ -66,6 +66,7 @@ impl Event {
 
     /// Block the host until the work before the event has finished.
     pub fn synchronize(&self) -> Result<()> {
+        self.device.forbid_in_capture(|| format!("waiting for an event on {}", self.device))?;
         self.device.counters_core().host_sync();
         match &self.kind {
             EventKind::Host(_) => Ok(()),
@@ -91,6 +92,7 @@ impl Event {
     /// Milliseconds from this event to `end` (waiting for both). Both must be on one device;
     /// `end` recorded earlier gives a negative time.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f64> {
+        self.device.forbid_in_capture(|| format!("timing two events on {}", self.device))?;
         self.device.counters_core().host_sync();
         match (&self.kind, &end.kind) {
             (EventKind::Host(a), EventKind::Host(b)) => Ok(match b.checked_duration_since(*a) {

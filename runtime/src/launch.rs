@@ -11,7 +11,7 @@ use ruda_ir::interp::{self, KernelArg, LaunchConfig};
 use ruda_ir::{AddrSpace, Constant, Kernel, Type};
 
 use crate::cache::ModuleKey;
-use crate::context::LaunchRecord;
+use crate::context::{Capture, LaunchRecord, Replay};
 use crate::cuda::{load_module, CudaCore, LoadedModule, DEFAULT_DYNAMIC_SHARED_LIMIT};
 use crate::device::Device;
 use crate::dtype::Element;
@@ -102,11 +102,28 @@ impl Stream {
         let k = kernel.kernel();
         validate_launch(k, &cfg)?;
         check_args(k, self.device(), args)?;
-        match self.device().cuda_core() {
-            None => launch_cpu(k, &cfg, args)?,
-            Some(core) => self.launch_cuda(core, kernel, &cfg, args)?,
+        let capturing = match &*self.core().capture() {
+            Capture::Idle => false,
+            Capture::Active(_) => true,
+            Capture::Invalidated(reason) => {
+                return Err(RuntimeError::GraphCapture {
+                    op: format!("launching kernel `{}` on {self:?}", k.name),
+                    message: format!(
+                        "the stream's graph capture was ended by {reason}; call end_capture before launching again"
+                    ),
+                })
+            }
+        };
+        match (self.device().cuda_core(), capturing) {
+            (None, false) => launch_cpu(k, &cfg, args)?,
+            (None, true) => self.capture_cpu(k, cfg, args),
+            (Some(core), _) => self.launch_cuda(core, kernel, &cfg, args)?,
         }
-        self.device().counters_core().launched(1);
+        if capturing {
+            self.keep_for_graph(args);
+        } else {
+            self.device().counters_core().launched(1);
+        }
         self.note_launch(|| LaunchRecord {
             kernel: k.name.clone(),
             grid: cfg.grid,
@@ -114,6 +131,45 @@ impl Stream {
             dynamic_shared_bytes: cfg.dynamic_shared_bytes,
         });
         Ok(())
+    }
+
+    /// Record a CPU launch into the stream's capture: the kernel, its configuration and its
+    /// arguments (tensors by handle), run over the buffers' contents at each replay.
+    fn capture_cpu(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[Arg<'_>]) {
+        let kernel = kernel.clone();
+        let owned: Vec<OwnedArg> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Tensor(t) => OwnedArg::Tensor((*t).clone()),
+                Arg::Scalar(c) => OwnedArg::Scalar(*c),
+            })
+            .collect();
+        let replay: Replay = Box::new(move || {
+            let args: Vec<Arg<'_>> = owned
+                .iter()
+                .map(|a| match a {
+                    OwnedArg::Tensor(t) => Arg::Tensor(t),
+                    OwnedArg::Scalar(c) => Arg::Scalar(*c),
+                })
+                .collect();
+            launch_cpu(&kernel, &cfg, &args)
+        });
+        if let Capture::Active(a) = &mut *self.core().capture() {
+            a.replays.push(replay);
+        }
+    }
+
+    /// Count a captured kernel and keep its buffers alive for the graph (its addresses are
+    /// baked into the graph on a GPU).
+    fn keep_for_graph(&self, args: &[Arg<'_>]) {
+        if let Capture::Active(a) = &mut *self.core().capture() {
+            a.kernels += 1;
+            for arg in args {
+                if let Arg::Tensor(t) = arg {
+                    a.buffers.push(Box::new(t.buffer().clone()));
+                }
+            }
+        }
     }
 
     fn launch_cuda<K: Launchable + ?Sized>(
@@ -317,6 +373,12 @@ fn check_args(kernel: &Kernel, device: &Device, args: &[Arg<'_>]) -> Result<()> 
         }
     }
     Ok(())
+}
+
+/// An argument a captured CPU launch keeps until its replays.
+enum OwnedArg {
+    Tensor(Tensor),
+    Scalar(Constant),
 }
 
 /// One buffer argument's byte range in its buffer.

@@ -48,6 +48,12 @@
 //! a stream launched ([`LaunchRecord`]: name, grid, block, dynamic shared memory), off unless
 //! started, so that tests can compare what ran with a plan (the model's decode step).
 //!
+//! [`Stream::begin_capture`] and [`Stream::end_capture`] capture the kernels a stream launches
+//! into a [`Graph`] that [`Graph::launch`] replays (a CUDA graph; on the CPU, the recorded
+//! launches rerun over the buffers' contents at replay time); an allocation or host
+//! synchronisation during capture is an error. [`Device::counters`] counts allocations, host
+//! synchronisations and launches ([`RuntimeCounters`]), so tests prove a step capturable.
+//!
 //! Module layers, bottom up: `context` (raw stream handles, the CPU device's state) and `cuda`
 //! (a GPU's shared state) under `device`; `stream` and `event` on devices; `buffer` on streams;
 //! `tensor` on buffers; `launch` on tensors and streams.
@@ -64,6 +70,7 @@
 //! | `RUDA_AUTOTUNE` | [`AutotuneMode::from_env`], [`Autotuner::for_device`] | `on` (default on CUDA: the first call of a tunable op for a new key benchmarks its candidates), `off` (each op's heuristic default). Always off on the CPU device. Anything else is an error. |
 //! | `RUDA_CACHE_DIR` | [`cache_dir_from_env`] | the folder for RUDA's caches; autotuning results go to `<folder>/autotune/<device fingerprint>.json`. Unset: `$XDG_CACHE_HOME/ruda`, then `$HOME/.cache/ruda`. |
 //! | `RUDA_INTERP_THREADS` | each launch on the CPU device, [`Device::from_env`] | the CPU threads the interpreter runs blocks on: a positive integer; unset: all cores. Anything else is an error naming the variable. |
+//! | `RUDA_CUDA_GRAPHS` | [`graph_mode`] (the decode step of batched generation) | `on` (default: capture the warmed decode step into a graph and replay it), `off` (launch its kernels one by one). Anything else is an error, on every device. |
 //! | `RUDA_REQUIRE_GPU` | [`require_gpu`] (tests) | `1`: a missing GPU fails GPU tests instead of skipping them |
 //!
 //! [`Device::from_env`] validates all of these ([`check_env`]) whichever device it picks, so a
@@ -84,6 +91,7 @@ mod dtype;
 mod env;
 mod error;
 mod event;
+mod graph;
 mod launch;
 mod probe;
 mod stream;
@@ -102,11 +110,12 @@ pub use cuda::CudaDeviceInfo;
 pub use device::{Device, DeviceKind, MemoryPool};
 pub use dtype::{DType, Element};
 pub use env::{
-    check_env, parse_interp_threads, parse_ptx_version, require_gpu, AutotuneMode, Compiler, DeviceSpec, RUDA_AUTOTUNE,
-    RUDA_INTERP_THREADS,
+    check_env, graph_mode, parse_interp_threads, parse_ptx_version, require_gpu, AutotuneMode, Compiler, DeviceSpec,
+    GraphMode, RUDA_AUTOTUNE, RUDA_CUDA_GRAPHS, RUDA_INTERP_THREADS,
 };
 pub use error::{ModuleLoadError, Result, RuntimeError};
 pub use event::Event;
+pub use graph::Graph;
 pub use launch::{Arg, HashedKernel, Launchable};
 pub use probe::{probe_driver, DriverProbe};
 pub use stream::Stream;
@@ -131,6 +140,7 @@ mod layering {
         ("env", include_str!("env.rs")),
         ("error", include_str!("error.rs")),
         ("event", include_str!("event.rs")),
+        ("graph", include_str!("graph.rs")),
         ("launch", include_str!("launch.rs")),
         ("probe", include_str!("probe.rs")),
         ("stream", include_str!("stream.rs")),

@@ -71,6 +71,7 @@ impl Stream {
     /// Wait for all work queued on this stream. Errors of earlier launches (illegal addresses,
     /// ...) surface here.
     pub fn synchronize(&self) -> Result<()> {
+        self.forbid_in_capture(|| format!("synchronising {self:?}"))?;
         self.device.counters_core().host_sync();
         match self.cuda() {
             None => Ok(()),

@@ -13,6 +13,7 @@ mod cuda;
 mod device;
 mod env;
 mod events;
+mod graphs;
 mod launch_cpu;
 mod nvrtc;
 mod target;

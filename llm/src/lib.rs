@@ -53,7 +53,7 @@ pub use layers::{
     AttentionShape, DecodeChoices, ExpectedTensor, LinearShape, PlannedLaunch, TensorSource, WeightDType, EMBED_TOKENS,
     LM_HEAD,
 };
-pub use models::{architecture, Architecture, CausalLm, DecoderSpec, Workspace};
+pub use models::{architecture, Architecture, CausalLm, DecodeKernels, DecoderSpec, Workspace};
 pub use pipeline::{
     architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen35_pipeline,
     load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError, HuggingFaceQwen2Pipeline,

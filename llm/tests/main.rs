@@ -5,6 +5,7 @@ mod bad_inputs;
 mod chat_goldens;
 mod cli;
 mod common;
+mod decode_graph;
 mod decode_plan;
 mod loading;
 mod model_goldens;

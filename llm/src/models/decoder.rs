@@ -25,7 +25,7 @@ use crate::layers::{
     ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp,
     MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
 };
-use crate::models::CausalLm;
+use crate::models::{CausalLm, DecodeKernels};
 
 /// What mixes information across positions in one layer.
 #[derive(Clone, Debug)]
@@ -407,6 +407,14 @@ impl Decoder {
         w: &Workspace,
         all_logits: bool,
     ) -> Result<Tensor, LlmError> {
+        w.ids.copy_from_slice(ids)?;
+        w.step.write(cache.len(), ids.len())?;
+        self.run_chunk(cache, ids.len(), w, all_logits)
+    }
+
+    /// The kernels of a chunk of `t` tokens whose ids and positions are in `w` already: no host
+    /// copy, so that a decode step can be captured into a graph.
+    fn run_chunk(&self, cache: &mut Cache, t: usize, w: &Workspace, all_logits: bool) -> Result<Tensor, LlmError> {
         let start = cache.len();
         let (layer_caches, decode) = cache.parts_mut();
         if layer_caches.len() != self.layers.len() {
@@ -418,9 +426,6 @@ impl Decoder {
         }
         let stream = self.device.default_stream();
         let s = &stream;
-        let t = ids.len();
-        w.ids.copy_from_slice(ids)?;
-        w.step.write(start, t)?;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
 
         let mut cur = 0;
@@ -582,18 +587,48 @@ impl CausalLm for Decoder {
     }
 
     fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError> {
-        if cache.len() + 1 > cache.capacity() {
-            return Err(LlmError::InvalidArgument(format!(
-                "the KV cache is full ({} positions; new_cache_with_capacity makes a larger one)",
-                cache.capacity()
-            )));
-        }
+        self.write_decode_inputs(cache, id, workspace)?;
+        self.run_decode_step(cache, workspace, DecodeKernels::Launch)
+    }
+
+    fn write_decode_inputs(&self, cache: &Cache, id: u32, workspace: &Workspace) -> Result<(), LlmError> {
+        decode_room(cache, workspace)?;
         if id as usize >= self.spec.config.vocab_size {
             return Err(LlmError::InvalidArgument(format!("token id {id} is outside the vocabulary")));
         }
-        if workspace.tokens != 1 {
-            return Err(LlmError::InvalidArgument("a decode step needs the decode workspace (one row)".into()));
-        }
-        self.forward_chunk(cache, &[id], workspace, false)
+        workspace.ids.copy_from_slice(&[id])?;
+        workspace.step.write(cache.len(), 1)?;
+        Ok(())
     }
+
+    fn run_decode_step(
+        &self,
+        cache: &mut Cache,
+        workspace: &Workspace,
+        kernels: DecodeKernels<'_>,
+    ) -> Result<Tensor, LlmError> {
+        decode_room(cache, workspace)?;
+        match kernels {
+            DecodeKernels::Launch => self.run_chunk(cache, 1, workspace, false),
+            DecodeKernels::Replay(graph) => {
+                graph.launch(&self.device.default_stream())?;
+                cache.advance(1);
+                Ok(workspace.logits.clone())
+            }
+        }
+    }
+}
+
+/// An error unless `cache` has room for one more position and `workspace` is a decode one.
+fn decode_room(cache: &Cache, workspace: &Workspace) -> Result<(), LlmError> {
+    if cache.len() + 1 > cache.capacity() {
+        return Err(LlmError::InvalidArgument(format!(
+            "the KV cache is full ({} positions; new_cache_with_capacity makes a larger one)",
+            cache.capacity()
+        )));
+    }
+    if workspace.tokens != 1 {
+        return Err(LlmError::InvalidArgument("a decode step needs the decode workspace (one row)".into()));
+    }
+    Ok(())
 }

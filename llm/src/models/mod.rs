@@ -114,9 +114,38 @@ pub trait CausalLm: Send + Sync {
     fn decode_workspace(&self) -> Result<Workspace, LlmError>;
 
     /// One decode step: the logits `[1, vocab]` after appending `id`, in `workspace`'s buffer
-    /// (valid until the next step). Allocates nothing (except in Qwen3.5's gated attention and
-    /// gated DeltaNet layers, which allocate their intermediates for now).
+    /// (valid until the next step). Allocates nothing and waits for nothing (except in Qwen3.5's
+    /// gated attention and gated DeltaNet layers, which allocate their intermediates for now):
+    /// [`CausalLm::write_decode_inputs`], then [`CausalLm::run_decode_step`] launching.
     fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError>;
+
+    /// The host half of a decode step: write `id` and its position (the cache's length) into
+    /// `workspace`'s input buffers, launching nothing. What precedes each replay of a captured
+    /// step, since a graph reads its inputs from those buffers when it runs.
+    fn write_decode_inputs(&self, cache: &Cache, id: u32, workspace: &Workspace) -> Result<(), LlmError>;
+
+    /// The device half of a decode step, over the inputs [`CausalLm::write_decode_inputs`]
+    /// wrote, on the device's default stream; the cache then holds one more position and the
+    /// logits are in `workspace`'s buffer. Launching (dense models) copies nothing from the host,
+    /// allocates nothing and waits for nothing, so it can run under
+    /// [`ruda_runtime::Stream::begin_capture`]: the capture runs no kernel but still counts
+    /// the position, so launch the graph once to compute that step, then replay it with
+    /// [`DecodeKernels::Replay`] for the next ones (the graph fits this cache and workspace).
+    fn run_decode_step(
+        &self,
+        cache: &mut Cache,
+        workspace: &Workspace,
+        kernels: DecodeKernels<'_>,
+    ) -> Result<Tensor, LlmError>;
+}
+
+/// How [`CausalLm::run_decode_step`] runs the step's kernels.
+#[derive(Clone, Copy, Debug)]
+pub enum DecodeKernels<'a> {
+    /// Launch them one by one (what a capture records).
+    Launch,
+    /// Replay a graph captured from [`DecodeKernels::Launch`] with the same cache and workspace.
+    Replay(&'a ruda_runtime::Graph),
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext};
 
+use crate::buffer::Buffer;
 use crate::context::{ActiveCapture, Capture, Replay, StreamCore};
 use crate::cuda::describe;
 use crate::device::Device;
@@ -109,7 +110,13 @@ impl Stream {
                 GraphBody::Cuda(Mutex::new(CudaGraph { ctx, graph, exec }))
             }
         };
-        Ok(Graph { device: self.device().clone(), kernels, body, _buffers: buffers })
+        let mut kept: Vec<Buffer> = Vec::new();
+        for b in buffers.into_iter().filter_map(|b| b.downcast::<Buffer>().ok()) {
+            if !kept.iter().any(|k| k.same_memory(&b)) {
+                kept.push(*b);
+            }
+        }
+        Ok(Graph { device: self.device().clone(), kernels, body, buffers: kept })
     }
 
     /// An error naming `op` when this stream is capturing (the capture is ended first), since
@@ -171,7 +178,8 @@ pub struct Graph {
     device: Device,
     kernels: usize,
     body: GraphBody,
-    _buffers: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    /// Each buffer its kernels use, once.
+    buffers: Vec<Buffer>,
 }
 
 enum GraphBody {
@@ -219,6 +227,8 @@ impl Graph {
                 }
             }
             (GraphBody::Cuda(g), Some(s)) => {
+                // Their blocks are then fenced on this stream too when they are freed.
+                self.buffers.iter().for_each(|b| b.note_use(stream));
                 let g = g.lock().unwrap_or_else(|p| p.into_inner());
                 let fail = |e| RuntimeError::driver(format!("launching a graph on {stream:?}"), describe(e));
                 g.ctx.bind_to_thread().map_err(fail)?;

@@ -116,7 +116,7 @@ impl Stream {
         };
         match (self.device().cuda_core(), capturing) {
             (None, false) => launch_cpu(k, &cfg, args)?,
-            (None, true) => self.capture_cpu(k, cfg, args),
+            (None, true) => self.capture_cpu(k, cfg, args)?,
             (Some(core), _) => self.launch_cuda(core, kernel, &cfg, args)?,
         }
         if capturing {
@@ -135,7 +135,9 @@ impl Stream {
 
     /// Record a CPU launch into the stream's capture: the kernel, its configuration and its
     /// arguments (tensors by handle), run over the buffers' contents at each replay.
-    fn capture_cpu(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[Arg<'_>]) {
+    /// Arguments the interpreter would refuse are refused now, as a launch would be.
+    fn capture_cpu(&self, kernel: &Kernel, cfg: LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
+        cpu_buffer_groups(kernel, args)?;
         let kernel = kernel.clone();
         let owned: Vec<OwnedArg> = args
             .iter()
@@ -157,6 +159,7 @@ impl Stream {
         if let Capture::Active(a) = &mut *self.core().capture() {
             a.replays.push(replay);
         }
+        Ok(())
     }
 
     /// Count a captured kernel and keep its buffers alive for the graph (its addresses are
@@ -388,9 +391,10 @@ struct Slot {
     len: usize,
 }
 
-fn launch_cpu(kernel: &Kernel, cfg: &LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
-    // Group buffer arguments by buffer; the map's order (by address) is the lock order, so
-    // concurrent launches cannot deadlock.
+/// The buffer arguments grouped by buffer, each group's slots sorted by start: an error when two
+/// arguments' elements overlap, since the interpreter gives each one exclusive access. The
+/// groups' order (by buffer) is the lock order, so concurrent launches cannot deadlock.
+fn cpu_buffer_groups<'t>(kernel: &Kernel, args: &[Arg<'t>]) -> Result<Vec<(&'t Tensor, Vec<Slot>)>> {
     let mut groups: BTreeMap<usize, (&Tensor, Vec<Slot>)> = BTreeMap::new();
     for (arg, a) in args.iter().enumerate() {
         if let Arg::Tensor(t) = a {
@@ -398,7 +402,7 @@ fn launch_cpu(kernel: &Kernel, cfg: &LaunchConfig, args: &[Arg<'_>]) -> Result<(
             groups.entry(t.buffer().id()).or_insert_with(|| (t, Vec::new())).1.push(slot);
         }
     }
-    let mut locked = Vec::with_capacity(groups.len());
+    let mut sorted = Vec::with_capacity(groups.len());
     for (t, mut slots) in groups.into_values() {
         slots.sort_by_key(|s| (s.start, s.len));
         let mut covered: Option<(usize, usize)> = None; // (end, arg) of the furthest-reaching slot
@@ -421,6 +425,15 @@ fn launch_cpu(kernel: &Kernel, cfg: &LaunchConfig, args: &[Arg<'_>]) -> Result<(
                 _ => covered = Some((s.start + s.len, s.arg)),
             }
         }
+        sorted.push((t, slots));
+    }
+    Ok(sorted)
+}
+
+fn launch_cpu(kernel: &Kernel, cfg: &LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
+    let groups = cpu_buffer_groups(kernel, args)?;
+    let mut locked = Vec::with_capacity(groups.len());
+    for (t, slots) in groups {
         let host = t.buffer().try_host_lock().ok_or_else(|| RuntimeError::DeviceMismatch {
             op: format!("kernel `{}`", kernel.name),
             message: "a CUDA buffer in a CPU launch".into(),

@@ -119,9 +119,15 @@ fn capture_misuse_is_an_error() {
     let d = Device::cpu();
     let s = d.default_stream();
     assert!(s.end_capture().unwrap_err().to_string().contains("no capture was begun"));
+    let x = Tensor::zeros(&d, DType::F32, &[2]).unwrap();
     s.begin_capture().unwrap();
     assert!(s.begin_capture().unwrap_err().to_string().contains("capturing already"));
+    // Arguments the interpreter refuses are refused at capture, not at a replay.
+    let overlap =
+        s.launch(&common::scale2_kernel(), LaunchConfig::linear(1, 32), &[(&x).into(), (&x).into(), Arg::scalar(2u32)]);
+    assert!(overlap.unwrap_err().to_string().contains("overlap"));
     let graph = s.end_capture().unwrap();
+    assert_eq!(graph.launches(), 0);
     // Not on a stream that is capturing.
     s.begin_capture().unwrap();
     assert!(graph.launch(&s).unwrap_err().to_string().contains("capturing"));

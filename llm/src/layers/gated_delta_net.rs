@@ -17,17 +17,17 @@
 //! The rule runs in f32 in every compute dtype, as transformers runs it (q, k and v cast to f32
 //! after the conv, the output rounded once to the dtype).
 //!
-//! Every intermediate is allocated per call (the ops' allocating forms; the gated delta rule has
-//! no `_into` form yet): a decode step of this layer allocates, unlike attention's. Prefill runs
-//! the packed rule, which reads its `cu_seqlens` back (a synchronisation per layer and chunk);
-//! decode runs the dense one, which does not.
+//! The states live in a [`LinearStatePool`] (one slot per sequence: one for a single sequence,
+//! one per active sequence in a batch), and every intermediate in a [`GatedDeltaScratch`] made
+//! once: a step over a packed batch of sequences (a decode step, or a prefill chunk) runs the
+//! ops' `_into` and pool forms, so it allocates nothing and reads nothing back from the device.
 
 use ruda_ops::api::{self, GatedDeltaInput};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
 use super::plan::{launch, DecodeStep, PlannedLaunch};
 use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader, WeightDType};
-use crate::cache::LinearState;
+use crate::cache::LinearStatePool;
 use crate::config::LinearAttentionConfig;
 use crate::error::LlmError;
 
@@ -261,32 +261,39 @@ impl GatedDeltaNet {
         self.qkv.iter().chain([&self.z, &self.b, &self.a, &self.out])
     }
 
-    /// An empty state (zeros) of one sequence: the conv states `[channels, W − 1]` of the q, k
-    /// and v blocks in the compute dtype, the recurrent state f32 `[1, Hv, K, V]`.
-    pub fn new_state(&self, device: &Device, dtype: DType) -> Result<LinearState, LlmError> {
+    /// Zeroed states of `slots` sequences: the conv states `[slots, channels, W − 1]` of the q,
+    /// k and v blocks in the compute dtype, the recurrent states f32 `[slots, Hv, K, V]`.
+    pub fn new_state_pool(&self, device: &Device, dtype: DType, slots: usize) -> Result<LinearStatePool, LlmError> {
         let LinearAttentionConfig {
             conv_kernel_dim: w, num_value_heads: hv, key_head_dim: kd, value_head_dim: vd, ..
         } = self.shape;
-        let conv = |c: &Tensor| Tensor::zeros(device, dtype, &[c.shape()[0], w - 1]);
-        Ok(LinearState {
+        let conv = |c: &Tensor| Tensor::zeros(device, dtype, &[slots, c.shape()[0], w - 1]);
+        Ok(LinearStatePool {
             conv: [conv(&self.conv[0])?, conv(&self.conv[1])?, conv(&self.conv[2])?],
-            recurrent: Tensor::zeros(device, DType::F32, &[1, hv, kd, vd])?,
+            recurrent: Tensor::zeros(device, DType::F32, &[slots, hv, kd, vd])?,
         })
     }
 
-    /// `out = gated_delta_net(x)` for the `T` rows of `x [T, hidden]`, continuing `state` (or
-    /// starting from zeros when `fresh`: the sequence's first positions) and leaving in it the
-    /// state after the last row. One row after a prefill is a decode step (the conv's rolling
-    /// update and the recurrent rule); anything else runs the prefill forms (the chunked rule).
-    #[allow(clippy::too_many_arguments)]
+    /// The intermediates of [`GatedDeltaNet::forward`] over up to `tokens` rows in `dtype`.
+    pub fn scratch(&self, device: &Device, dtype: DType, tokens: usize) -> Result<GatedDeltaScratch, LlmError> {
+        GatedDeltaScratch::new(device, dtype, tokens, self.shape, self.qkv.each_ref().map(|l| l.shape().0))
+    }
+
+    /// `out = gated_delta_net(x)` for the rows of `x [T, hidden]`: a packed batch of the
+    /// sequences of `batch`, each continuing from its slot of `pool` (zeroed first when fresh)
+    /// and leaving there its state after its last row. A batch of one row per sequence, none
+    /// fresh, is a decode step (the conv's rolling update and the recurrent rule); anything
+    /// else runs the prefill forms (the packed conv and the chunked rule). Every intermediate
+    /// is a view of `scratch`, so a step allocates nothing, and nothing is read back from the
+    /// device (zeroing a fresh slot is a host-to-device copy of zeros).
     pub fn forward(
         &self,
         s: &Stream,
         plan: &LinearPlan,
         x: &Tensor,
-        cu_seqlens: &Tensor,
-        state: &mut LinearState,
-        fresh: bool,
+        batch: &LinearBatch<'_>,
+        pool: &LinearStatePool,
+        scratch: &GatedDeltaScratch,
         out: &Tensor,
     ) -> Result<(), LlmError> {
         let op = |what: &'static str| move |e| LlmError::op(what, e);
@@ -294,78 +301,202 @@ impl GatedDeltaNet {
             num_key_heads: hk, num_value_heads: hv, key_head_dim: kd, value_head_dim: vd, ..
         } = self.shape;
         let t = x.shape()[0];
-        let (device, dtype) = (x.device(), x.dtype());
-        let project = |lin: &Linear| -> Result<Tensor, LlmError> {
-            let y = Tensor::empty(device, dtype, &[t, lin.shape().0])?;
+        let n = batch.check(t, pool.slots())?;
+        if t > scratch.tokens {
+            return Err(LlmError::InvalidArgument(format!(
+                "{t} rows for a gated DeltaNet scratch of {} rows",
+                scratch.tokens
+            )));
+        }
+        let rows = |x: &Tensor| x.narrow(0, 0, t);
+        for (slot, _) in batch.slots_host.iter().zip(batch.fresh).filter(|(_, &f)| f) {
+            pool.zero_slot(s, *slot as usize)?;
+        }
+        let decode = t == n && batch.fresh.iter().all(|f| !f);
+        let project = |lin: &Linear, y: &Tensor| -> Result<Tensor, LlmError> {
+            let y = rows(y)?;
             // No bias: the scratch is unused.
             lin.forward(s, plan, x, &y, &y).map_err(op("projection"))?;
             Ok(y)
         };
-        let decode = t == 1 && !fresh;
         let mut mixed = Vec::with_capacity(3);
-        for ((lin, weight), conv_state) in self.qkv.iter().zip(&self.conv).zip(state.conv.iter_mut()) {
-            let y = project(lin)?;
+        for (i, lin) in self.qkv.iter().enumerate() {
+            let y = project(lin, &scratch.proj[i])?;
+            let m = rows(&scratch.mixed[i])?;
+            let (weight, states) = (&self.conv[i], &pool.conv[i]);
             if decode {
-                mixed.push(api::causal_conv1d_update(&y, weight, conv_state, true).map_err(op("causal conv1d"))?);
+                api::causal_conv1d_update_slots_into(s, &y, weight, states, batch.slots, true, &m)
             } else {
-                let initial = (!fresh).then_some(&*conv_state);
-                let (y, last) = api::causal_conv1d(&y, weight, initial, true).map_err(op("causal conv1d"))?;
-                *conv_state = last;
-                mixed.push(y);
+                api::causal_conv1d_varlen_into(s, &y, weight, batch.cu_seqlens, states, batch.slots, true, &m)
             }
+            .map_err(op("causal conv1d"))?;
+            mixed.push(m);
         }
         // transformers runs the rule in f32 whatever the model's dtype (q and k normalised in f32,
         // the output rounded once to the dtype); so does this layer.
-        let cast = |x: &Tensor, to: DType| -> Result<Tensor, LlmError> {
-            match x.dtype() == to {
-                true => Ok(x.clone()),
-                false => api::cast(x, to).map_err(op("gated delta in f32")),
+        let f32s = match &scratch.f32s {
+            Some(f32s) => {
+                let mut out = Vec::with_capacity(3);
+                for (m, f) in mixed.iter().zip(f32s) {
+                    let f = rows(f)?;
+                    api::cast_into(s, m, &f).map_err(op("gated delta in f32"))?;
+                    out.push(f);
+                }
+                out
             }
+            None => mixed,
         };
-        let (q, k, v) = (cast(&mixed[0], DType::F32)?, cast(&mixed[1], DType::F32)?, cast(&mixed[2], DType::F32)?);
-        let q = api::l2_norm(&q.reshape(&[t * hk, kd])?, L2_EPS).map_err(op("q l2 norm"))?;
-        let k = api::l2_norm(&k.reshape(&[t * hk, kd])?, L2_EPS).map_err(op("k l2 norm"))?;
-        let (a, b) = (project(&self.a)?, project(&self.b)?);
-        let (beta, g) = api::gated_delta_gates(&a, &b, &self.a_log, &self.dt_bias).map_err(op("gated delta gates"))?;
-        let query_scale = 1.0 / (kd as f32).sqrt();
-        let initial_state = (!fresh).then_some(&state.recurrent);
-        let rule = if decode {
-            // One token is the dense layout `[1, H, 1, ·]` as it is: the recurrent rule without
-            // the packed form's read-back of `cu_seqlens`.
-            let (q, k, v) = (q.reshape(&[1, hk, 1, kd])?, k.reshape(&[1, hk, 1, kd])?, v.reshape(&[1, hv, 1, vd])?);
-            let (beta, g) = (beta.reshape(&[1, hv, 1])?, g.reshape(&[1, hv, 1])?);
-            let input = GatedDeltaInput {
-                query: &q,
-                key: &k,
-                value: &v,
-                beta: &beta,
-                log_decay: &g,
-                initial_state,
-                query_scale,
-            };
-            api::gated_delta_rule(input)
+        let (q, k) = (rows(&scratch.q)?.reshape(&[t * hk, kd])?, rows(&scratch.k)?.reshape(&[t * hk, kd])?);
+        api::l2_norm_into(s, &f32s[0].reshape(&[t * hk, kd])?, L2_EPS, &q).map_err(op("q l2 norm"))?;
+        api::l2_norm_into(s, &f32s[1].reshape(&[t * hk, kd])?, L2_EPS, &k).map_err(op("k l2 norm"))?;
+        let (a, b) = (project(&self.a, &scratch.a)?, project(&self.b, &scratch.b)?);
+        let (beta, g) = (rows(&scratch.beta)?, rows(&scratch.g)?);
+        api::gated_delta_gates_into(s, &a, &b, &self.a_log, &self.dt_bias, &beta, &g)
+            .map_err(op("gated delta gates"))?;
+        let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, f32s[2].reshape(&[t, hv, vd])?);
+        let input = GatedDeltaInput {
+            query: &q,
+            key: &k,
+            value: &v,
+            beta: &beta,
+            log_decay: &g,
+            initial_state: None,
+            query_scale: 1.0 / (kd as f32).sqrt(),
+        };
+        let rule = rows(&scratch.rule)?;
+        if decode {
+            api::gated_delta_rule_slots_into(s, input, &pool.recurrent, batch.slots, &rule)
         } else {
-            // Prefill: the chunk as one packed sequence `[T, H, ·]` (no transpose to `[1, H, T, ·]`).
-            let (q, k, v) = (q.reshape(&[t, hk, kd])?, k.reshape(&[t, hk, kd])?, v.reshape(&[t, hv, vd])?);
-            let input = GatedDeltaInput {
-                query: &q,
-                key: &k,
-                value: &v,
-                beta: &beta,
-                log_decay: &g,
-                initial_state,
-                query_scale,
-            };
-            api::chunk_gated_delta_rule_varlen(input, cu_seqlens, CHUNK)
+            api::chunk_gated_delta_rule_varlen_slots_into(
+                s,
+                input,
+                batch.cu_seqlens,
+                batch.cu_seqlens_host,
+                CHUNK,
+                &pool.recurrent,
+                batch.slots,
+                &rule,
+            )
+        }
+        .map_err(op("gated delta rule"))?;
+        let z = project(&self.z, &scratch.z)?;
+        let output = match &scratch.rule_out {
+            Some(o) => {
+                let o = rows(o)?.reshape(&[t, hv, vd])?;
+                api::cast_into(s, &rule, &o).map_err(op("gated delta in f32"))?;
+                o
+            }
+            None => rule,
         };
-        let rule = rule.map_err(op("gated delta rule"))?;
-        state.recurrent = rule.final_state;
-        let z = project(&self.z)?;
-        let output = cast(&rule.output, dtype)?;
-        let normed =
-            api::gated_rms_norm(&output.reshape(&[t * hv, vd])?, &z.reshape(&[t * hv, vd])?, &self.norm, self.eps)
-                .map_err(op("gated rms norm"))?;
+        let normed = rows(&scratch.normed)?.reshape(&[t * hv, vd])?;
+        api::gated_rms_norm_into(
+            s,
+            &output.reshape(&[t * hv, vd])?,
+            &z.reshape(&[t * hv, vd])?,
+            &self.norm,
+            self.eps,
+            &normed,
+        )
+        .map_err(op("gated rms norm"))?;
         // No bias: the scratch is unused.
         self.out.forward(s, plan, &normed.reshape(&[t, hv * vd])?, out, out).map_err(op("projection"))
+    }
+}
+
+/// The sequences of one [`GatedDeltaNet::forward`]: `N` sequences packed in the rows of `x`.
+pub struct LinearBatch<'a> {
+    /// `u32 [N + 1]` on the device: sequence `n` owns rows `cu_seqlens[n]..cu_seqlens[n + 1]`
+    /// (read by the prefill kernels; a decode step does not use it).
+    pub cu_seqlens: &'a Tensor,
+    /// The same offsets on the host (checked here; never read back from the device).
+    pub cu_seqlens_host: &'a [u32],
+    /// `u32 [N]` on the device: each sequence's slot of the pool, distinct.
+    pub slots: &'a Tensor,
+    /// The same slots on the host (to zero the fresh ones).
+    pub slots_host: &'a [u32],
+    /// Per sequence: it starts at position 0, so its slot is zeroed before the step.
+    pub fresh: &'a [bool],
+}
+
+impl LinearBatch<'_> {
+    /// `N` if the host copies agree with each other, `t` rows and a pool of `slots`.
+    fn check(&self, t: usize, slots: usize) -> Result<usize, LlmError> {
+        let n = self.slots_host.len();
+        let bad = |m: String| Err(LlmError::InvalidArgument(format!("gated DeltaNet batch: {m}")));
+        if n == 0 || self.fresh.len() != n || self.cu_seqlens_host.len() != n + 1 {
+            return bad(format!(
+                "{n} slots, {} fresh flags and {} cu_seqlens entries: expected N ≥ 1, N and N + 1",
+                self.fresh.len(),
+                self.cu_seqlens_host.len()
+            ));
+        }
+        if self.cu_seqlens_host.last().copied() != Some(t as u32) {
+            return bad(format!("cu_seqlens {:?} does not end at the {t} rows", self.cu_seqlens_host));
+        }
+        if let Some(s) = self.slots_host.iter().find(|&&s| s as usize >= slots) {
+            return bad(format!("slot {s} is outside the pool of {slots}"));
+        }
+        Ok(n)
+    }
+}
+
+/// The intermediates of [`GatedDeltaNet::forward`], `tokens` rows each, made once and reused.
+pub struct GatedDeltaScratch {
+    tokens: usize,
+    /// The q, k and v projections `[T, channels]`, then after the conv.
+    proj: [Tensor; 3],
+    mixed: [Tensor; 3],
+    /// Their f32 copies (`None` in f32).
+    f32s: Option<[Tensor; 3]>,
+    /// l2-normalised q and k, f32 `[T, Hk · K]`.
+    q: Tensor,
+    k: Tensor,
+    /// The gate projections `[T, Hv]`, and the gates (f32).
+    a: Tensor,
+    b: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    /// The rule's output, f32 `[T, Hv, V]`, and rounded to the dtype (`None` in f32).
+    rule: Tensor,
+    rule_out: Option<Tensor>,
+    /// `z` and the gated norm `[T, Hv · V]`.
+    z: Tensor,
+    normed: Tensor,
+}
+
+impl GatedDeltaScratch {
+    fn new(
+        device: &Device,
+        dtype: DType,
+        tokens: usize,
+        shape: LinearAttentionConfig,
+        channels: [usize; 3],
+    ) -> Result<GatedDeltaScratch, LlmError> {
+        let t = |dtype: DType, cols: usize| Tensor::empty(device, dtype, &[tokens, cols]);
+        let three = |dtype: DType| -> Result<[Tensor; 3], LlmError> {
+            Ok([t(dtype, channels[0])?, t(dtype, channels[1])?, t(dtype, channels[2])?])
+        };
+        let (qk, hv, v) = (shape.key_dim(), shape.num_value_heads, shape.value_dim());
+        let rounded = dtype != DType::F32;
+        Ok(GatedDeltaScratch {
+            tokens,
+            proj: three(dtype)?,
+            mixed: three(dtype)?,
+            f32s: if rounded { Some(three(DType::F32)?) } else { None },
+            q: t(DType::F32, qk)?,
+            k: t(DType::F32, qk)?,
+            a: t(dtype, hv)?,
+            b: t(dtype, hv)?,
+            beta: t(DType::F32, hv)?,
+            g: t(DType::F32, hv)?,
+            rule: Tensor::empty(device, DType::F32, &[tokens, hv, shape.value_head_dim])?,
+            rule_out: if rounded {
+                Some(Tensor::empty(device, dtype, &[tokens, hv, shape.value_head_dim])?)
+            } else {
+                None
+            },
+            z: t(dtype, v)?,
+            normed: t(dtype, v)?,
+        })
     }
 }

@@ -123,7 +123,7 @@ impl GatedDeltaNetSpec {
     }
 
     /// The launches of [`GatedDeltaNet::forward`] for one token after a prefill: per q, k and v
-    /// block its GEMV and the conv's rolling update; the casts to f32 (unless f32), the q and k
+    /// block its GEMV and the conv's rolling update of the pooled state; the casts to f32 (unless f32), the q and k
     /// l2 norms, the `a` and `b` GEMVs and the gates, the recurrent rule over the state, the `z`
     /// GEMV, the cast back, the gated norm and `out_proj`.
     pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
@@ -147,9 +147,10 @@ impl GatedDeltaNetSpec {
                 weight_bytes: weights,
                 ..launch(
                     at(&format!("conv1d ({what}, rolling update)")),
-                    format!("causal_conv1d_update.{dt}.w{w}.silu"),
-                    format!("[1, {c}], state [{c}, {}]", w - 1),
-                    c * e + weights + state,
+                    format!("causal_conv1d_update_slots.{dt}.w{w}.silu"),
+                    format!("[1, {c}], state [{c}, {}] of a pool", w - 1),
+                    // The input, the weight, the state and the slot (u32).
+                    c * e + weights + state + 4,
                     c * e + state,
                     2 * c * w as u64,
                 )
@@ -191,9 +192,10 @@ impl GatedDeltaNetSpec {
             kv_bytes: state,
             ..launch(
                 at("gated delta rule (recurrent)"),
-                format!("gated_delta.f32.k{kd}.v{vd}"),
-                format!("q, k [1, {hk}, {kd}], v [1, {hv}, {vd}], state [{hv}, {kd}, {vd}] f32"),
-                4 * (2 * q + v) + 8 * heads + state,
+                format!("gated_delta_slots.f32.k{kd}.v{vd}"),
+                format!("q, k [1, {hk}, {kd}], v [1, {hv}, {vd}], state [{hv}, {kd}, {vd}] f32 of a pool"),
+                // q, k, v, the gates, the state and the slot (u32).
+                4 * (2 * q + v) + 8 * heads + state + 4,
                 4 * v + state,
                 // Decay, Sᵀk, the rank-one update and Sᵀq: about 7 flops per state element.
                 7 * state / 4,
@@ -286,6 +288,7 @@ impl GatedDeltaNet {
     /// else runs the prefill forms (the packed conv and the chunked rule). Every intermediate
     /// is a view of `scratch`, so a step allocates nothing, and nothing is read back from the
     /// device (zeroing a fresh slot is a host-to-device copy of zeros).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         s: &Stream,
@@ -498,5 +501,112 @@ impl GatedDeltaScratch {
             z: t(dtype, v)?,
             normed: t(dtype, v)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small layer with deterministic weights in f32 (hidden 16, Hk 1, Hv 2, K = V = 8, W 4).
+    fn layer(device: &Device) -> GatedDeltaNet {
+        let shape = LinearAttentionConfig {
+            conv_kernel_dim: 4,
+            num_key_heads: 1,
+            num_value_heads: 2,
+            key_head_dim: 8,
+            value_head_dim: 8,
+        };
+        let mut seed = 1u32;
+        let mut t = |dims: &[usize], scale: f32| {
+            let n: usize = dims.iter().product();
+            let xs: Vec<f32> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * scale
+                })
+                .collect();
+            Tensor::from_slice(device, &xs, dims).expect("weight")
+        };
+        let dense = |w: Tensor| Linear::Dense { weight: w, bias: None };
+        GatedDeltaNet {
+            shape,
+            qkv: [dense(t(&[8, 16], 0.5)), dense(t(&[8, 16], 0.5)), dense(t(&[16, 16], 0.5))],
+            z: dense(t(&[16, 16], 0.5)),
+            b: dense(t(&[2, 16], 0.5)),
+            a: dense(t(&[2, 16], 0.5)),
+            conv: [t(&[8, 4], 1.0), t(&[8, 4], 1.0), t(&[16, 4], 1.0)],
+            a_log: t(&[2], 1.0),
+            dt_bias: t(&[2], 1.0),
+            norm: t(&[8], 2.0),
+            out: dense(t(&[16, 16], 0.5)),
+            eps: 1e-6,
+        }
+    }
+
+    /// `layer.forward` over `x` (rows of the sequences `lengths`, on `slots` of `pool`).
+    fn run(
+        layer: &GatedDeltaNet,
+        x: &[f32],
+        lengths: &[usize],
+        slots: &[u32],
+        fresh: bool,
+        pool: &LinearStatePool,
+    ) -> Vec<f32> {
+        let device = pool.recurrent.device();
+        let t: usize = lengths.iter().sum();
+        let mut cu = vec![0u32];
+        lengths.iter().for_each(|&n| cu.push(cu[cu.len() - 1] + n as u32));
+        let shapes: Vec<LinearShape> =
+            layer.linears().map(|l| LinearShape { name: "test", m: t, n: l.shape().0, k: l.shape().1 }).collect();
+        let plan = LinearPlan::new(device, DType::F32, t, &shapes, layer.linears()).expect("plan");
+        let scratch = layer.scratch(device, DType::F32, t).expect("scratch");
+        let xt = Tensor::from_slice(device, x, &[t, 16]).expect("x");
+        let out = Tensor::zeros(device, DType::F32, &[t, 16]).expect("out");
+        let cut = Tensor::from_slice(device, &cu, &[cu.len()]).expect("cu_seqlens");
+        let st = Tensor::from_slice(device, slots, &[slots.len()]).expect("slots");
+        let fresh = vec![fresh; slots.len()];
+        let batch =
+            LinearBatch { cu_seqlens: &cut, cu_seqlens_host: &cu, slots: &st, slots_host: slots, fresh: &fresh };
+        let stream = device.default_stream();
+        layer.forward(&stream, &plan, &xt, &batch, pool, &scratch, &out).expect("forward");
+        out.to_vec::<f32>().expect("read")
+    }
+
+    fn close(what: &str, got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 + 1e-5 * w.abs(), "{what}: element {i} is {g}, alone {w}");
+        }
+    }
+
+    /// Two sequences packed in one batch, on slots 2 and 0 of a pool of 3, equal each alone in a
+    /// pool of one: a prefill of 5 and 3 rows (fresh slots, whatever they held before), then a
+    /// decode step of one row each. Slot 1 is left alone.
+    #[test]
+    fn a_packed_batch_of_two_sequences_equals_each_alone() {
+        let device = Device::cpu();
+        let layer = layer(&device);
+        let rows = |n: usize, k: f32| -> Vec<f32> { (0..n * 16).map(|i| ((i as f32 * 0.37 + k).sin())).collect() };
+        let (a, b) = (rows(5, 0.0), rows(3, 1.0));
+        let (a1, b1) = (rows(1, 2.0), rows(1, 3.0));
+        let pool = layer.new_state_pool(&device, DType::F32, 3).expect("pool");
+        // Garbage in every slot: a fresh sequence's slot must be zeroed by the layer.
+        let junk = vec![0.75f32; pool.recurrent.numel()];
+        pool.recurrent.copy_from_slice(&junk).expect("junk");
+        let prefill = run(&layer, &[a.clone(), b.clone()].concat(), &[5, 3], &[2, 0], true, &pool);
+        let decode = run(&layer, &[a1.clone(), b1.clone()].concat(), &[1, 1], &[2, 0], false, &pool);
+        for (what, first, next, row) in [("a", &a, &a1, 0), ("b", &b, &b1, 5)] {
+            let alone = layer.new_state_pool(&device, DType::F32, 1).expect("pool");
+            let n = first.len() / 16;
+            let p = run(&layer, first, &[n], &[0], true, &alone);
+            close(&format!("{what}: prefill"), &prefill[row * 16..(row + n) * 16], &p);
+            let d = run(&layer, next, &[1], &[0], false, &alone);
+            let at = if row == 0 { 0 } else { 1 };
+            close(&format!("{what}: decode"), &decode[at * 16..(at + 1) * 16], &d);
+        }
+        let recurrent = pool.recurrent.to_vec::<f32>().expect("pool");
+        let per_slot = recurrent.len() / 3;
+        assert!(recurrent[per_slot..2 * per_slot].iter().all(|&x| x == 0.75), "slot 1 was written");
     }
 }

@@ -399,6 +399,7 @@ fn recurrent(input: GatedDeltaInput<'_>, layout: Layout<'_>, op: &'static str) -
 /// K, V]` with at least one slot (and at most 2³² − 1); `state_slots` `u32 [N]`; `output` of
 /// `output_shape` in the query's dtype; all on the stream's device. Returns `p` switched to its
 /// pool configuration.
+#[allow(clippy::too_many_arguments)]
 fn check_pool(
     op: &'static str,
     stream: &Stream,

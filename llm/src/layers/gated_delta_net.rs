@@ -587,7 +587,7 @@ mod tests {
     fn a_packed_batch_of_two_sequences_equals_each_alone() {
         let device = Device::cpu();
         let layer = layer(&device);
-        let rows = |n: usize, k: f32| -> Vec<f32> { (0..n * 16).map(|i| ((i as f32 * 0.37 + k).sin())).collect() };
+        let rows = |n: usize, k: f32| -> Vec<f32> { (0..n * 16).map(|i| (i as f32 * 0.37 + k).sin()).collect() };
         let (a, b) = (rows(5, 0.0), rows(3, 1.0));
         let (a1, b1) = (rows(1, 2.0), rows(1, 3.0));
         let pool = layer.new_state_pool(&device, DType::F32, 3).expect("pool");

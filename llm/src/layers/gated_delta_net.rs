@@ -304,7 +304,7 @@ impl GatedDeltaNet {
             num_key_heads: hk, num_value_heads: hv, key_head_dim: kd, value_head_dim: vd, ..
         } = self.shape;
         let t = x.shape()[0];
-        let n = batch.check(t, pool.slots())?;
+        batch.check(t, pool.slots())?;
         if t > scratch.tokens {
             return Err(LlmError::InvalidArgument(format!(
                 "{t} rows for a gated DeltaNet scratch of {} rows",
@@ -315,7 +315,7 @@ impl GatedDeltaNet {
         for (slot, _) in batch.slots_host.iter().zip(batch.fresh).filter(|(_, &f)| f) {
             pool.zero_slot(s, *slot as usize)?;
         }
-        let decode = t == n && batch.fresh.iter().all(|f| !f);
+        let decode = batch.cu_seqlens_host.windows(2).all(|w| w[1] - w[0] == 1) && batch.fresh.iter().all(|f| !f);
         let project = |lin: &Linear, y: &Tensor| -> Result<Tensor, LlmError> {
             let y = rows(y)?;
             // No bias: the scratch is unused.
@@ -422,8 +422,9 @@ pub struct LinearBatch<'a> {
 }
 
 impl LinearBatch<'_> {
-    /// `N` if the host copies agree with each other, `t` rows and a pool of `slots`.
-    fn check(&self, t: usize, slots: usize) -> Result<usize, LlmError> {
+    /// Whether the host copies agree with each other, `t` rows and a pool of `slots`, with
+    /// distinct slots.
+    fn check(&self, t: usize, slots: usize) -> Result<(), LlmError> {
         let n = self.slots_host.len();
         let bad = |m: String| Err(LlmError::InvalidArgument(format!("gated DeltaNet batch: {m}")));
         if n == 0 || self.fresh.len() != n || self.cu_seqlens_host.len() != n + 1 {
@@ -436,10 +437,18 @@ impl LinearBatch<'_> {
         if self.cu_seqlens_host.last().copied() != Some(t as u32) {
             return bad(format!("cu_seqlens {:?} does not end at the {t} rows", self.cu_seqlens_host));
         }
-        if let Some(s) = self.slots_host.iter().find(|&&s| s as usize >= slots) {
-            return bad(format!("slot {s} is outside the pool of {slots}"));
+        if let Some(w) = self.cu_seqlens_host.windows(2).find(|w| w[1] < w[0]) {
+            return bad(format!("cu_seqlens {:?} decreases ({} then {})", self.cu_seqlens_host, w[0], w[1]));
         }
-        Ok(n)
+        for (i, &s) in self.slots_host.iter().enumerate() {
+            if s as usize >= slots {
+                return bad(format!("slot {s} is outside the pool of {slots}"));
+            }
+            if self.slots_host[..i].contains(&s) {
+                return bad(format!("slot {s} is given to two sequences (their updates would race)"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -608,5 +617,30 @@ mod tests {
         let recurrent = pool.recurrent.to_vec::<f32>().expect("pool");
         let per_slot = recurrent.len() / 3;
         assert!(recurrent[per_slot..2 * per_slot].iter().all(|&x| x == 0.75), "slot 1 was written");
+    }
+
+    #[test]
+    fn inconsistent_batches_are_errors() {
+        let device = Device::cpu();
+        let (cu, slots) =
+            (Tensor::zeros(&device, DType::U32, &[3]).unwrap(), Tensor::zeros(&device, DType::U32, &[2]).unwrap());
+        let batch = |cu_host: &'static [u32], slots_host: &'static [u32], fresh: &'static [bool]| LinearBatch {
+            cu_seqlens: &cu,
+            cu_seqlens_host: cu_host,
+            slots: &slots,
+            slots_host,
+            fresh,
+        };
+        for (b, needle) in [
+            (batch(&[0, 1, 2], &[0, 0], &[false, false]), "given to two sequences"),
+            (batch(&[0, 1, 2], &[0, 3], &[false, false]), "outside the pool of 3"),
+            (batch(&[0, 1, 3], &[0, 1], &[false, false]), "does not end at the 2 rows"),
+            (batch(&[0, 3, 2], &[0, 1], &[false, false]), "decreases"),
+            (batch(&[0, 2], &[0, 1], &[false, false]), "expected N"),
+        ] {
+            let message = b.check(2, 3).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(message.contains(needle), "`{message}` does not mention `{needle}`");
+        }
+        batch(&[0, 1, 2], &[2, 0], &[true, false]).check(2, 3).expect("a valid batch");
     }
 }

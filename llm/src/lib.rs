@@ -40,7 +40,7 @@ mod tokenizer;
 pub mod tune;
 mod weights;
 
-pub use cache::{Cache, KvCache, LayerCache, LinearState};
+pub use cache::{Cache, KvCache, LayerCache, LinearStatePool};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};
 pub use error::{LlmError, LoadError};

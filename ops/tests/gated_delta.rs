@@ -6,8 +6,8 @@
 
 use crate::common::*;
 use ruda_ops::api::{
-    chunk_gated_delta_rule, chunk_gated_delta_rule_varlen, gated_delta_rule, gated_delta_rule_varlen, GatedDeltaError,
-    GatedDeltaInput, GatedDeltaOutput,
+    chunk_gated_delta_rule, chunk_gated_delta_rule_varlen, chunk_gated_delta_rule_varlen_slots_into, gated_delta_rule,
+    gated_delta_rule_slots_into, gated_delta_rule_varlen, GatedDeltaError, GatedDeltaInput, GatedDeltaOutput,
 };
 use ruda_runtime::{DType, Device, Tensor};
 
@@ -497,4 +497,221 @@ fn invalid_cu_seqlens_are_errors() {
         .unwrap_or_default();
     assert!(message.contains("[tokens, key_heads, key_dim]"), "{message}");
     gated_delta_rule_varlen(input, &two).expect("the valid input");
+}
+
+/// A pool of `slots` states `[slots, hv, k, v]`: random where a sequence starts from it, and a
+/// sentinel elsewhere (the unused slots, checked untouched).
+fn pool_with(rng: &mut Rng, slots: usize, per_slot: usize) -> Vec<f32> {
+    let mut pool = rng.vec(slots * per_slot, -0.5, 0.5);
+    pool.iter_mut().step_by(7).for_each(|x| *x = 7.25);
+    pool
+}
+
+/// Packed prefill over a pool: ragged lengths around the chunk (1, 63, 64, 65, and an empty
+/// sequence), slots out of order, every float dtype; the output and the slots used equal each
+/// sequence's f64 reference and the unpooled packed form, the other slots stay as they were.
+#[test]
+fn chunked_prefill_over_a_pool_matches_the_reference() {
+    let dev = device();
+    let lengths = [63, 1, 0, 65, 64];
+    let slot_of: [u32; 5] = [5, 0, 3, 6, 2];
+    let (slots, hk, hv, k, v) = (8, 1, 2, 24, 40);
+    let per_slot = hv * k * v;
+    for (i, dtype) in FLOAT_DTYPES.into_iter().enumerate() {
+        let mut rng = Rng::new(700 + i as u64);
+        let pool0 = pool_with(&mut rng, slots, per_slot);
+        let seqs: Vec<Data> = lengths
+            .iter()
+            .enumerate()
+            .map(|(n, &t)| {
+                let mut d = Data::new(300 + n as u64, dtype, DType::F32, (1, hk, hv), t, (k, v), false);
+                let s = slot_of[n] as usize;
+                d.init = Some(pool0[s * per_slot..][..per_slot].to_vec());
+                d
+            })
+            .collect();
+        let total: usize = lengths.iter().sum();
+        let pack = |f: &dyn Fn(&Data) -> Vec<f32>| seqs.iter().flat_map(f).collect::<Vec<f32>>();
+        let q = tensor(&dev, dtype, &pack(&|d| to_token_major(&d.q, hk, d.t, k)), &[total, hk, k]);
+        let key = tensor(&dev, dtype, &pack(&|d| to_token_major(&d.key, hk, d.t, k)), &[total, hk, k]);
+        let value = tensor(&dev, dtype, &pack(&|d| to_token_major(&d.value, hv, d.t, v)), &[total, hv, v]);
+        let beta = tensor(&dev, DType::F32, &pack(&|d| to_token_major(&d.beta, hv, d.t, 1)), &[total, hv]);
+        let g = tensor(&dev, DType::F32, &pack(&|d| to_token_major(&d.g, hv, d.t, 1)), &[total, hv]);
+        let mut cu = vec![0u32];
+        lengths.iter().for_each(|&t| cu.push(cu.last().copied().unwrap_or(0) + t as u32));
+        let cut = Tensor::from_slice(&dev, &cu, &[cu.len()]).expect("cu_seqlens");
+        let slot_t = Tensor::from_slice(&dev, &slot_of, &[slot_of.len()]).expect("state_slots");
+        let input = GatedDeltaInput {
+            query: &q,
+            key: &key,
+            value: &value,
+            beta: &beta,
+            log_decay: &g,
+            initial_state: None,
+            query_scale: seqs[0].scale,
+        };
+        let refs: Vec<(Vec<f64>, Vec<f64>)> = seqs.iter().map(Data::reference).collect();
+        let want_out: Vec<f64> = seqs
+            .iter()
+            .zip(&refs)
+            .flat_map(|(d, r)| {
+                (0..d.t).flat_map(move |ti| (0..hv).flat_map(move |h| r.0[(h * d.t + ti) * v..][..v].to_vec()))
+            })
+            .collect();
+        let mut want_pool: Vec<f64> = pool0.iter().map(|&x| x as f64).collect();
+        for (n, r) in refs.iter().enumerate() {
+            want_pool[slot_of[n] as usize * per_slot..][..per_slot].copy_from_slice(&r.1);
+        }
+        // The unpooled form from the same states.
+        let gathered = pack(&|d| d.init.clone().unwrap_or_default());
+        let init = tensor(&dev, DType::F32, &gathered, &[lengths.len(), hv, k, v]);
+        let unpooled = chunk_gated_delta_rule_varlen(GatedDeltaInput { initial_state: Some(&init), ..input }, &cut, 64)
+            .expect("unpooled");
+        for chunk in [16, 64] {
+            let pool = tensor(&dev, DType::F32, &pool0, &[slots, hv, k, v]);
+            let out = Tensor::zeros(&dev, dtype, &[total, hv, v]).expect("output");
+            let stream = dev.default_stream();
+            chunk_gated_delta_rule_varlen_slots_into(&stream, input, &cut, &cu, chunk, &pool, &slot_t, &out)
+                .expect("pooled prefill");
+            let what = format!("{dtype} pooled prefill, chunks of {chunk}");
+            let o = out.to_f32_vec().expect("output");
+            assert_close(&format!("{what}: output"), &o, &want_out, ABS, epsilon(dtype));
+            let u = unpooled.output.to_f32_vec().expect("unpooled output");
+            let u64: Vec<f64> = u.iter().map(|&x| x as f64).collect();
+            assert_close(&format!("{what}: output against the unpooled form"), &o, &u64, ABS, 2.0 * epsilon(dtype));
+            let got_pool = pool.to_vec::<f32>().expect("pool");
+            for s in 0..slots {
+                let range = s * per_slot..(s + 1) * per_slot;
+                if slot_of.contains(&(s as u32)) {
+                    assert_close(&format!("{what}: slot {s}"), &got_pool[range.clone()], &want_pool[range], ABS, 1e-5);
+                } else {
+                    assert_eq!(&got_pool[range.clone()], &pool0[range], "{what}: unused slot {s} was written");
+                }
+            }
+        }
+    }
+}
+
+/// Decode over a pool, three steps in a row: each step's outputs and the slots after the last
+/// equal each sequence's f64 reference over three tokens (the pool carries the state between
+/// steps in place); unused slots untouched.
+#[test]
+fn decode_over_a_pool_matches_the_reference() {
+    let dev = device();
+    let slot_of: [u32; 3] = [4, 1, 2];
+    let (slots, hk, hv, k, v, steps) = (6, 2, 4, 24, 40, 3);
+    let per_slot = hv * k * v;
+    for (i, dtype) in FLOAT_DTYPES.into_iter().enumerate() {
+        let mut rng = Rng::new(800 + i as u64);
+        let pool0 = pool_with(&mut rng, slots, per_slot);
+        let seqs: Vec<Data> = (0..slot_of.len())
+            .map(|n| {
+                let mut d = Data::new(400 + n as u64, dtype, DType::F32, (1, hk, hv), steps, (k, v), false);
+                d.init = Some(pool0[slot_of[n] as usize * per_slot..][..per_slot].to_vec());
+                d
+            })
+            .collect();
+        let refs: Vec<(Vec<f64>, Vec<f64>)> = seqs.iter().map(Data::reference).collect();
+        let pool = tensor(&dev, DType::F32, &pool0, &[slots, hv, k, v]);
+        let slot_t = Tensor::from_slice(&dev, &slot_of, &[slot_of.len()]).expect("state_slots");
+        let n = seqs.len();
+        let out = Tensor::zeros(&dev, dtype, &[n, hv, v]).expect("output");
+        let stream = dev.default_stream();
+        for t in 0..steps {
+            // Token t of every sequence: `[N, H, D]`.
+            let at = |x: &dyn Fn(&Data) -> &Vec<f32>, heads: usize, width: usize| -> Vec<f32> {
+                seqs.iter()
+                    .flat_map(|d| (0..heads).flat_map(move |h| x(d)[(h * steps + t) * width..][..width].to_vec()))
+                    .collect()
+            };
+            let q = tensor(&dev, dtype, &at(&|d| &d.q, hk, k), &[n, hk, k]);
+            let key = tensor(&dev, dtype, &at(&|d| &d.key, hk, k), &[n, hk, k]);
+            let value = tensor(&dev, dtype, &at(&|d| &d.value, hv, v), &[n, hv, v]);
+            let beta = tensor(&dev, DType::F32, &at(&|d| &d.beta, hv, 1), &[n, hv]);
+            let g = tensor(&dev, DType::F32, &at(&|d| &d.g, hv, 1), &[n, hv]);
+            let input = GatedDeltaInput {
+                query: &q,
+                key: &key,
+                value: &value,
+                beta: &beta,
+                log_decay: &g,
+                initial_state: None,
+                query_scale: seqs[0].scale,
+            };
+            gated_delta_rule_slots_into(&stream, input, &pool, &slot_t, &out).expect("pooled decode");
+            let want: Vec<f64> =
+                refs.iter().flat_map(|r| (0..hv).flat_map(move |h| r.0[(h * steps + t) * v..][..v].to_vec())).collect();
+            let o = out.to_f32_vec().expect("output");
+            assert_close(&format!("{dtype} pooled decode step {t}: output"), &o, &want, ABS, epsilon(dtype));
+        }
+        let got_pool = pool.to_vec::<f32>().expect("pool");
+        for s in 0..slots {
+            let range = s * per_slot..(s + 1) * per_slot;
+            match slot_of.iter().position(|&x| x as usize == s) {
+                Some(n) => assert_close(&format!("{dtype} decode: slot {s}"), &got_pool[range], &refs[n].1, ABS, 1e-5),
+                None => {
+                    assert_eq!(&got_pool[range.clone()], &pool0[range], "{dtype} decode: unused slot {s} was written")
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn invalid_pool_arguments_are_errors() {
+    let dev = device();
+    let (n, hv, k, v) = (2, 2, 8, 12);
+    let t = |dtype: DType, shape: &[usize]| Tensor::zeros(&dev, dtype, shape).expect("alloc");
+    let (q, key, val) = (t(DType::F32, &[n, 1, k]), t(DType::F32, &[n, 1, k]), t(DType::F32, &[n, hv, v]));
+    let (beta, g) = (t(DType::F32, &[n, hv]), t(DType::F32, &[n, hv]));
+    let state = t(DType::F32, &[n, hv, k, v]);
+    let input = GatedDeltaInput {
+        query: &q,
+        key: &key,
+        value: &val,
+        beta: &beta,
+        log_decay: &g,
+        initial_state: None,
+        query_scale: 1.0,
+    };
+    let stream = dev.default_stream();
+    let pool = t(DType::F32, &[3, hv, k, v]);
+    let slots = Tensor::from_slice(&dev, &[2u32, 0], &[2]).expect("slots");
+    let out = t(DType::F32, &[n, hv, v]);
+    let expect = |r: Result<(), GatedDeltaError>, needle: &str| {
+        let message = r.err().map(|e| e.to_string()).unwrap_or_else(|| panic!("accepted; expected `{needle}`"));
+        assert!(message.contains(needle), "`{message}` does not mention `{needle}`");
+    };
+    let with_state = GatedDeltaInput { initial_state: Some(&state), ..input };
+    expect(gated_delta_rule_slots_into(&stream, with_state, &pool, &slots, &out), "`initial_state` must be None");
+    let bad_pool = t(DType::F32, &[3, hv, k + 1, v]);
+    expect(gated_delta_rule_slots_into(&stream, input, &bad_pool, &slots, &out), "`state_pool` is [3, 2, 9, 12]");
+    let half_pool = t(DType::F16, &[3, hv, k, v]);
+    expect(gated_delta_rule_slots_into(&stream, input, &half_pool, &slots, &out), "`state_pool` is f16");
+    let f32_slots = t(DType::F32, &[2]);
+    expect(gated_delta_rule_slots_into(&stream, input, &pool, &f32_slots, &out), "`state_slots` is f32");
+    let three = Tensor::from_slice(&dev, &[2u32, 0, 1], &[3]).expect("slots");
+    expect(gated_delta_rule_slots_into(&stream, input, &pool, &three, &out), "state_slots");
+    let bad_out = t(DType::F32, &[n, hv, v + 1]);
+    expect(gated_delta_rule_slots_into(&stream, input, &pool, &slots, &bad_out), "output");
+    let dense_q = t(DType::F32, &[n, 1, 1, k]);
+    let dense = GatedDeltaInput { query: &dense_q, ..input };
+    expect(gated_delta_rule_slots_into(&stream, dense, &pool, &slots, &out), "[sequences, key_heads, key_dim]");
+    gated_delta_rule_slots_into(&stream, input, &pool, &slots, &out).expect("the valid decode");
+    // Prefill: the host copy of cu_seqlens must match the device one in length.
+    let cu = Tensor::from_slice(&dev, &[0u32, 1, 2], &[3]).expect("cu");
+    expect(
+        chunk_gated_delta_rule_varlen_slots_into(&stream, input, &cu, &[0, 2], 16, &pool, &slots, &out),
+        "`cu_seqlens_host` has 2 entries",
+    );
+    expect(
+        chunk_gated_delta_rule_varlen_slots_into(&stream, input, &cu, &[0, 1, 3], 16, &pool, &slots, &out),
+        "ends at 3",
+    );
+    expect(
+        chunk_gated_delta_rule_varlen_slots_into(&stream, input, &cu, &[0, 1, 2], 0, &pool, &slots, &out),
+        "chunk_size",
+    );
+    chunk_gated_delta_rule_varlen_slots_into(&stream, input, &cu, &[0, 1, 2], 16, &pool, &slots, &out)
+        .expect("the valid prefill");
 }

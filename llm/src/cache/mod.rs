@@ -1,13 +1,13 @@
 //! Per-sequence model state between forward passes. A model's [`Cache`] holds one
 //! [`LayerCache`] per layer, by the kind of that layer's token mixer: the contiguous
-//! [`KvCache`] of full attention, or the [`LinearState`] of Qwen3.5's gated DeltaNet, side by side
+//! [`KvCache`] of full attention, or the [`LinearStatePool`] of Qwen3.5's gated DeltaNet, side by side
 //! in hybrid models; a paged cache (block tables) is a further kind.
 
 mod kv;
 
 pub use kv::KvCache;
 
-use ruda_runtime::Tensor;
+use ruda_runtime::{Stream, Tensor};
 
 use ruda_ops::api::DecodeWorkspace;
 
@@ -17,18 +17,38 @@ use crate::error::LlmError;
 pub enum LayerCache {
     /// Keys and values of every position so far (full attention).
     Kv(KvCache),
-    /// The conv and recurrent states after the last position (linear attention).
-    Linear(LinearState),
+    /// The conv and recurrent states after the last position (linear attention), in a pool of
+    /// one slot.
+    Linear(LinearStatePool),
 }
 
-/// What a gated DeltaNet layer carries from one position to the next. It is only read when the
-/// cache holds positions: a sequence's first chunk starts from zeros and overwrites it (so
-/// [`Cache::clear`] needs not zero it).
-pub struct LinearState {
-    /// The last `W − 1` conv inputs `[channels, W − 1]` of the q, k and v channel blocks.
+/// What a gated DeltaNet layer carries from one position to the next, for `slots` sequences
+/// (one in a single-sequence [`Cache`], one per active sequence in a batch), each in its slot.
+/// A slot is only read while its sequence holds positions: a fresh sequence's slot is zeroed
+/// by the layer first (so [`Cache::clear`] needs not zero it).
+pub struct LinearStatePool {
+    /// The last `W − 1` conv inputs `[slots, channels, W − 1]` of the q, k and v channel
+    /// blocks, in the compute dtype.
     pub conv: [Tensor; 3],
-    /// f32 `[1, Hv, K, V]`.
+    /// f32 `[slots, Hv, K, V]`.
     pub recurrent: Tensor,
+}
+
+impl LinearStatePool {
+    pub fn slots(&self) -> usize {
+        self.recurrent.shape()[0]
+    }
+
+    /// Zero `slot`'s states on `stream`: host-to-device copies of zeros (no allocation on the
+    /// device, no synchronisation).
+    pub fn zero_slot(&self, stream: &Stream, slot: usize) -> Result<(), LlmError> {
+        for pool in self.conv.iter().chain([&self.recurrent]) {
+            let t = pool.narrow(0, slot, 1)?;
+            let size = t.dtype().size();
+            t.buffer().write_on(stream, t.offset() * size, &vec![0u8; t.numel() * size])?;
+        }
+        Ok(())
+    }
 }
 
 impl LayerCache {
@@ -44,9 +64,9 @@ impl LayerCache {
     }
 
     /// The state of a linear-attention layer.
-    pub fn linear_mut(&mut self) -> Result<&mut LinearState, LlmError> {
+    pub fn linear(&self) -> Result<&LinearStatePool, LlmError> {
         match self {
-            LayerCache::Linear(state) => Ok(state),
+            LayerCache::Linear(pool) => Ok(pool),
             LayerCache::Kv(_) => Err(LlmError::InvalidArgument(
                 "a KV cache where a linear-attention layer needs its state: it was made by another model".into(),
             )),

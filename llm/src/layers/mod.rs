@@ -15,7 +15,7 @@ mod rope;
 
 pub use attention::{Attention, AttentionScratch, AttentionShape, AttentionSpec, StepInputs};
 pub use embedding::{Embedding, EmbeddingSpec, LmHeadSpec, EMBED_TOKENS, LM_HEAD};
-pub use gated_delta_net::{GatedDeltaNet, GatedDeltaNetSpec};
+pub use gated_delta_net::{GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, LinearBatch};
 pub use linear::{Linear, LinearPlan, LinearShape, LinearSpec};
 pub use mlp::{Mlp, MlpScratch, MlpSpec};
 pub use norm::{RmsNorm, RmsNormSpec};

@@ -22,8 +22,9 @@ use crate::config::ModelConfig;
 use crate::error::LlmError;
 use crate::layers::{
     Attention, AttentionScratch, AttentionShape, AttentionSpec, DecodeChoices, DecodeStep, Embedding, EmbeddingSpec,
-    ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, Linear, LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp,
-    MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
+    ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, Linear, LinearBatch, LinearPlan, LinearShape,
+    LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs,
+    TensorSource, WeightDType,
 };
 use crate::models::{CausalLm, DecodeKernels};
 
@@ -356,6 +357,8 @@ pub struct Workspace {
     block_out: Tensor,
     /// `None` without attention layers.
     attention: Option<AttentionScratch>,
+    /// `None` without gated DeltaNet layers; with them, the one sequence's slot (`u32 [1]`, 0).
+    linear: Option<(GatedDeltaScratch, Tensor)>,
     mlp: MlpScratch,
     /// The last row's logits `[1, vocab]`.
     logits: Tensor,
@@ -374,9 +377,17 @@ impl Decoder {
             Some(a) => Some(AttentionScratch::new(dev, dt, tokens, c.hidden_size, a.shape, a.output_gate)?),
             None => None,
         };
+        let linear = match self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::GatedDeltaNet(g) => Some(g),
+            Mixer::Attention(_) => None,
+        }) {
+            Some(g) => Some((g.scratch(dev, dt, tokens)?, Tensor::zeros(dev, DType::U32, &[1])?)),
+            None => None,
+        };
         let shapes = self.spec.linear_shapes(tokens);
         let linears = self.layers.iter().flat_map(Layer::linears).chain([&self.lm_head]);
         Ok(Workspace {
+            linear,
             tokens,
             ids: Tensor::zeros(dev, DType::U32, &[tokens])?,
             step: StepInputs::new(dev, tokens)?,
@@ -450,15 +461,19 @@ impl Decoder {
                         &w.block_out,
                     )?
                 }
-                Mixer::GatedDeltaNet(g) => g.forward(
-                    s,
-                    &w.plan,
-                    &w.normed,
-                    w.step.cu_seqlens(),
-                    layer_cache.linear_mut()?,
-                    start == 0,
-                    &w.block_out,
-                )?,
+                Mixer::GatedDeltaNet(g) => {
+                    let Some((scratch, slot)) = &w.linear else {
+                        return Err(LlmError::InvalidArgument("a gated DeltaNet layer without its workspace".into()));
+                    };
+                    let batch = LinearBatch {
+                        cu_seqlens: w.step.cu_seqlens(),
+                        cu_seqlens_host: &[0, t as u32],
+                        slots: slot,
+                        slots_host: &[0],
+                        fresh: &[start == 0],
+                    };
+                    g.forward(s, &w.plan, &w.normed, &batch, layer_cache.linear()?, scratch, &w.block_out)?
+                }
             }
             layer
                 .post_norm
@@ -524,7 +539,7 @@ impl CausalLm for Decoder {
                     first_attention.get_or_insert((shape, kv.k().clone(), kv.v().clone()));
                     LayerCache::Kv(kv)
                 }
-                Mixer::GatedDeltaNet(g) => LayerCache::Linear(g.new_state(&self.device, self.dtype)?),
+                Mixer::GatedDeltaNet(g) => LayerCache::Linear(g.new_state_pool(&self.device, self.dtype, 1)?),
             });
         }
         if layers.is_empty() {

@@ -65,6 +65,8 @@ enum Layout<'a> {
     Dense,
     /// `[total, H, ·]`, sequence `s` owning tokens `cu[s]..cu[s + 1]` (checked on the host).
     Packed(&'a Tensor, &'a [u32]),
+    /// `[N, H, ·]`, one token per sequence (decode): the dense kernel with `T = 1`.
+    Decode,
 }
 
 fn shape_error(op: &'static str, message: String) -> OpError {
@@ -95,8 +97,12 @@ fn check(
     let GatedDeltaInput { query, key, value, beta, log_decay, initial_state, query_scale } = *input;
     let dtype = float_dtype(op, query)?;
     let packed = matches!(layout, Layout::Packed(..));
-    // Shapes as [B, H, T, D] (packed: B = 1 and T the total, heads and tokens swapped).
-    let (rank, qk_axes, v_axes, gate_axes) = if packed {
+    let decode = matches!(layout, Layout::Decode);
+    // Shapes as [B, H, T, D] (packed: B = 1 and T the total, heads and tokens swapped; decode:
+    // T = 1).
+    let (rank, qk_axes, v_axes, gate_axes) = if decode {
+        (3, "[sequences, key_heads, key_dim]", "[sequences, value_heads, value_dim]", "[sequences, value_heads]")
+    } else if packed {
         (3, "[tokens, key_heads, key_dim]", "[tokens, value_heads, value_dim]", "[tokens, value_heads]")
     } else {
         (
@@ -106,7 +112,15 @@ fn check(
             "[batch, value_heads, tokens]",
         )
     };
-    let as_dense = |s: &[usize]| if packed { [1, s[1], s[0], s[2]] } else { [s[0], s[1], s[2], s[3]] };
+    let as_dense = |s: &[usize]| {
+        if decode {
+            [s[0], s[1], 1, s[2]]
+        } else if packed {
+            [1, s[1], s[0], s[2]]
+        } else {
+            [s[0], s[1], s[2], s[3]]
+        }
+    };
     let q = expect_rank(op, "query", query, rank, qk_axes)?;
     let [batch, key_heads, tokens, k_dim] = as_dense(q);
     let k = expect_rank(op, "key", key, rank, qk_axes)?;
@@ -127,7 +141,13 @@ fn check(
     for (what, t) in [("key", key), ("value", value)] {
         expect_dtype(op, what, t, query.dtype())?;
     }
-    let gate_shape: Vec<usize> = if packed { vec![tokens, value_heads] } else { vec![batch, value_heads, tokens] };
+    let gate_shape: Vec<usize> = if decode {
+        vec![batch, value_heads]
+    } else if packed {
+        vec![tokens, value_heads]
+    } else {
+        vec![batch, value_heads, tokens]
+    };
     for (what, t) in [("beta", beta), ("log_decay", log_decay)] {
         expect_rank(op, what, t, rank - 1, gate_axes)?;
         expect_shape(op, what, t, &gate_shape)?;
@@ -149,7 +169,7 @@ fn check(
         });
     }
     let sequences = match layout {
-        Layout::Dense => batch,
+        Layout::Dense | Layout::Decode => batch,
         Layout::Packed(_, cu) => cu.len() - 1,
     };
     if let Some(s) = initial_state {
@@ -169,7 +189,7 @@ fn check(
     same_device(op, stream, &tensors)?;
     // Offsets within a head (packed: within the tensor) are u32; the grid's y and z axes hold
     // at most 65535.
-    let heads = |h: usize| if packed { h } else { 1 };
+    let heads = |h: usize| if packed || decode { h } else { 1 };
     to_u32(op, "tokens × key_dim", tokens * heads(key_heads) * k_dim)?;
     to_u32(op, "tokens × value_dim", tokens * heads(value_heads) * v_dim)?;
     to_u32(op, "key_dim × value_dim", k_dim * v_dim)?;
@@ -179,7 +199,7 @@ fn check(
         }
     }
     let gate_dtype = beta.dtype().scalar_type();
-    let cfg = GatedDeltaConfig { dtype, gate_dtype, k_dim: k_dim as u32, v_dim: v_dim as u32, packed };
+    let cfg = GatedDeltaConfig { dtype, gate_dtype, k_dim: k_dim as u32, v_dim: v_dim as u32, packed, slots: false };
     Ok(Problem {
         cfg,
         batch: sequences as u32,
@@ -221,6 +241,60 @@ fn shared_limit(stream: &Stream) -> u64 {
     STATIC_SHARED_LIMIT.min(device) as u64
 }
 
+/// Where the states are read and written.
+#[derive(Clone, Copy)]
+enum States<'a> {
+    /// `initial_state` and `final_state` `[N, Hv, K, V]`.
+    Separate { initial: &'a Tensor, final_state: &'a Tensor },
+    /// `pool [slots, Hv, K, V]`, sequence `s` at `pool[slots[s]]`, in place.
+    Pool { pool: &'a Tensor, slots: &'a Tensor },
+}
+
+/// Launch `k` writing `output` and the states: no allocation, no read-back.
+fn launch(
+    stream: &Stream,
+    input: &GatedDeltaInput<'_>,
+    layout: Layout<'_>,
+    p: &Problem,
+    k: &ruda_runtime::HashedKernel,
+    output: &Tensor,
+    states: States<'_>,
+) -> Result<(), OpError> {
+    let (cu_seqlens, seq_len) = match layout {
+        Layout::Dense => (None, Some(p.tokens)),
+        Layout::Decode => (None, Some(1)),
+        Layout::Packed(cu, _) => (Some(cu), None),
+    };
+    let (initial_state, final_state, state_pool, state_slots, pool_slots) = match states {
+        States::Separate { initial, final_state } => (Some(initial), Some(final_state), None, None, None),
+        States::Pool { pool, slots } => (None, None, Some(pool), Some(slots), Some(pool.shape()[0] as u32)),
+    };
+    let args = GatedDeltaParams {
+        query: input.query,
+        key: input.key,
+        value: input.value,
+        beta: input.beta,
+        log_decay: input.log_decay,
+        initial_state,
+        output,
+        final_state,
+        state_pool,
+        state_slots,
+        cu_seqlens,
+        key_heads: p.key_heads,
+        value_heads: p.value_heads,
+        seq_len,
+        query_scale: input.query_scale,
+        pool_slots,
+    };
+    let launch = LaunchConfig {
+        grid: [p.cfg.v_tiles(), p.value_heads, p.batch],
+        block: [V_TILE, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    params::launch(stream, k, launch, &args.args())
+}
+
 /// Allocate the results and launch `k`.
 fn run(
     stream: &Stream,
@@ -232,56 +306,36 @@ fn run(
     let query = input.query;
     let (n, hv, t) = (p.batch as usize, p.value_heads as usize, p.tokens as usize);
     let (kd, vd) = (p.cfg.k_dim as usize, p.cfg.v_dim as usize);
-    let (out_shape, cu_seqlens, seq_len) = match layout {
-        Layout::Dense => (vec![n, hv, t, vd], None, Some(p.tokens)),
-        Layout::Packed(cu, _) => (vec![t, hv, vd], Some(cu), None),
+    let out_shape = match layout {
+        Layout::Dense => vec![n, hv, t, vd],
+        Layout::Packed(..) => vec![t, hv, vd],
+        Layout::Decode => vec![n, hv, vd],
     };
     let output = Tensor::empty_on(stream, query.dtype(), &out_shape)?;
     let final_state = Tensor::empty_on(stream, DType::F32, &[n, hv, kd, vd])?;
     let zeros;
-    let initial_state = match input.initial_state {
+    let initial = match input.initial_state {
         Some(s) => s,
         None => {
             zeros = Tensor::zeros_on(stream, DType::F32, &[n, hv, kd, vd])?;
             &zeros
         }
     };
-    let args = GatedDeltaParams {
-        query,
-        key: input.key,
-        value: input.value,
-        beta: input.beta,
-        log_decay: input.log_decay,
-        initial_state,
-        output: &output,
-        final_state: &final_state,
-        cu_seqlens,
-        key_heads: p.key_heads,
-        value_heads: p.value_heads,
-        seq_len,
-        query_scale: input.query_scale,
-    };
-    let launch = LaunchConfig {
-        grid: [p.cfg.v_tiles(), p.value_heads, p.batch],
-        block: [V_TILE, 1, 1],
-        dynamic_shared_bytes: 0,
-    };
-    params::launch(stream, k, launch, &args.args())?;
+    launch(stream, input, layout, p, k, &output, States::Separate { initial, final_state: &final_state })?;
     Ok(GatedDeltaOutput { output, final_state })
 }
 
-fn chunked(
-    input: GatedDeltaInput<'_>,
-    layout: Layout<'_>,
+/// The chunked kernel of `p` for chunks of `chunk_size`, if its workspace fits.
+fn chunk_kernel(
+    stream: &Stream,
+    p: &Problem,
     chunk_size: usize,
     op: &'static str,
-) -> Result<GatedDeltaOutput, OpError> {
-    let stream = input.query.device().default_stream();
-    let p = check(op, &stream, &input, layout)?;
+) -> Result<std::sync::Arc<ruda_runtime::HashedKernel>, OpError> {
     if chunk_size == 0 {
         return Err(OpError::InvalidArgument { op, message: "chunk_size must be positive, got 0".into() });
     }
-    let limit = shared_limit(&stream);
+    let limit = shared_limit(stream);
     let c = chunk_size as u64;
     // Past 2¹⁶ the workspace alone is 16 GiB: no device has it, and C² stays in u32 below.
     if chunk_size > 1 << 16 || p.cfg.chunk_shared_bytes(chunk_size as u32) > limit {
@@ -298,15 +352,17 @@ fn chunked(
     }
     let chunk = chunk_size as u32;
     let cfg = p.cfg;
-    let k = kernel(cfg.chunk_id(chunk), || crate::kernels::gated_delta::gated_delta_chunk(&cfg, chunk))?;
-    run(&stream, &input, layout, &p, &k)
+    kernel(cfg.chunk_id(chunk), || crate::kernels::gated_delta::gated_delta_chunk(&cfg, chunk))
 }
 
-fn recurrent(input: GatedDeltaInput<'_>, layout: Layout<'_>, op: &'static str) -> Result<GatedDeltaOutput, OpError> {
-    let stream = input.query.device().default_stream();
-    let p = check(op, &stream, &input, layout)?;
+/// The token-by-token kernel of `p`, if its state tile fits.
+fn recurrent_kernel(
+    stream: &Stream,
+    p: &Problem,
+    op: &'static str,
+) -> Result<std::sync::Arc<ruda_runtime::HashedKernel>, OpError> {
     let cfg = p.cfg;
-    let (shared, limit) = (cfg.shared_bytes(), shared_limit(&stream));
+    let (shared, limit) = (cfg.shared_bytes(), shared_limit(stream));
     if shared > limit {
         return Err(OpError::InvalidArgument {
             op,
@@ -317,8 +373,129 @@ fn recurrent(input: GatedDeltaInput<'_>, layout: Layout<'_>, op: &'static str) -
             ),
         });
     }
-    let k = kernel(cfg.id(), || crate::kernels::gated_delta::gated_delta(&cfg))?;
+    kernel(cfg.id(), || crate::kernels::gated_delta::gated_delta(&cfg))
+}
+
+fn chunked(
+    input: GatedDeltaInput<'_>,
+    layout: Layout<'_>,
+    chunk_size: usize,
+    op: &'static str,
+) -> Result<GatedDeltaOutput, OpError> {
+    let stream = input.query.device().default_stream();
+    let p = check(op, &stream, &input, layout)?;
+    let k = chunk_kernel(&stream, &p, chunk_size, op)?;
     run(&stream, &input, layout, &p, &k)
+}
+
+fn recurrent(input: GatedDeltaInput<'_>, layout: Layout<'_>, op: &'static str) -> Result<GatedDeltaOutput, OpError> {
+    let stream = input.query.device().default_stream();
+    let p = check(op, &stream, &input, layout)?;
+    let k = recurrent_kernel(&stream, &p, op)?;
+    run(&stream, &input, layout, &p, &k)
+}
+
+/// Checks of the pool forms beyond [`check`]: no `initial_state`; `state_pool` `f32 [slots, Hv,
+/// K, V]` with at least one slot (and at most 2³² − 1); `state_slots` `u32 [N]`; `output` of
+/// `output_shape` in the query's dtype; all on the stream's device. Returns `p` switched to its
+/// pool configuration.
+#[allow(clippy::too_many_arguments)]
+fn check_pool(
+    op: &'static str,
+    stream: &Stream,
+    input: &GatedDeltaInput<'_>,
+    mut p: Problem,
+    state_pool: &Tensor,
+    state_slots: &Tensor,
+    output: &Tensor,
+    output_shape: &[usize],
+) -> Result<Problem, OpError> {
+    if input.initial_state.is_some() {
+        return Err(OpError::InvalidArgument {
+            op,
+            message: "`initial_state` must be None: the states are read from `state_pool`".into(),
+        });
+    }
+    let (hv, kd, vd) = (p.value_heads as usize, p.cfg.k_dim as usize, p.cfg.v_dim as usize);
+    let pool = expect_rank(op, "state_pool", state_pool, 4, "[slots, value_heads, key_dim, value_dim]")?;
+    expect_dtype(op, "state_pool", state_pool, DType::F32)?;
+    if pool[1..] != [hv, kd, vd] {
+        return Err(shape_error(
+            op,
+            format!("`state_pool` is {pool:?}, expected [slots, {hv}, {kd}, {vd}] (value_heads, key_dim, value_dim)"),
+        ));
+    }
+    to_u32(op, "state_pool slots", pool[0])?;
+    expect_rank(op, "state_slots", state_slots, 1, "[sequences]")?;
+    expect_dtype(op, "state_slots", state_slots, DType::U32)?;
+    expect_shape(op, "state_slots", state_slots, &[p.batch as usize])?;
+    contiguous_nonempty(op, "output", output)?;
+    expect_dtype(op, "output", output, input.query.dtype())?;
+    expect_shape(op, "output", output, output_shape)?;
+    same_device(op, stream, &[("state_pool", state_pool), ("state_slots", state_slots), ("output", output)])?;
+    p.cfg.slots = true;
+    Ok(p)
+}
+
+/// [`gated_delta_rule`] for one token per sequence (decode) with the states in a pool, on
+/// `stream`, without allocating or synchronising (so it can be captured in a graph):
+/// `query`/`key` `[N, Hk, K]`, `value` `[N, Hv, V]`, `beta`/`log_decay` `[N, Hv]`,
+/// `initial_state` `None`; sequence `n` reads and updates `state_pool[state_slots[n]]` (`f32
+/// [slots, Hv, K, V]`, `u32 [N]`) in place and writes `output [N, Hv, V]`. The slots of one call
+/// must be distinct (two sequences on one slot race). A slot past the pool is skipped (its
+/// output left as it was): its value is on the device, where the host cannot check it without
+/// a read. A sequence starting fresh needs its slot zeroed first (a device fill).
+pub fn gated_delta_rule_slots_into(
+    stream: &Stream,
+    input: GatedDeltaInput<'_>,
+    state_pool: &Tensor,
+    state_slots: &Tensor,
+    output: &Tensor,
+) -> Result<(), GatedDeltaError> {
+    let op = "gated_delta_rule_slots_into";
+    let p = check(op, stream, &input, Layout::Decode)?;
+    let shape = [p.batch as usize, p.value_heads as usize, p.cfg.v_dim as usize];
+    let p = check_pool(op, stream, &input, p, state_pool, state_slots, output, &shape)?;
+    let k = recurrent_kernel(stream, &p, op)?;
+    launch(stream, &input, Layout::Decode, &p, &k, output, States::Pool { pool: state_pool, slots: state_slots })
+}
+
+/// [`chunk_gated_delta_rule_varlen`] with the states in a pool (the rules of
+/// [`gated_delta_rule_slots_into`]), on `stream`, without allocating or synchronising:
+/// `cu_seqlens_host` is the host copy of `cu_seqlens` (`u32 [N + 1]`), checked in its place (the
+/// device copy is not read back: the caller keeps the two equal), and `output` is `[total, Hv,
+/// V]`. Sequence `n` continues from `state_pool[state_slots[n]]` and leaves its final state
+/// there.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_gated_delta_rule_varlen_slots_into(
+    stream: &Stream,
+    input: GatedDeltaInput<'_>,
+    cu_seqlens: &Tensor,
+    cu_seqlens_host: &[u32],
+    chunk_size: usize,
+    state_pool: &Tensor,
+    state_slots: &Tensor,
+    output: &Tensor,
+) -> Result<(), GatedDeltaError> {
+    let op = "chunk_gated_delta_rule_varlen_slots_into";
+    expect_rank(op, "cu_seqlens", cu_seqlens, 1, "[sequences + 1]")?;
+    expect_dtype(op, "cu_seqlens", cu_seqlens, DType::U32)?;
+    if cu_seqlens_host.len() < 2 || cu_seqlens.numel() != cu_seqlens_host.len() {
+        return Err(shape_error(
+            op,
+            format!(
+                "`cu_seqlens_host` has {} entries and `cu_seqlens` {}: they must be the same sequences + 1 >= 2",
+                cu_seqlens_host.len(),
+                cu_seqlens.numel()
+            ),
+        ));
+    }
+    let layout = Layout::Packed(cu_seqlens, cu_seqlens_host);
+    let p = check(op, stream, &input, layout)?;
+    let shape = [p.tokens as usize, p.value_heads as usize, p.cfg.v_dim as usize];
+    let p = check_pool(op, stream, &input, p, state_pool, state_slots, output, &shape)?;
+    let k = chunk_kernel(stream, &p, chunk_size, op)?;
+    launch(stream, &input, layout, &p, &k, output, States::Pool { pool: state_pool, slots: state_slots })
 }
 
 /// The gated delta rule over whole sequences by chunks of `chunk_size` positions (prefill): the

@@ -30,6 +30,11 @@ pub struct GatedDeltaConfig {
     /// Packed variable-length sequences: tokens `[total, H, ·]`, sequence `s` owning tokens
     /// `cu_seqlens[s]..cu_seqlens[s + 1]`, instead of `[B, H, T, ·]`.
     pub packed: bool,
+    /// The states live in a pool, `state_pool [slots, Hv, K, V]` (`f32`), sequence `s` reading
+    /// and updating `state_pool[state_slots[s]]` in place, instead of `initial_state` and
+    /// `final_state`. In place is safe: each block reads and writes only its own columns of
+    /// its own slot (the caller keeps the slots of one launch distinct).
+    pub slots: bool,
 }
 
 impl GatedDeltaConfig {
@@ -38,16 +43,14 @@ impl GatedDeltaConfig {
         format!("{}{gate}.k{}.v{}", self.dtype, self.k_dim, self.v_dim)
     }
 
-    fn varlen(&self) -> &'static str {
-        if self.packed {
-            "_varlen"
-        } else {
-            ""
-        }
+    /// `_varlen` packed, then `_slots` over a state pool.
+    fn varlen(&self) -> String {
+        format!("{}{}", if self.packed { "_varlen" } else { "" }, if self.slots { "_slots" } else { "" })
     }
 
     /// `gated_delta.bf16.k128.v128`, `gated_delta.bf16.gf32.k128.v128` (`f32` gates),
-    /// `gated_delta_varlen.bf16.k128.v128` (packed).
+    /// `gated_delta_varlen.bf16.k128.v128` (packed), `gated_delta_slots.bf16.k128.v128` (over a
+    /// state pool).
     pub fn id(&self) -> String {
         format!("gated_delta{}.{}", self.varlen(), self.suffix())
     }
@@ -91,14 +94,17 @@ crate::kernel_params! {
         value: tensor(cfg.dtype),
         beta: tensor(cfg.gate_dtype),
         log_decay: tensor(cfg.gate_dtype),
-        initial_state: tensor(ScalarType::F32),
+        initial_state: opt_tensor(ScalarType::F32, !cfg.slots),
         output: tensor(cfg.dtype),
-        final_state: tensor(ScalarType::F32),
+        final_state: opt_tensor(ScalarType::F32, !cfg.slots),
+        state_pool: opt_tensor(ScalarType::F32, cfg.slots),
+        state_slots: opt_tensor(ScalarType::U32, cfg.slots),
         cu_seqlens: opt_tensor(ScalarType::U32, cfg.packed),
         key_heads: scalar(u32),
         value_heads: scalar(u32),
         seq_len: opt_scalar(u32, !cfg.packed),
         query_scale: scalar(f32),
+        pool_slots: opt_scalar(u32, cfg.slots),
     }
 }
 
@@ -159,7 +165,7 @@ fn head(b: &mut KernelBuilder, cfg: &GatedDeltaConfig, p: &GatedDeltaValues) -> 
     let vt = b.const_u32(V_TILE);
     let col = b.fma(tile, vt, tid);
     let vdim = b.const_u32(cfg.v_dim);
-    let active = b.lt(col, vdim);
+    let mut active = b.lt(col, vdim);
     // Value head h reads key head h / (Hv / Hk).
     let group = b.div(p.value_heads, p.key_heads);
     let kh = b.div(h, group);
@@ -169,8 +175,23 @@ fn head(b: &mut KernelBuilder, cfg: &GatedDeltaConfig, p: &GatedDeltaValues) -> 
     let kv = b.const_u32(cfg.k_dim * cfg.v_dim);
     let state_id = b.shared_array("state", ScalarType::F32, cfg.k_dim * V_TILE);
     let state = b.shared_ptr(state_id);
-    let init = row_ptr(b, p.initial_state, vhead, kv);
-    let fin = row_ptr(b, p.final_state, vhead, kv);
+    let (init, fin) = match (p.initial_state, p.final_state, p.state_pool, p.state_slots) {
+        (Some(init), Some(fin), None, None) => (row_ptr(b, init, vhead, kv), row_ptr(b, fin, vhead, kv)),
+        (None, None, Some(pool), Some(slots)) => {
+            // The sequence's state is row state_slots[seq] · Hv + h of the pool, read and written.
+            let at = b.ptr_add(slots, seq);
+            let slot = b.load(at);
+            // A slot past the pool leaves its sequence alone (its output unwritten) instead of
+            // writing out of bounds: the host cannot check device-side slots without a read.
+            let pool_slots = p.pool_slots.expect("a pool configuration declares pool_slots");
+            let inside = b.lt(slot, pool_slots);
+            active = b.and(active, inside);
+            let row = b.fma(slot, p.value_heads, h);
+            let state = row_ptr(b, pool, row, kv);
+            (state, state)
+        }
+        _ => unreachable!("a configuration declares either the two states or the pool and its slots"),
+    };
     let (q, k, v, out, beta, g, seq_len, qk_stride, v_stride, g_stride) = match (p.cu_seqlens, p.seq_len) {
         (Some(cu), _) => {
             // Token t of the sequence is row start + t of [total, H, ·].

@@ -28,9 +28,11 @@
 //! are refused even where a device could opt in to more.
 //!
 //! The `_varlen` forms take packed sequences (`[total, H, ·]` cut by `cu_seqlens`), one state
-//! per sequence. Not here yet: the `_into` forms over a pool of states for decode (`state_slots`,
-//! updating in place without allocating or synchronising), and the causal conv1d and gate math
-//! around the rule in the model.
+//! per sequence. The `_slots_into` forms keep the states in a pool `[slots, Hv, K, V]`, sequence
+//! `n` reading and updating slot `state_slots[n]` in place, and neither allocate nor
+//! synchronise (a decode step captured in a graph): [`api::gated_delta_rule_slots_into`] one
+//! token per sequence, [`api::chunk_gated_delta_rule_varlen_slots_into`] packed prefill chunks
+//! with `cu_seqlens` known on the host.
 
 pub mod api;
 pub mod kernel;
@@ -57,7 +59,14 @@ pub struct GatedDelta;
 
 impl Family for GatedDelta {
     fn names(&self) -> &'static [&'static str] {
-        &["gated_delta", "gated_delta_chunk", "gated_delta_varlen", "gated_delta_chunk_varlen"]
+        &[
+            "gated_delta",
+            "gated_delta_chunk",
+            "gated_delta_varlen",
+            "gated_delta_chunk_varlen",
+            "gated_delta_slots",
+            "gated_delta_chunk_varlen_slots",
+        ]
     }
 
     /// Dense in every dtype with gates in it or in `f32`; packed with `f32` gates (the model's).
@@ -69,7 +78,7 @@ impl Family for GatedDelta {
             for packed in [false, true] {
                 for &gate_dtype in gates.iter().filter(|&&g| !packed || g == ScalarType::F32) {
                     for (k_dim, v_dim) in HEAD_DIMS {
-                        let cfg = GatedDeltaConfig { dtype, gate_dtype, k_dim, v_dim, packed };
+                        let cfg = GatedDeltaConfig { dtype, gate_dtype, k_dim, v_dim, packed, slots: false };
                         let (rec, chunk) = if packed {
                             ("gated_delta_varlen", "gated_delta_chunk_varlen")
                         } else {
@@ -79,6 +88,23 @@ impl Family for GatedDelta {
                         out.push(Registered::new(cfg.chunk_id(REGISTERED_CHUNK), chunk, Some(dtype), move || {
                             gated_delta_chunk(&cfg, REGISTERED_CHUNK)
                         }));
+                        // Over a state pool, with the model's f32 gates: decode (dense, one
+                        // token) and chunked prefill (packed).
+                        if gate_dtype == ScalarType::F32 {
+                            let cfg = GatedDeltaConfig { slots: true, ..cfg };
+                            if packed {
+                                out.push(Registered::new(
+                                    cfg.chunk_id(REGISTERED_CHUNK),
+                                    "gated_delta_chunk_varlen_slots",
+                                    Some(dtype),
+                                    move || gated_delta_chunk(&cfg, REGISTERED_CHUNK),
+                                ));
+                            } else {
+                                out.push(Registered::new(cfg.id(), "gated_delta_slots", Some(dtype), move || {
+                                    gated_delta(&cfg)
+                                }));
+                            }
+                        }
                     }
                 }
             }
@@ -87,16 +113,23 @@ impl Family for GatedDelta {
     }
 
     /// Two value heads on one key head; dense one sequence, packed two of different lengths.
-    /// The chunked kernels get a full chunk and a padded one.
+    /// The chunked kernels get a full chunk and a padded one. Over a pool: two sequences on
+    /// slots 1 and 0 of two (decode one token each).
     fn sample(&self, name: &str, id: &str) -> Option<Case> {
         let v_dim = id_number(id, 'v')?;
         let chunked = name.starts_with("gated_delta_chunk");
         let seq_len = if chunked { REGISTERED_CHUNK + 6 } else { 9 };
-        let packed = name.ends_with("_varlen");
-        let mut c = Case::new([v_dim.div_ceil(kernel::V_TILE), 2, if packed { 2 } else { 1 }]);
+        let slots = name.ends_with("_slots");
+        let packed = name.contains("_varlen");
+        let seq_len = if slots && !packed { 1 } else { seq_len };
+        let mut c = Case::new([v_dim.div_ceil(kernel::V_TILE), 2, if packed || slots { 2 } else { 1 }]);
         c.scalars.extend([("key_heads", 1), ("value_heads", 2), ("seq_len", seq_len as u64)]);
         if packed {
             c.indices.insert("cu_seqlens", vec![0, seq_len, seq_len + 5]);
+        }
+        if slots {
+            c.scalars.insert("pool_slots", 2);
+            c.indices.insert("state_slots", vec![1, 0]);
         }
         Some(c)
     }

@@ -1,4 +1,4 @@
-//! A warmed single-sequence decode step of the dense models is capturable: it allocates nothing
+//! A warmed single-sequence decode step (Qwen2, Qwen3 and the hybrid Qwen3.5) is capturable: it allocates nothing
 //! and never waits for the device (the runtime's counters, on the interpreter), and captured into
 //! a graph and replayed it gives the logits running it does (on `RUDA_DEVICE`'s device: the
 //! interpreter here, a CUDA graph in the GPU rung).
@@ -24,8 +24,8 @@ fn prefilled(model_type: ModelType, device: &Device) -> (Box<dyn CausalLm>, Cach
 const STEP_IDS: [u32; 6] = [7, 300, 12, 64, 250, 3];
 
 #[test]
-fn a_warmed_dense_decode_step_allocates_and_syncs_nothing() {
-    for model_type in [ModelType::Qwen2, ModelType::Qwen3] {
+fn a_warmed_decode_step_allocates_and_syncs_nothing() {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
         // A CPU device of its own: its counters see this test's work only.
         let (model, mut cache, ws) = prefilled(model_type, &Device::cpu());
         for &id in &STEP_IDS[..2] {
@@ -49,7 +49,7 @@ fn a_warmed_dense_decode_step_allocates_and_syncs_nothing() {
 
 #[test]
 fn a_captured_decode_step_replays_to_the_logits_of_running_it() {
-    for model_type in [ModelType::Qwen2, ModelType::Qwen3] {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
         // The same prompt and steps twice: launched one by one, and through a graph.
         // Each CPU device is its own (counters per test); one GPU is shared by the tests running
         // beside this one, so its counters are not compared there.

@@ -20,6 +20,7 @@ mod linear;
 mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;
+mod paged_attention;
 mod params;
 mod passes_registry;
 mod perf;

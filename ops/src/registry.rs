@@ -23,6 +23,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::norm::Norm],
     &[&crate::gemm::Gemm],
     &[&crate::attention::Attention],
+    &[&crate::attention_pieces::AttentionPieces],
     &[&crate::gemv::Gemv],
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],

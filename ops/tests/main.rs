@@ -7,6 +7,7 @@
 mod common;
 
 mod attention;
+mod attention_pieces;
 mod budgets;
 mod differential;
 mod exact_sums;

@@ -41,6 +41,7 @@ pub mod gated_delta;
 pub mod gemm;
 pub mod gemv;
 pub mod norm;
+pub mod paged_attention;
 pub mod penalty;
 pub mod rope;
 pub mod row_norm;

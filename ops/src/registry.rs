@@ -24,6 +24,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::gemm::Gemm],
     &[&crate::attention::Attention],
     &[&crate::attention_pieces::AttentionPieces],
+    &[&crate::paged_attention::mla::PagedMla],
     &[&crate::gemv::Gemv],
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],

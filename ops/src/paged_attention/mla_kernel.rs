@@ -21,7 +21,7 @@ const LATENT_ELEMS: u32 = 2048;
 const POS_ELEMS: u32 = 1024;
 /// `f32` elements of the score tile (heads per block · keys per tile).
 const SCORE_ELEMS: u32 = 512;
-/// Most keys per tile.
+/// Most keys per tile (the score tile holds `heads per block · (keys per tile | 1)`).
 const MAX_TILE: usize = 16;
 
 /// The block shape for `heads` heads of rank `rank` and positional dim `pos_dim`:
@@ -31,7 +31,7 @@ pub fn mla_block_shape(heads: usize, rank: usize, pos_dim: usize) -> (usize, usi
     let tile = MAX_TILE
         .min(LATENT_ELEMS as usize / rank)
         .min(POS_ELEMS as usize / pos_dim)
-        .min(SCORE_ELEMS as usize / hb)
+        .min((SCORE_ELEMS as usize / hb).saturating_sub(1))
         .max(1);
     (hb, tile)
 }
@@ -140,6 +140,9 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
     let threads = c32(&mut b, MLA_THREADS);
     let zero = c32(&mut b, 0);
     let one = c32(&mut b, 1);
+    // The score tile's rows are `tile | 1` apart: an odd stride keeps the per-head walks of the
+    // softmax free of bank conflicts.
+    let sc_stride = b.or(tile, one);
     let h0 = b.mul(chunk, p.heads_per_block);
     let left = b.sub(heads, h0);
     let nh = b.min(p.heads_per_block, left);
@@ -233,7 +236,7 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
             let first = b.eq(lane, zero);
             b.if_then(first, |b| {
                 let s = b.mul(d, s2);
-                let at = b.fma(hl, tile, jj);
+                let at = b.fma(hl, sc_stride, jj);
                 sts(b, sc_s, at, s);
             });
         });
@@ -241,7 +244,7 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
 
         // Online softmax per head: new max, probabilities in place, rescale factor.
         b.if_then(head_lt, |b| {
-            let row = b.mul(tid, tile);
+            let row = b.mul(tid, sc_stride);
             let m_old = lds(b, m_s, tid);
             let mx = b.for_range(zero, n, one, &[m_old], |b, jj, acc| {
                 let at = b.add(row, jj);
@@ -273,7 +276,7 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
             let alpha = lds(b, al_s, hl);
             let a = lds(b, acc_s, i);
             let a = b.mul(a, alpha);
-            let row = b.mul(hl, tile);
+            let row = b.mul(hl, sc_stride);
             let a = b.for_range(zero, n, one, &[a], |b, jj, acc| {
                 let at = b.add(row, jj);
                 let pj = lds(b, sc_s, at);

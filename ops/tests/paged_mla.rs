@@ -1,6 +1,6 @@
-//! Paged MLA against a contiguous f64 reference: page sizes 1, 4 and 16, ragged lengths, 1, 3
-//! and 16 heads, latent ranks 64 and 512, positional dims 16 and 64, causal or not, split or
-//! not; equal to composing the MLA pieces; and its errors.
+//! Paged MLA against a contiguous f64 reference: page sizes 1, 4 and 16, ragged lengths, 1, 3,
+//! 16 and 20 heads (two head chunks), latent ranks 40, 64 and 512, positional dims 7, 16 and 64,
+//! causal or not, split or not; equal to composing the MLA pieces; and its errors.
 
 use crate::common::*;
 use ruda_ops::api::{self, OpError};
@@ -171,6 +171,10 @@ fn paged_mla_matches_the_contiguous_reference() {
         (f32, 4, &[10, 6], 4, 3, 64, 16, true, None),
         (f32, 1, &[7, 3], 3, 1, 64, 64, false, Some(2)),
         (DType::BF16, 16, &[19, 4], 3, 16, 64, 16, true, Some(2)),
+        // More heads than a block holds at R = 512 (two head chunks, the second partial), and
+        // ranks and positional dims that are not multiples of a warp.
+        (f32, 4, &[6, 3], 1, 20, 512, 16, true, Some(2)),
+        (f32, 4, &[8, 5], 2, 3, 40, 7, false, None),
     ];
     for (dtype, page_size, lengths, new, heads, rank, pos_dim, causal, splits) in cases {
         let c = Case { dtype, page_size, lengths, new, heads, rank, pos_dim, causal, splits };

@@ -2,7 +2,7 @@
 //!
 //! One folder per op family ([`elementwise`], [`rows`], [`norm`] (with [`norm::fused`]), [`gemv`],
 //! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`penalty`], [`swiglu`],
-//! [`attention`], [`gated_delta`], and around it [`conv1d`], [`delta_gates`], [`row_norm`],
+//! [`attention`], [`paged_attention`], [`gated_delta`], and around it [`conv1d`], [`delta_gates`], [`row_norm`],
 //! [`attn_gate`]), each holding its kernel builders (`kernel`), host
 //! entry points (`api`) and, where it is tuned, its tuning (`tune`). Shared pieces:
 //!

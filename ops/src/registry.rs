@@ -36,6 +36,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::delta_gates::DeltaGates],
     &[&crate::row_norm::RowNorm],
     &[&crate::attn_gate::AttnGate],
+    &[&crate::paged_attention::PagedCopy],
 ];
 
 /// Every family, in [`FAMILIES`] order.

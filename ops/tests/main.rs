@@ -21,6 +21,7 @@ mod linear;
 mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;
+mod paged_attention;
 mod paged_mla;
 mod params;
 mod passes_registry;

@@ -292,3 +292,36 @@ fn paged_mla_rejects_bad_arguments() {
     .unwrap_err();
     assert!(err.to_string().contains("pages of 2 slots"), "{err}");
 }
+
+#[test]
+fn device_plan_mla_matches_the_reference() {
+    use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, PlanCapacity};
+    let dev = device();
+    let mut rng = Rng::new(99);
+    let (h, r, p) = (3, 64, 16);
+    let sc = Schedule::new(&mut rng, 4, &[9, 5, 12], 1);
+    let n = sc.queries.len();
+    let rows = sc.pages * sc.page_size;
+    let x = Inputs {
+        q: rng.vec(n * h * r, -1.0, 1.0),
+        qp: rng.vec(n * h * p, -1.0, 1.0),
+        latent: rng.vec(rows * r, -1.0, 1.0),
+        kp: rng.vec(rows * p, -1.0, 1.0),
+    };
+    let lengths: Vec<u32> = sc.lengths.iter().map(|&l| l as u32).collect();
+    let ids: Vec<u32> = sc.queries.iter().map(|q| q.0 as u32).collect();
+    let positions: Vec<u32> = sc.queries.iter().map(|q| q.1 as u32).collect();
+    let host = HostPlan::new(sc.page_size, sc.pages, &sc.tables, &lengths, &ids, &positions).unwrap();
+    let f = |v: &[f32], shape: &[usize]| tensor(&dev, DType::F32, v, shape);
+    let q = f(&x.q, &[n, h, r]);
+    // Capacity past the plan: the per-query buffers are cut to the plan's queries.
+    let cap = PlanCapacity { queries: 8, sequences: 4, pages_per_sequence: 6 };
+    let plan = DevicePlan::upload_with_capacity(&host, &q, cap).unwrap();
+    let (latent, kp) = (f(&x.latent, &[sc.pages, 4, 1, r]), f(&x.kp, &[sc.pages, 4, 1, p]));
+    let got = plan.mla(&q, &f(&x.qp, &[n, h, p]), &latent, &kp, 0.1, true).unwrap();
+    let want = reference(&sc, &x, h, r, p, 0.1, true);
+    assert_close("DevicePlan::mla", &got.to_f32_vec().unwrap(), &want, 2e-5, 0.0);
+    let wrong = f(&vec![0.0; (sc.pages + 1) * 4 * r], &[sc.pages + 1, 4, 1, r]);
+    let err = plan.mla(&q, &f(&x.qp, &[n, h, p]), &wrong, &kp, 0.1, true).unwrap_err();
+    assert!(err.to_string().contains("plan's"), "{err}");
+}

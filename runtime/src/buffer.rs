@@ -180,6 +180,13 @@ impl Buffer {
         self.inner.block.address
     }
 
+    /// Whether another live handle (a clone of this buffer, or a tensor over it) shares this
+    /// allocation: an op that takes a tensor by value and writes it in place copies it first
+    /// when this holds, so no other handle sees the write.
+    pub fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.inner) > 1
+    }
+
     /// Whether two handles share the same memory.
     pub fn same_memory(&self, other: &Buffer) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -23,6 +23,7 @@ pub use crate::gemv::api::*;
 pub(crate) use crate::host::*;
 pub use crate::norm::api::*;
 pub use crate::norm::fused::api::*;
+pub use crate::paged_attention::api as paged_attention;
 pub use crate::penalty::api::*;
 pub use crate::rope::api::*;
 pub use crate::row_norm::api::*;

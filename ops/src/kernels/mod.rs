@@ -13,6 +13,7 @@ pub use crate::gemm::kernels::tc as gemm_tc;
 pub use crate::gemv::kernel as gemv;
 pub use crate::norm::fused::kernel as fused_norm;
 pub use crate::norm::kernel as norm;
+pub use crate::paged_attention::kernel as paged_attention;
 pub use crate::penalty::kernel as penalty;
 pub use crate::rope::kernel as rope;
 pub use crate::rows::kernel as rows;

@@ -262,3 +262,61 @@ impl crate::family::Family for PagedMla {
         Some(c)
     }
 }
+
+impl super::api::DevicePlan {
+    /// The plan's buffers as paged MLA reads them (the per-query ones cut to the plan's queries).
+    fn mla_view(&self) -> Result<(Tensor, Tensor)> {
+        Ok((self.sequence_ids.narrow(0, 0, self.queries)?, self.positions.narrow(0, 0, self.queries)?))
+    }
+
+    /// Paged MLA over this plan into `out [queries, H, R]` on `stream` (see [`paged_mla_into`];
+    /// `split` as there): no allocation, no synchronisation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_into(
+        &self,
+        stream: &Stream,
+        q: &Tensor,
+        qp: &Tensor,
+        latent: &Tensor,
+        kp: &Tensor,
+        scale: f32,
+        causal: bool,
+        split: Option<(&Tensor, usize)>,
+        out: &Tensor,
+    ) -> Result<()> {
+        if latent.shape().first() != Some(&self.pages) {
+            return Err(shape_error(format!(
+                "`latent` must have the plan's {} pages, is {:?}",
+                self.pages,
+                latent.shape()
+            )));
+        }
+        let (sequence_ids, positions) = self.mla_view()?;
+        let view = MlaPlanView {
+            tables: &self.tables,
+            lengths: &self.lengths,
+            sequence_ids: &sequence_ids,
+            positions: &positions,
+            page_size: self.page_size,
+            max_length: self.max_length,
+        };
+        paged_mla_into(stream, &view, q, qp, latent, kp, scale, causal, split, out)
+    }
+
+    /// Paged MLA over this plan, unsplit: absorbed queries `q [queries, H, R]`, positional
+    /// queries `qp [queries, H, P]`, caches `latent [pages, page_size, 1, R]` and
+    /// `kp [pages, page_size, 1, P]` → compressed context `[queries, H, R]` (see the module docs).
+    pub fn mla(
+        &self,
+        q: &Tensor,
+        qp: &Tensor,
+        latent: &Tensor,
+        kp: &Tensor,
+        scale: f32,
+        causal: bool,
+    ) -> Result<Tensor> {
+        let out = Tensor::empty(q.device(), q.dtype(), q.shape())?;
+        self.mla_into(&q.buffer().stream(), q, qp, latent, kp, scale, causal, None, &out)?;
+        Ok(out)
+    }
+}

@@ -13,9 +13,9 @@ use crate::params;
 /// The error of every paged attention entry point.
 pub type PagedAttentionError = OpError;
 
-const OP: &str = "paged_attention";
+pub(crate) const OP: &str = "paged_attention";
 
-fn invalid(message: String) -> OpError {
+pub(crate) fn invalid(message: String) -> OpError {
     OpError::InvalidArgument { op: OP, message }
 }
 
@@ -273,7 +273,7 @@ impl DevicePlan {
     }
 
     /// Checks a cache `[pages, page_size, Hkv, dim]` and returns `(Hkv, dim)`.
-    fn cache_dims(&self, name: &str, cache: &Tensor) -> Result<(usize, usize)> {
+    pub(crate) fn cache_dims(&self, name: &str, cache: &Tensor) -> Result<(usize, usize)> {
         contiguous_nonempty(OP, name, cache)?;
         float_dtype(OP, cache)?;
         let s = cache.shape();
@@ -413,7 +413,7 @@ impl DevicePlan {
 }
 
 /// A grid's y extent (CUDA allows 65535).
-fn grid_y(n: usize) -> Result<u32> {
+pub(crate) fn grid_y(n: usize) -> Result<u32> {
     if n > 65535 {
         return Err(invalid(format!("{n} blocks along the grid's y (at most 65535: sequences × kv heads)")));
     }

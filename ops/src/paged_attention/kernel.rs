@@ -55,7 +55,7 @@ crate::kernel_params! {
 }
 
 /// `base + row * len` as a pointer, the product in 64 bits.
-fn row(b: &mut KernelBuilder, base: Value, index: Value, len: Value) -> Value {
+pub(crate) fn row(b: &mut KernelBuilder, base: Value, index: Value, len: Value) -> Value {
     let i = b.cvt(index, ScalarType::U64);
     let n = b.cvt(len, ScalarType::U64);
     let off = b.mul(i, n);
@@ -63,7 +63,7 @@ fn row(b: &mut KernelBuilder, base: Value, index: Value, len: Value) -> Value {
 }
 
 /// `dst[j] = src[j]` for `j < len`, strided over the block's threads.
-fn copy_row(b: &mut KernelBuilder, src: Value, dst: Value, len: Value) {
+pub(crate) fn copy_row(b: &mut KernelBuilder, src: Value, dst: Value, len: Value) {
     let tid = b.thread_id_x();
     let step = b.const_u32(PAGED_COPY_THREADS);
     b.for_each(tid, len, step, |b, j| {

@@ -31,6 +31,7 @@ pub mod tune;
 
 pub mod argmax;
 pub mod attention;
+pub mod attention_pieces;
 pub mod attn_gate;
 pub mod conv1d;
 pub mod delta_gates;

@@ -23,6 +23,8 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::norm::Norm],
     &[&crate::gemm::Gemm],
     &[&crate::attention::Attention],
+    &[&crate::attention_pieces::AttentionPieces],
+    &[&crate::paged_attention::mla::PagedMla],
     &[&crate::gemv::Gemv],
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],

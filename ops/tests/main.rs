@@ -7,6 +7,7 @@
 mod common;
 
 mod attention;
+mod attention_pieces;
 mod budgets;
 mod differential;
 mod exact_sums;
@@ -21,6 +22,7 @@ mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;
 mod paged_attention;
+mod paged_mla;
 mod params;
 mod passes_registry;
 mod perf;

@@ -3,6 +3,7 @@
 //! folder (`crate::gemv::kernel`, ...); the modules here are those, under their old names.
 
 pub use crate::argmax::kernel as argmax;
+pub use crate::attention_pieces::kernel as attention_pieces;
 pub use crate::blocks as common;
 pub use crate::elementwise::kernel as elementwise;
 pub use crate::embedding::kernel as embedding;

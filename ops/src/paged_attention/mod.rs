@@ -9,10 +9,13 @@
 //!
 //! - [`kernel`]: `paged_append` (each query's key and value rows to its page slot) and
 //!   `paged_gather` (pages to the contiguous `[B, Hkv, S_max, D]` cache of the legacy path);
-//! - [`api`]: the plans and the entry points.
+//! - [`api`]: the plans and the entry points;
+//! - [`mla`]: paged MLA over a shared latent cache (kernels in `mla_kernel`).
 
 pub mod api;
 pub mod kernel;
+pub mod mla;
+mod mla_kernel;
 
 use crate::blocks::FLOAT_DTYPES;
 use crate::family::Family;

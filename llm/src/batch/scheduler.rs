@@ -302,39 +302,12 @@ impl ContinuousBatchScheduler {
         } else {
             return Ok(None);
         };
-        let mut sequences = Vec::new();
-        let mut budget = self.config.max_batch_tokens;
-        let mut index = 0;
-        while index < self.running.len() && budget > 0 {
-            let id = self.running[index];
-            let r = &self.requests[&id];
-            if r.prefilling != (kind == BatchKind::Prefill) {
-                index += 1;
-                continue;
-            }
-            let start = r.computed;
-            let count = if r.prefilling { (r.len() - start).min(budget) } else { 1 };
-            let (start, end) = if r.prefilling { (start, start + count) } else { (r.len() - 1, r.len()) };
-            if !self.reserve(id, end, &sequences) {
-                // `id` itself was preempted: it left `running`, so do not advance.
-                continue;
-            }
-            let r = &self.requests[&id];
-            let tokens = (start..end).map(|p| r.token(p)).collect();
-            sequences.push(ScheduledSequence {
-                request_id: id,
-                tokens,
-                start_position: start,
-                context_length: end,
-                block_table: r.pages[..end.div_ceil(self.kv.block_size)].to_vec(),
-                slot: r.slot.expect("a running request has a slot"),
-                samples: end == r.len(),
-                restore_snapshot: None,
-                save_snapshot: None,
-            });
-            budget -= count;
-            // Preemption may have removed requests after this one, never before it.
-            index = self.running.iter().position(|&r| r == id).map_or(index, |i| i + 1);
+        let mut sequences = self.rows(kind);
+        let mut kind = kind;
+        if sequences.is_empty() {
+            // The preferred kind could not get pages (its rows were preempted): try the other one.
+            kind = if kind == BatchKind::Decode { BatchKind::Prefill } else { BatchKind::Decode };
+            sequences = self.rows(kind);
         }
         if sequences.is_empty() {
             return Ok(None);
@@ -452,6 +425,45 @@ impl ContinuousBatchScheduler {
                 )))
             }
         }
+    }
+
+    /// The rows of a `kind` batch, in admission order, under the token budget.
+    fn rows(&mut self, kind: BatchKind) -> Vec<ScheduledSequence> {
+        let mut sequences = Vec::new();
+        let mut budget = self.config.max_batch_tokens;
+        let mut index = 0;
+        while index < self.running.len() && budget > 0 {
+            let id = self.running[index];
+            let r = &self.requests[&id];
+            if r.prefilling != (kind == BatchKind::Prefill) {
+                index += 1;
+                continue;
+            }
+            let start = r.computed;
+            let count = if r.prefilling { (r.len() - start).min(budget) } else { 1 };
+            let (start, end) = if r.prefilling { (start, start + count) } else { (r.len() - 1, r.len()) };
+            if !self.reserve(id, end, &sequences) {
+                // `id` itself was preempted: it left `running`, so do not advance.
+                continue;
+            }
+            let r = &self.requests[&id];
+            let tokens = (start..end).map(|p| r.token(p)).collect();
+            sequences.push(ScheduledSequence {
+                request_id: id,
+                tokens,
+                start_position: start,
+                context_length: end,
+                block_table: r.pages[..end.div_ceil(self.kv.block_size)].to_vec(),
+                slot: r.slot.expect("a running request has a slot"),
+                samples: end == r.len(),
+                restore_snapshot: None,
+                save_snapshot: None,
+            });
+            budget -= count;
+            // Preemption may have removed requests after this one, never before it.
+            index = self.running.iter().position(|&r| r == id).map_or(index, |i| i + 1);
+        }
+        sequences
     }
 
     /// FIFO admission while there is a free slot.

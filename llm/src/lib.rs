@@ -24,6 +24,7 @@
 //! assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 //! ```
 
+pub mod batch;
 mod cache;
 mod chat;
 mod config;
@@ -40,6 +41,10 @@ mod tokenizer;
 pub mod tune;
 mod weights;
 
+pub use batch::{
+    BatchKind, ContinuousBatchConfig, ContinuousBatchScheduler, FinishedRequest, PageCopy, PagedKvCacheConfig,
+    PrefixCacheConfig, RequestId, ScheduledBatch, ScheduledSequence, SchedulerStats, SnapshotId,
+};
 pub use cache::{Cache, KvCache, LayerCache, LinearStatePool};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};

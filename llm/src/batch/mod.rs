@@ -1,0 +1,11 @@
+//! Continuous batching on the host: which requests run in the next step, with which tokens,
+//! positions and KV pages. The executor (another module) runs a [`ScheduledBatch`] and reports
+//! one token per row back with [`ContinuousBatchScheduler::complete_batch`]. See `docs/batching.md`.
+
+mod pages;
+mod scheduler;
+
+pub use scheduler::{
+    BatchKind, ContinuousBatchConfig, ContinuousBatchScheduler, FinishedRequest, PageCopy, PagedKvCacheConfig,
+    PrefixCacheConfig, RequestId, ScheduledBatch, ScheduledSequence, SchedulerStats, SnapshotId,
+};

@@ -1,0 +1,287 @@
+//! The continuous-batching scheduler: one test per rule, then random operation sequences
+//! checked against the invariants after every step.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use ruda_llm::{
+    BatchKind, ContinuousBatchConfig, ContinuousBatchScheduler, GenerateParams, PagedKvCacheConfig, PrefixCacheConfig,
+    RequestId, ScheduledBatch, StopReason,
+};
+
+fn scheduler(active: usize, tokens: usize, block: usize, pages: usize) -> ContinuousBatchScheduler {
+    ContinuousBatchScheduler::new(
+        ContinuousBatchConfig { max_active_sequences: active, max_batch_tokens: tokens },
+        PagedKvCacheConfig { block_size: block, num_pages: pages, max_sequence_length: 64 },
+    )
+    .unwrap()
+}
+
+fn params(max_new_tokens: usize) -> GenerateParams {
+    GenerateParams { max_new_tokens, ..Default::default() }
+}
+
+#[test]
+fn prefill_in_chunks_then_decode_until_length() {
+    let mut s = scheduler(2, 4, 4, 16);
+    let id = s.submit((10..20).collect(), params(3)).unwrap();
+    let mut starts = Vec::new();
+    loop {
+        let b = s.schedule().unwrap().unwrap();
+        assert_eq!(b.kind, BatchKind::Prefill);
+        let row = &b.sequences[0];
+        assert!(row.tokens.len() <= 4);
+        starts.push(row.start_position);
+        let samples = row.samples;
+        s.complete_batch(b.id, &[99]).unwrap();
+        if samples {
+            break;
+        }
+    }
+    assert_eq!(starts, vec![0, 4, 8]);
+    let b = s.schedule().unwrap().unwrap();
+    assert_eq!(b.kind, BatchKind::Decode);
+    assert_eq!(b.sequences[0].tokens, vec![99]);
+    assert_eq!(b.sequences[0].start_position, 10);
+    assert_eq!(b.sequences[0].block_table.len(), 3);
+    s.complete_batch(b.id, &[7]).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    s.complete_batch(b.id, &[8]).unwrap();
+    assert!(s.schedule().unwrap().is_none());
+    let f = s.pop_finished();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].request_id, id);
+    assert_eq!(f[0].generated_token_ids, vec![99, 7, 8]);
+    assert_eq!(f[0].stop_reason, Some(StopReason::Length));
+    assert_eq!(s.stats().pages_free, 16);
+    assert!(!s.has_work());
+}
+
+#[test]
+fn eos_stops_and_rows_that_do_not_sample_ignore_their_token() {
+    let mut s = scheduler(1, 2, 4, 8);
+    s.submit(vec![1, 2, 3], GenerateParams { eos_token_ids: vec![5], ..params(10) }).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    assert!(!b.sequences[0].samples);
+    s.complete_batch(b.id, &[5]).unwrap(); // not a sample: no EOS
+    let b = s.schedule().unwrap().unwrap();
+    assert!(b.sequences[0].samples);
+    s.complete_batch(b.id, &[5]).unwrap();
+    let f = s.pop_finished();
+    assert_eq!(f[0].generated_token_ids, vec![5]);
+    assert_eq!(f[0].stop_reason, Some(StopReason::Eos));
+}
+
+#[test]
+fn submit_rejects_what_can_never_run() {
+    let mut s = scheduler(1, 8, 4, 2);
+    assert!(s.submit(vec![], params(1)).is_err());
+    assert!(s.submit(vec![1; 60], params(8)).is_err(), "longer than max_sequence_length");
+    assert!(s.submit(vec![1; 8], params(2)).is_err(), "needs 3 pages, the pool has 2");
+    assert!(s.submit(vec![1; 8], params(1)).is_ok(), "8 positions of KV fit in 2 pages");
+    assert!(ContinuousBatchScheduler::new(
+        ContinuousBatchConfig { max_active_sequences: 0, max_batch_tokens: 1 },
+        PagedKvCacheConfig { block_size: 1, num_pages: 1, max_sequence_length: 1 }
+    )
+    .is_err());
+}
+
+#[test]
+fn prefix_cache_is_an_error_until_implemented() {
+    let s = scheduler(1, 8, 4, 2);
+    let cfg = PrefixCacheConfig { max_bytes: 1 << 20, max_entries: 8, page_bytes: 1024, snapshot_bytes: 0 };
+    assert!(s.with_prefix_cache(cfg).is_err());
+}
+
+#[test]
+fn outstanding_batch_rules() {
+    let mut s = scheduler(2, 8, 4, 8);
+    s.submit(vec![1, 2], params(2)).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    assert!(s.schedule().is_err(), "a batch is outstanding");
+    assert!(s.complete_batch(b.id + 1, &[1]).is_err(), "wrong id");
+    assert!(s.complete_batch(b.id, &[1, 2]).is_err(), "one token per row");
+    s.fail_batch(b.id).unwrap();
+    let b2 = s.schedule().unwrap().unwrap();
+    assert_eq!(b2.sequences, b.sequences, "a failed batch is scheduled again");
+}
+
+#[test]
+fn decode_goes_first_but_prefill_is_not_starved() {
+    let mut s = scheduler(2, 64, 4, 32);
+    s.submit(vec![1], params(30)).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    s.complete_batch(b.id, &[2]).unwrap();
+    s.submit(vec![3, 4], params(30)).unwrap();
+    let mut kinds = Vec::new();
+    for _ in 0..6 {
+        let b = s.schedule().unwrap().unwrap();
+        kinds.push(b.kind);
+        let tokens = vec![9; b.sequences.len()];
+        s.complete_batch(b.id, &tokens).unwrap();
+    }
+    assert_eq!(kinds[0], BatchKind::Decode);
+    assert!(kinds.contains(&BatchKind::Prefill), "prefill starved: {kinds:?}");
+}
+
+#[test]
+fn cancel_is_deferred_while_in_a_batch() {
+    let mut s = scheduler(2, 8, 4, 8);
+    let a = s.submit(vec![1, 2], params(4)).unwrap();
+    let w = s.submit(vec![1, 2], params(4)).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    s.cancel(a).unwrap();
+    assert!(s.pop_finished().is_empty(), "deferred");
+    s.complete_batch(b.id, &vec![0; b.sequences.len()]).unwrap();
+    s.cancel(w).unwrap();
+    let f = s.pop_finished();
+    assert_eq!(f.len(), 2);
+    assert!(f.iter().all(|f| f.stop_reason.is_none()));
+    assert!(!s.has_work());
+    assert_eq!(s.stats().pages_used, 0);
+    assert!(s.cancel(a).is_err(), "no longer active");
+}
+
+#[test]
+fn the_youngest_is_preempted_and_recomputes_prompt_and_generated() {
+    // Two requests, 2 pages of 2: each holds one page after prefill; the first decode needs a second page.
+    let mut s = scheduler(2, 8, 2, 2);
+    let old = s.submit(vec![1, 2], params(3)).unwrap();
+    let young = s.submit(vec![3, 4], params(3)).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    assert_eq!(b.sequences.len(), 2);
+    s.complete_batch(b.id, &[5, 6]).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    assert_eq!(b.kind, BatchKind::Decode);
+    assert_eq!(b.sequences.len(), 1);
+    assert_eq!(b.sequences[0].request_id, old);
+    assert_eq!(s.stats().preemptions, 1);
+    assert_eq!(s.stats().waiting, 1);
+    s.complete_batch(b.id, &[7]).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    s.complete_batch(b.id, &[8]).unwrap();
+    let f = s.pop_finished();
+    assert_eq!(f[0].request_id, old);
+    let b = s.schedule().unwrap().unwrap();
+    assert_eq!(b.kind, BatchKind::Prefill);
+    assert_eq!(b.sequences[0].request_id, young);
+    assert_eq!(b.sequences[0].tokens, vec![3, 4, 6], "prompt + generated so far");
+    assert_eq!(b.sequences[0].start_position, 0);
+    assert!(b.sequences[0].samples);
+}
+
+#[test]
+fn padding_of_the_matrices() {
+    let mut s = scheduler(2, 16, 2, 16);
+    s.submit(vec![1, 2, 3], params(2)).unwrap();
+    s.submit(vec![4], params(2)).unwrap();
+    let b = s.schedule().unwrap().unwrap();
+    assert_eq!(b.token_matrix(), vec![vec![1, 2, 3], vec![4, 0, 0]]);
+    assert_eq!(b.context_lengths(), vec![3, 1]);
+    let (flat, width) = b.flattened_block_table();
+    assert_eq!(width, 2);
+    assert_eq!(flat.len(), 4);
+    assert_eq!(flat[3], 0);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit(usize, usize),
+    Step(u32),
+    Fail,
+    Cancel(usize),
+    Finish(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (1usize..12, 1usize..6).prop_map(|(p, n)| Op::Submit(p, n)),
+        5 => (0u32..8).prop_map(Op::Step),
+        1 => Just(Op::Fail),
+        1 => (0usize..16).prop_map(Op::Cancel),
+        1 => (0usize..16).prop_map(Op::Finish),
+    ]
+}
+
+fn check_batch(b: &ScheduledBatch, prompts: &HashMap<RequestId, Vec<u32>>, tokens: usize, active: usize, block: usize) {
+    let total: usize = b.sequences.iter().map(|s| s.tokens.len()).sum();
+    assert!(total <= tokens, "token budget exceeded");
+    assert!(b.sequences.len() <= active);
+    let mut pages = std::collections::HashSet::new();
+    let mut slots = std::collections::HashSet::new();
+    for s in &b.sequences {
+        assert_eq!(s.context_length, s.start_position + s.tokens.len());
+        assert_eq!(s.block_table.len(), s.context_length.div_ceil(block), "block table covers context_length");
+        assert!(slots.insert(s.slot) && s.slot < active, "slot unique and in range");
+        for &p in &s.block_table {
+            assert!(pages.insert(p), "page {p} assigned twice");
+        }
+        if b.kind == BatchKind::Decode {
+            assert_eq!(s.tokens.len(), 1);
+        }
+        let prompt = &prompts[&s.request_id];
+        for (i, &t) in s.tokens.iter().enumerate() {
+            if s.start_position + i < prompt.len() {
+                assert_eq!(t, prompt[s.start_position + i]);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #[test]
+    fn random_operations_keep_the_invariants(ops in proptest::collection::vec(op(), 1..60), block in 1usize..4,
+                                             pages in 4usize..12, active in 1usize..4, tokens in 1usize..8) {
+        let mut s = scheduler(active, tokens, block, pages);
+        let mut ids = Vec::new();
+        let mut prompts = HashMap::new();
+        let mut outstanding: Option<ScheduledBatch> = None;
+        let mut done = 0usize;
+        for op in ops {
+            match op {
+                Op::Submit(p, n) => {
+                    let prompt: Vec<u32> = (0..p as u32).map(|t| t + 100 * ids.len() as u32).collect();
+                    if let Ok(id) = s.submit(prompt.clone(), params(n)) {
+                        ids.push(id);
+                        prompts.insert(id, prompt);
+                    }
+                }
+                Op::Step(t) => {
+                    if let Some(b) = outstanding.take() {
+                        s.complete_batch(b.id, &vec![t; b.sequences.len()]).unwrap();
+                    } else if let Some(b) = s.schedule().unwrap() {
+                        check_batch(&b, &prompts, tokens, active, block);
+                        outstanding = Some(b);
+                    }
+                }
+                Op::Fail => {
+                    if let Some(b) = outstanding.take() {
+                        s.fail_batch(b.id).unwrap();
+                    }
+                }
+                Op::Cancel(i) => if let Some(&id) = ids.get(i) { let _ = s.cancel(id); },
+                Op::Finish(i) => if let Some(&id) = ids.get(i) { let _ = s.finish_request(id, StopReason::StopSequence); },
+            }
+            done += s.pop_finished().len();
+            let st = s.stats();
+            prop_assert_eq!(st.pages_used + st.pages_free, pages);
+            prop_assert!(st.running <= active);
+        }
+        // Drain: the driver keeps completing, so everything finishes and every page comes back.
+        if let Some(b) = outstanding.take() {
+            s.complete_batch(b.id, &vec![1; b.sequences.len()]).unwrap();
+        }
+        let mut steps = 0;
+        while let Some(b) = s.schedule().unwrap() {
+            check_batch(&b, &prompts, tokens, active, block);
+            s.complete_batch(b.id, &vec![1; b.sequences.len()]).unwrap();
+            steps += 1;
+            prop_assert!(steps < 10_000, "no progress");
+        }
+        done += s.pop_finished().len();
+        prop_assert!(!s.has_work());
+        prop_assert_eq!(done, ids.len());
+        prop_assert_eq!(s.stats().pages_free, pages);
+    }
+}

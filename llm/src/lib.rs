@@ -58,7 +58,9 @@ pub use layers::{
     AttentionShape, DecodeChoices, ExpectedTensor, LinearShape, PlannedLaunch, TensorSource, WeightDType, EMBED_TOKENS,
     LM_HEAD,
 };
-pub use models::{architecture, Architecture, CausalLm, DecodeKernels, DecoderSpec, Workspace};
+pub use models::{
+    architecture, Architecture, BatchCache, CausalLm, DecodeKernels, DecoderSpec, Qwen35BatchCache, Workspace,
+};
 pub use pipeline::{
     architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen35_pipeline,
     load_huggingface_qwen3_pipeline, load_pipeline, ChatRole, HuggingFaceLoadError, HuggingFaceQwen2Pipeline,

@@ -2,6 +2,7 @@
 //! A new test file compiles only once it has a `mod` line here (the crate sets `autotests = false`).
 
 mod bad_inputs;
+mod batch_executor;
 mod batch_scheduler;
 mod chat_goldens;
 mod cli;

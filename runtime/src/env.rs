@@ -15,6 +15,7 @@ pub const RUDA_DUMP_IR: &str = "RUDA_DUMP_IR";
 pub const RUDA_REQUIRE_GPU: &str = "RUDA_REQUIRE_GPU";
 pub const RUDA_AUTOTUNE: &str = "RUDA_AUTOTUNE";
 pub const RUDA_CUDA_GRAPHS: &str = "RUDA_CUDA_GRAPHS";
+pub const RUDA_PAGED_ATTENTION: &str = "RUDA_PAGED_ATTENTION";
 /// Read by the runtime before each CPU launch; the interpreter's own name for it.
 pub const RUDA_INTERP_THREADS: &str = ruda_ir::interp::THREADS_ENV;
 
@@ -247,6 +248,38 @@ pub fn graph_mode() -> Result<GraphMode> {
     GraphMode::parse(var(RUDA_CUDA_GRAPHS).as_deref())
 }
 
+/// How batched generation's attention reads the paged KV arena (`RUDA_PAGED_ATTENTION`), read
+/// when a batch cache is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PagedAttentionMode {
+    /// Gather each sequence's pages into contiguous buffers, then the contiguous kernels (the
+    /// default).
+    Legacy,
+    /// The fused paged kernels read the pages in place.
+    Fused,
+}
+
+impl PagedAttentionMode {
+    /// Parse a `RUDA_PAGED_ATTENTION` value (`None` or empty = unset = `legacy`).
+    pub fn parse(value: Option<&str>) -> Result<PagedAttentionMode> {
+        match value.map(str::trim) {
+            None | Some("") | Some("legacy") => Ok(PagedAttentionMode::Legacy),
+            Some("fused") => Ok(PagedAttentionMode::Fused),
+            Some(_) => Err(RuntimeError::InvalidEnv {
+                var: RUDA_PAGED_ATTENTION,
+                value: value.unwrap_or_default().to_string(),
+                accepted: "legacy (the default: gather the pages, then the contiguous kernels), fused".into(),
+            }),
+        }
+    }
+}
+
+/// Read and parse `RUDA_PAGED_ATTENTION`: an error naming the variable and its value unless it
+/// is unset, `legacy` or `fused`.
+pub fn paged_attention_mode() -> Result<PagedAttentionMode> {
+    PagedAttentionMode::parse(var(RUDA_PAGED_ATTENTION).as_deref())
+}
+
 /// Read and parse `RUDA_INTERP_THREADS`.
 pub(crate) fn interp_threads_from_env() -> Result<usize> {
     parse_interp_threads(var(RUDA_INTERP_THREADS).as_deref())
@@ -261,6 +294,7 @@ pub fn check_env() -> Result<()> {
     parse_ptx_version(var(RUDA_PTX_VERSION).as_deref())?;
     AutotuneMode::parse(var(RUDA_AUTOTUNE).as_deref())?;
     graph_mode()?;
+    paged_attention_mode()?;
     interp_threads_from_env()?;
     Ok(())
 }

@@ -71,6 +71,7 @@
 //! | `RUDA_CACHE_DIR` | [`cache_dir_from_env`] | the folder for RUDA's caches; autotuning results go to `<folder>/autotune/<device fingerprint>.json`. Unset: `$XDG_CACHE_HOME/ruda`, then `$HOME/.cache/ruda`. |
 //! | `RUDA_INTERP_THREADS` | each launch on the CPU device, [`Device::from_env`] | the CPU threads the interpreter runs blocks on: a positive integer; unset: all cores. Anything else is an error naming the variable. |
 //! | `RUDA_CUDA_GRAPHS` | [`graph_mode`] (the decode step of batched generation) | `on` (default: capture the warmed decode step into a graph and replay it), `off` (launch its kernels one by one). Anything else is an error, on every device. |
+//! | `RUDA_PAGED_ATTENTION` | [`paged_attention_mode`], when `ruda_llm`'s `new_batch_cache` makes a batch cache | `legacy` (default: gather each sequence's KV pages into contiguous buffers, then the contiguous kernels), `fused` (the paged kernels read the pages in place). Anything else is an error, on every device; an existing cache keeps its path. |
 //! | `RUDA_REQUIRE_GPU` | [`require_gpu`] (tests) | `1`: a missing GPU fails GPU tests instead of skipping them |
 //!
 //! [`Device::from_env`] validates all of these ([`check_env`]) whichever device it picks, so a
@@ -110,8 +111,9 @@ pub use cuda::CudaDeviceInfo;
 pub use device::{Device, DeviceKind, MemoryPool};
 pub use dtype::{DType, Element};
 pub use env::{
-    check_env, graph_mode, parse_interp_threads, parse_ptx_version, require_gpu, AutotuneMode, Compiler, DeviceSpec,
-    GraphMode, RUDA_AUTOTUNE, RUDA_CUDA_GRAPHS, RUDA_INTERP_THREADS,
+    check_env, graph_mode, paged_attention_mode, parse_interp_threads, parse_ptx_version, require_gpu, AutotuneMode,
+    Compiler, DeviceSpec, GraphMode, PagedAttentionMode, RUDA_AUTOTUNE, RUDA_CUDA_GRAPHS, RUDA_INTERP_THREADS,
+    RUDA_PAGED_ATTENTION,
 };
 pub use error::{ModuleLoadError, Result, RuntimeError};
 pub use event::Event;

@@ -2,6 +2,7 @@
 //! values of the spec (a bias on q/k/v or on o, per-head q/k norms, Qwen3.5's output gate), not
 //! flags of a decoder.
 
+use ruda_ops::api::paged_attention::DevicePlan;
 use ruda_ops::api::{self, DecodeWorkspace};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
@@ -207,6 +208,8 @@ pub struct AttentionScratch {
     k_scratch: Tensor,
     v_scratch: Tensor,
     q_rot: Tensor,
+    /// Rotated keys before a paged append.
+    k_rot: Tensor,
     attn: Tensor,
     /// The output projection before its bias is added.
     out_scratch: Tensor,
@@ -235,6 +238,7 @@ impl AttentionScratch {
             k_scratch: empty(&kv)?,
             v_scratch: empty(&kv)?,
             q_rot: empty(&[tokens, q_heads, head_dim])?,
+            k_rot: empty(&[tokens, kv_heads, head_dim])?,
             attn: empty(&q)?,
             out_scratch: empty(&[tokens, hidden])?,
             gated: match output_gate {
@@ -248,37 +252,122 @@ impl AttentionScratch {
     }
 }
 
-/// The device copies of a chunk's token positions and sequence bookkeeping, written once per
-/// chunk and read by every attention layer.
+/// The device copies of a forward's token positions and sequence bookkeeping, written once per
+/// forward and read by every layer: one sequence's chunk ([`StepInputs::write`]) or the packed
+/// rows of a batch ([`StepInputs::write_batch`]).
 pub struct StepInputs {
+    tokens: usize,
+    sequences: usize,
     positions: Tensor,
-    /// The cache slot of each token's sequence (all 0: one sequence).
-    slots: Tensor,
-    /// Positions filled after the chunk `[1]`.
+    /// The contiguous cache slot of each token's sequence (all 0: one sequence).
+    token_slots: Tensor,
+    /// Positions filled after the forward, per sequence `[sequences]`.
     seq_lens: Tensor,
-    /// `[0, tokens]`.
+    /// `[sequences + 1]`: sequence `b` owns rows `cu_seqlens[b]..cu_seqlens[b + 1]`.
     cu_seqlens: Tensor,
+    /// Each sequence's slot of the linear-attention state pools `[sequences]`.
+    sequence_slots: Tensor,
+    /// Each sequence's last row `[sequences]` (whose logits a batch returns).
+    last_rows: Tensor,
+}
+
+/// One sequence's rows of a batched forward: `count` tokens from position `start`, its state
+/// in `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchRow {
+    pub start: usize,
+    pub count: usize,
+    pub slot: usize,
 }
 
 impl StepInputs {
-    pub fn new(device: &Device, tokens: usize) -> Result<StepInputs, LlmError> {
+    /// Room for `tokens` rows of `sequences` sequences.
+    pub fn new(device: &Device, tokens: usize, sequences: usize) -> Result<StepInputs, LlmError> {
         let u32s = |n: usize| -> Result<Tensor, LlmError> { Ok(Tensor::zeros(device, DType::U32, &[n])?) };
-        Ok(StepInputs { positions: u32s(tokens)?, slots: u32s(tokens)?, seq_lens: u32s(1)?, cu_seqlens: u32s(2)? })
+        Ok(StepInputs {
+            tokens,
+            sequences,
+            positions: u32s(tokens)?,
+            token_slots: u32s(tokens)?,
+            seq_lens: u32s(sequences)?,
+            cu_seqlens: u32s(sequences + 1)?,
+            sequence_slots: u32s(sequences)?,
+            last_rows: u32s(sequences)?,
+        })
     }
 
-    /// `[0, tokens]`: the chunk as one packed sequence.
+    /// `[sequences + 1]` row offsets.
     pub(crate) fn cu_seqlens(&self) -> &Tensor {
         &self.cu_seqlens
     }
 
-    /// The chunk of `tokens` rows at positions `start..start + tokens` of one sequence.
+    /// `[sequences]` linear-attention pool slots.
+    pub(crate) fn sequence_slots(&self) -> &Tensor {
+        &self.sequence_slots
+    }
+
+    /// `[sequences]` each sequence's last row.
+    pub(crate) fn last_rows(&self) -> &Tensor {
+        &self.last_rows
+    }
+
+    /// The chunk of `tokens` rows at positions `start..start + tokens` of one sequence (in
+    /// slot 0).
     pub fn write(&self, start: usize, tokens: usize) -> Result<(), LlmError> {
-        let positions: Vec<u32> = (start..start + tokens).map(|p| p as u32).collect();
+        self.write_batch(&[BatchRow { start, count: tokens, slot: 0 }])
+    }
+
+    /// The packed rows of `rows`, in order (they must fill this step's tokens and sequences).
+    pub fn write_batch(&self, rows: &[BatchRow]) -> Result<(), LlmError> {
+        let tokens: usize = rows.iter().map(|r| r.count).sum();
+        if tokens != self.tokens || rows.len() != self.sequences || rows.iter().any(|r| r.count == 0) {
+            return Err(LlmError::InvalidArgument(format!(
+                "step inputs for {} rows of {} sequences, given {tokens} rows of {} sequences (none may be empty)",
+                self.tokens,
+                self.sequences,
+                rows.len()
+            )));
+        }
+        let mut positions = Vec::with_capacity(tokens);
+        let (mut cu, mut last) = (vec![0u32], Vec::with_capacity(rows.len()));
+        for r in rows {
+            positions.extend((r.start..r.start + r.count).map(|p| p as u32));
+            cu.push(positions.len() as u32);
+            last.push(positions.len() as u32 - 1);
+        }
+        let u32s = |f: fn(&BatchRow) -> usize| rows.iter().map(|r| f(r) as u32).collect::<Vec<u32>>();
         self.positions.copy_from_slice(&positions)?;
-        self.seq_lens.copy_from_slice(&[(start + tokens) as u32])?;
-        self.cu_seqlens.copy_from_slice(&[0, tokens as u32])?;
+        self.seq_lens.copy_from_slice(&u32s(|r| r.start + r.count))?;
+        self.cu_seqlens.copy_from_slice(&cu)?;
+        self.sequence_slots.copy_from_slice(&u32s(|r| r.slot))?;
+        self.last_rows.copy_from_slice(&last)?;
         Ok(())
     }
+}
+
+/// Where an attention forward appends its keys and values, and what its queries attend.
+pub enum KvTarget<'a> {
+    /// One sequence's contiguous cache (and split-KV decode's workspace for one-row steps).
+    Contiguous { cache: &'a KvCache, decode: &'a DecodeWorkspace },
+    /// A batch's rows over a paged KV arena.
+    Paged(PagedKv<'a>),
+}
+
+/// A paged forward: the plan of this step (block tables, lengths, each row's sequence and
+/// position), the layer's arena `[pages, page_size, Hkv, D]`, and how attention reads it.
+pub struct PagedKv<'a> {
+    pub plan: &'a DevicePlan,
+    pub k_cache: &'a Tensor,
+    pub v_cache: &'a Tensor,
+    pub read: PagedRead<'a>,
+}
+
+/// How attention reads the paged arena (`RUDA_PAGED_ATTENTION`).
+pub enum PagedRead<'a> {
+    /// Legacy: gather each sequence's pages into the contiguous `[B, Hkv, S, D]` buffers `k` and
+    /// `v` (at least the batch's sequences and its longest length), then the contiguous kernels:
+    /// split-KV decode with `decode` for a decode batch, else flash prefill over the cache.
+    Gather { k: &'a Tensor, v: &'a Tensor, decode: Option<&'a DecodeWorkspace>, max_q: usize },
 }
 
 impl Attention {
@@ -290,9 +379,10 @@ impl Attention {
         [&self.q, &self.k, &self.v, &self.o]
     }
 
-    /// `out = attention(x)·Woᵀ (+ b)` for the `tokens` rows of `x`, appending their keys and
-    /// values to `cache` (prefill continues a cache; one row is a decode step through the
-    /// split-KV kernel and its workspace `decode`).
+    /// `out = attention(x)·Woᵀ (+ b)` for the `tokens` rows of `x` at `step`'s positions,
+    /// appending their keys and values to `kv`: one sequence's contiguous cache (prefill
+    /// continues it; one row is a decode step through the split-KV kernel) or a batch's paged
+    /// arena.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -301,8 +391,7 @@ impl Attention {
         rope: &Rope,
         step: &StepInputs,
         x: &Tensor,
-        cache: &KvCache,
-        decode: &DecodeWorkspace,
+        kv: KvTarget<'_>,
         a: &AttentionScratch,
         out: &Tensor,
     ) -> Result<(), LlmError> {
@@ -347,34 +436,39 @@ impl Attention {
         };
         let (q3, k3, v3) = (q.reshape(&[t, hq, d])?, k.reshape(&[t, hkv, d])?, a.v.reshape(&[t, hkv, d])?);
         rope.forward(s, &q3, &step.positions, &a.q_rot).map_err(op("rope"))?;
-        rope.forward_into_cache(s, &k3, &v3, &step.positions, &step.slots, cache.k(), cache.v())
-            .map_err(op("rope + cache append"))?;
         let attn = a.attn.reshape(&[t, hq, d])?;
-        match t {
-            1 => api::attention_decode_into(
-                s,
-                &a.q_rot.reshape(&[1, hq, d])?,
-                cache.k(),
-                cache.v(),
-                &step.seq_lens,
-                None,
-                decode,
-                &attn.reshape(&[1, hq, d])?,
-            )
-            .map_err(op("decode attention"))?,
-            _ => api::attention_prefill_cache_into(
-                s,
-                &a.q_rot,
-                &step.cu_seqlens,
-                t,
-                cache.k(),
-                cache.v(),
-                &step.seq_lens,
-                None,
-                true,
-                &attn,
-            )
-            .map_err(op("prefill attention"))?,
+        match kv {
+            KvTarget::Contiguous { cache, decode } => {
+                rope.forward_into_cache(s, &k3, &v3, &step.positions, &step.token_slots, cache.k(), cache.v())
+                    .map_err(op("rope + cache append"))?;
+                match t {
+                    1 => api::attention_decode_into(
+                        s,
+                        &a.q_rot.reshape(&[1, hq, d])?,
+                        cache.k(),
+                        cache.v(),
+                        &step.seq_lens,
+                        None,
+                        decode,
+                        &attn.reshape(&[1, hq, d])?,
+                    )
+                    .map_err(op("decode attention"))?,
+                    _ => api::attention_prefill_cache_into(
+                        s,
+                        &a.q_rot,
+                        &step.cu_seqlens,
+                        t,
+                        cache.k(),
+                        cache.v(),
+                        &step.seq_lens,
+                        None,
+                        true,
+                        &attn,
+                    )
+                    .map_err(op("prefill attention"))?,
+                }
+            }
+            KvTarget::Paged(paged) => self.paged_attention(s, rope, step, &k3, &v3, &paged, a, &attn)?,
         }
         match (gate, &a.gated) {
             (Some(gate), Some((_, _, gated))) => {
@@ -384,5 +478,51 @@ impl Attention {
             }
             _ => self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection")),
         }
+    }
+
+    /// The paged half of [`Attention::forward`]: rotated keys and the values appended at each
+    /// row's (page, slot), then attention over the pages (`attn` `[T, Hq, D]`).
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &self,
+        s: &Stream,
+        rope: &Rope,
+        step: &StepInputs,
+        k3: &Tensor,
+        v3: &Tensor,
+        paged: &PagedKv<'_>,
+        a: &AttentionScratch,
+        attn: &Tensor,
+    ) -> Result<(), LlmError> {
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+        let (t, b) = (step.tokens, step.sequences);
+        rope.forward(s, k3, &step.positions, &a.k_rot).map_err(op("rope (k)"))?;
+        paged.plan.append_into(s, &a.k_rot, v3, paged.k_cache, paged.v_cache).map_err(op("paged KV append"))?;
+        match &paged.read {
+            PagedRead::Gather { k, v, decode, max_q } => {
+                paged.plan.gather_into(s, paged.k_cache, k).map_err(op("paged KV gather"))?;
+                paged.plan.gather_into(s, paged.v_cache, v).map_err(op("paged KV gather"))?;
+                let (k, v) = (k.narrow(0, 0, b)?, v.narrow(0, 0, b)?);
+                let lengths = paged.plan.lengths().narrow(0, 0, b)?;
+                match decode {
+                    Some(ws) if t == b => api::attention_decode_into(s, &a.q_rot, &k, &v, &lengths, None, ws, attn)
+                        .map_err(op("decode attention (gathered pages)")),
+                    _ => api::attention_prefill_cache_into(
+                        s,
+                        &a.q_rot,
+                        &step.cu_seqlens,
+                        *max_q,
+                        &k,
+                        &v,
+                        &lengths,
+                        None,
+                        true,
+                        attn,
+                    )
+                    .map_err(op("prefill attention (gathered pages)")),
+                }
+            }
+        }?;
+        Ok(())
     }
 }

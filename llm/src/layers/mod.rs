@@ -13,7 +13,9 @@ mod norm;
 mod plan;
 mod rope;
 
-pub use attention::{Attention, AttentionScratch, AttentionShape, AttentionSpec, StepInputs};
+pub use attention::{
+    Attention, AttentionScratch, AttentionShape, AttentionSpec, BatchRow, KvTarget, PagedKv, PagedRead, StepInputs,
+};
 pub use embedding::{Embedding, EmbeddingSpec, LmHeadSpec, EMBED_TOKENS, LM_HEAD};
 pub use gated_delta_net::{GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, LinearBatch};
 pub use linear::{Linear, LinearPlan, LinearShape, LinearSpec};

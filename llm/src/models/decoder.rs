@@ -21,10 +21,10 @@ use crate::cache::{Cache, KvCache, LayerCache};
 use crate::config::ModelConfig;
 use crate::error::LlmError;
 use crate::layers::{
-    Attention, AttentionScratch, AttentionShape, AttentionSpec, DecodeChoices, DecodeStep, Embedding, EmbeddingSpec,
-    ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, Linear, LinearBatch, LinearPlan, LinearShape,
-    LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs,
-    TensorSource, WeightDType,
+    Attention, AttentionScratch, AttentionShape, AttentionSpec, BatchRow, DecodeChoices, DecodeStep, Embedding,
+    EmbeddingSpec, ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, KvTarget, Linear, LinearBatch,
+    LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope,
+    RopeSpec, StepInputs, TensorSource, WeightDType,
 };
 use crate::models::{CausalLm, DecodeKernels};
 
@@ -302,7 +302,7 @@ fn greedy_pick(step: &DecodeStep, vocab: usize, splits: usize) -> Vec<PlannedLau
 
 // One per layer, made once at load and never moved after: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
-enum Mixer {
+pub(super) enum Mixer {
     Attention(Attention),
     GatedDeltaNet(GatedDeltaNet),
 }
@@ -311,9 +311,9 @@ enum Ffn {
     Mlp(Mlp),
 }
 
-struct Layer {
+pub(super) struct Layer {
     input_norm: RmsNorm,
-    mixer: Mixer,
+    pub(super) mixer: Mixer,
     post_norm: RmsNorm,
     ffn: Ffn,
 }
@@ -332,12 +332,12 @@ impl Layer {
 
 /// A loaded decoder on one device.
 pub struct Decoder {
-    spec: DecoderSpec,
-    device: Device,
-    dtype: DType,
+    pub(super) spec: DecoderSpec,
+    pub(super) device: Device,
+    pub(super) dtype: DType,
     embedding: Embedding,
-    rope: Rope,
-    layers: Vec<Layer>,
+    pub(super) rope: Rope,
+    pub(super) layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
     parameters: usize,
@@ -347,6 +347,7 @@ pub struct Decoder {
 /// every step with the same ones, so a step allocates nothing).
 pub struct Workspace {
     tokens: usize,
+    sequences: usize,
     ids: Tensor,
     step: StepInputs,
     /// The residual stream alternates between two buffers (the CPU device forbids an op writing
@@ -357,16 +358,57 @@ pub struct Workspace {
     block_out: Tensor,
     /// `None` without attention layers.
     attention: Option<AttentionScratch>,
-    /// `None` without gated DeltaNet layers; with them, the one sequence's slot (`u32 [1]`, 0).
-    linear: Option<(GatedDeltaScratch, Tensor)>,
+    /// `None` without gated DeltaNet layers.
+    linear: Option<GatedDeltaScratch>,
     mlp: MlpScratch,
-    /// The last row's logits `[1, vocab]`.
+    /// With more rows than sequences: each sequence's last row gathered `[sequences, hidden]`.
+    last_normed: Option<Tensor>,
+    /// Each sequence's last row's logits `[sequences, vocab]`.
     logits: Tensor,
     plan: LinearPlan,
 }
 
+impl Workspace {
+    /// `(rows, sequences)`.
+    pub(super) fn shape(&self) -> (usize, usize) {
+        (self.tokens, self.sequences)
+    }
+
+    /// The token ids buffer `[rows]`.
+    pub(super) fn ids(&self) -> &Tensor {
+        &self.ids
+    }
+
+    pub(super) fn step(&self) -> &StepInputs {
+        &self.step
+    }
+
+    pub(super) fn plan(&self) -> &LinearPlan {
+        &self.plan
+    }
+
+    /// Write a batch's token ids and rows (host-to-device copies).
+    pub(super) fn write_inputs(&self, ids: &[u32], rows: &[BatchRow]) -> Result<(), LlmError> {
+        self.ids.copy_from_slice(ids)?;
+        self.step.write_batch(rows)
+    }
+
+    pub(super) fn attention(&self) -> Result<&AttentionScratch, LlmError> {
+        self.attention
+            .as_ref()
+            .ok_or_else(|| LlmError::InvalidArgument("an attention layer without its workspace".into()))
+    }
+
+    pub(super) fn linear(&self) -> Result<&GatedDeltaScratch, LlmError> {
+        self.linear
+            .as_ref()
+            .ok_or_else(|| LlmError::InvalidArgument("a gated DeltaNet layer without its workspace".into()))
+    }
+}
+
 impl Decoder {
-    fn workspace(&self, tokens: usize) -> Result<Workspace, LlmError> {
+    /// The buffers of a forward over `tokens` rows of `sequences` sequences.
+    pub(super) fn workspace(&self, tokens: usize, sequences: usize) -> Result<Workspace, LlmError> {
         let c = &self.spec.config;
         let (dev, dt) = (&self.device, self.dtype);
         let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(dev, dt, shape)?) };
@@ -381,7 +423,7 @@ impl Decoder {
             Mixer::GatedDeltaNet(g) => Some(g),
             Mixer::Attention(_) => None,
         }) {
-            Some(g) => Some((g.scratch(dev, dt, tokens)?, Tensor::zeros(dev, DType::U32, &[1])?)),
+            Some(g) => Some(g.scratch(dev, dt, tokens)?),
             None => None,
         };
         let shapes = self.spec.linear_shapes(tokens);
@@ -389,19 +431,21 @@ impl Decoder {
         Ok(Workspace {
             linear,
             tokens,
+            sequences,
             ids: Tensor::zeros(dev, DType::U32, &[tokens])?,
-            step: StepInputs::new(dev, tokens)?,
+            step: StepInputs::new(dev, tokens, sequences)?,
             residual: [empty(&[tokens, c.hidden_size])?, empty(&[tokens, c.hidden_size])?],
             normed: empty(&[tokens, c.hidden_size])?,
             block_out: empty(&[tokens, c.hidden_size])?,
             attention,
             mlp: MlpScratch::new(dev, dt, tokens, mlp.intermediate())?,
-            logits: empty(&[1, c.vocab_size])?,
+            last_normed: if tokens > sequences { Some(empty(&[sequences, c.hidden_size])?) } else { None },
+            logits: empty(&[sequences, c.vocab_size])?,
             plan: LinearPlan::new(dev, dt, tokens, &shapes, linears)?,
         })
     }
 
-    fn check_ids(&self, ids: &[u32]) -> Result<(), LlmError> {
+    pub(super) fn check_ids(&self, ids: &[u32]) -> Result<(), LlmError> {
         let vocab = self.spec.config.vocab_size;
         match ids.iter().find(|&&id| id as usize >= vocab) {
             Some(bad) => {
@@ -435,46 +479,58 @@ impl Decoder {
                 self.layers.len()
             )));
         }
+        let cu_seqlens = [0, t as u32];
+        self.run_layers(w, |l, s, x, out| match &self.layers[l].mixer {
+            Mixer::Attention(a) => {
+                let (Some(decode), Some(scratch)) = (decode, &w.attention) else {
+                    return Err(LlmError::InvalidArgument("an attention layer without its workspace".into()));
+                };
+                let kv = KvTarget::Contiguous { cache: layer_caches[l].kv()?, decode };
+                a.forward(s, &w.plan, &self.rope, &w.step, x, kv, scratch, out)
+            }
+            Mixer::GatedDeltaNet(g) => {
+                let Some(scratch) = &w.linear else {
+                    return Err(LlmError::InvalidArgument("a gated DeltaNet layer without its workspace".into()));
+                };
+                let batch = LinearBatch {
+                    cu_seqlens: w.step.cu_seqlens(),
+                    cu_seqlens_host: &cu_seqlens,
+                    slots: w.step.sequence_slots(),
+                    slots_host: &[0],
+                    fresh: &[start == 0],
+                };
+                g.forward(s, &w.plan, x, &batch, layer_caches[l].linear()?, scratch, out)
+            }
+        })?;
+        cache.advance(t);
+        let vocab = self.spec.config.vocab_size;
+        let (rows, logits) = if all_logits {
+            (w.normed.clone(), Tensor::empty(&self.device, self.dtype, &[t, vocab])?)
+        } else {
+            (w.normed.narrow(0, t - 1, 1)?, w.logits.clone())
+        };
+        let s = self.device.default_stream();
+        self.lm_head.forward(&s, &w.plan, &rows, &logits, &logits).map_err(|e| LlmError::op("lm_head", e))?;
+        Ok(logits)
+    }
+
+    /// Embedding, every layer and the final norm over `w`'s rows, on the default stream:
+    /// `mix(layer, stream, normed input, output)` runs layer `layer`'s token mixer over its
+    /// cache; the final norm's output is left in `w.normed`.
+    pub(super) fn run_layers(
+        &self,
+        w: &Workspace,
+        mut mix: impl FnMut(usize, &ruda_runtime::Stream, &Tensor, &Tensor) -> Result<(), LlmError>,
+    ) -> Result<(), LlmError> {
         let stream = self.device.default_stream();
         let s = &stream;
         let op = |what: &'static str| move |e| LlmError::op(what, e);
-
         let mut cur = 0;
         self.embedding.forward(s, &w.ids, &w.residual[cur]).map_err(op("embedding"))?;
         let first = self.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
         first.input_norm.forward(s, &w.residual[cur], &w.normed).map_err(op("input norm"))?;
-        for (l, (layer, layer_cache)) in self.layers.iter().zip(layer_caches.iter_mut()).enumerate() {
-            match &layer.mixer {
-                Mixer::Attention(a) => {
-                    let (Some(decode), Some(scratch)) = (decode, &w.attention) else {
-                        return Err(LlmError::InvalidArgument("an attention layer without its workspace".into()));
-                    };
-                    a.forward(
-                        s,
-                        &w.plan,
-                        &self.rope,
-                        &w.step,
-                        &w.normed,
-                        layer_cache.kv()?,
-                        decode,
-                        scratch,
-                        &w.block_out,
-                    )?
-                }
-                Mixer::GatedDeltaNet(g) => {
-                    let Some((scratch, slot)) = &w.linear else {
-                        return Err(LlmError::InvalidArgument("a gated DeltaNet layer without its workspace".into()));
-                    };
-                    let batch = LinearBatch {
-                        cu_seqlens: w.step.cu_seqlens(),
-                        cu_seqlens_host: &[0, t as u32],
-                        slots: slot,
-                        slots_host: &[0],
-                        fresh: &[start == 0],
-                    };
-                    g.forward(s, &w.plan, &w.normed, &batch, layer_cache.linear()?, scratch, &w.block_out)?
-                }
-            }
+        for (l, layer) in self.layers.iter().enumerate() {
+            mix(l, s, &w.normed, &w.block_out)?;
             layer
                 .post_norm
                 .forward_residual(s, &w.block_out, &w.residual[cur], &w.normed, &w.residual[1 - cur])
@@ -489,15 +545,23 @@ impl Decoder {
                 .map_err(op("residual + norm"))?;
             cur = 1 - cur;
         }
-        cache.advance(t);
-        let vocab = self.spec.config.vocab_size;
-        let (rows, logits) = if all_logits {
-            (w.normed.clone(), Tensor::empty(&self.device, self.dtype, &[t, vocab])?)
-        } else {
-            (w.normed.narrow(0, t - 1, 1)?, w.logits.clone())
+        Ok(())
+    }
+
+    /// The logits `[sequences, vocab]` of each sequence's last row after [`Decoder::run_layers`]
+    /// (gathered first when a sequence has several rows), in `w`'s buffer.
+    pub(super) fn last_row_logits(&self, w: &Workspace) -> Result<Tensor, LlmError> {
+        let s = self.device.default_stream();
+        let rows = match &w.last_normed {
+            Some(gathered) => {
+                api::embedding_into(&s, w.step.last_rows(), &w.normed, gathered)
+                    .map_err(|e| LlmError::op("gathering the last rows", e))?;
+                gathered
+            }
+            None => &w.normed,
         };
-        self.lm_head.forward(s, &w.plan, &rows, &logits, &logits).map_err(op("lm_head"))?;
-        Ok(logits)
+        self.lm_head.forward(&s, &w.plan, rows, &w.logits, &w.logits).map_err(|e| LlmError::op("lm_head", e))?;
+        Ok(w.logits.clone())
     }
 }
 
@@ -579,7 +643,7 @@ impl CausalLm for Decoder {
         for part in ids.chunks(chunk) {
             let w = match scratch.take() {
                 Some(w) if w.tokens == part.len() => w,
-                _ => self.workspace(part.len())?,
+                _ => self.workspace(part.len(), 1)?,
             };
             let logits = self.forward_chunk(cache, part, &w, all_logits)?;
             if gather {
@@ -597,8 +661,25 @@ impl CausalLm for Decoder {
         last.ok_or_else(|| LlmError::InvalidArgument("forward needs at least one token".into()))
     }
 
+    fn new_batch_cache_with(
+        &self,
+        kv: crate::batch::PagedKvCacheConfig,
+        max_active: usize,
+        mode: ruda_runtime::PagedAttentionMode,
+    ) -> Result<super::BatchCache, LlmError> {
+        self.batch_cache(kv, max_active, mode)
+    }
+
+    fn forward_batch(
+        &self,
+        batch: &crate::batch::ScheduledBatch,
+        cache: &mut super::BatchCache,
+    ) -> Result<Tensor, LlmError> {
+        Decoder::forward_batch(self, batch, cache)
+    }
+
     fn decode_workspace(&self) -> Result<Workspace, LlmError> {
-        self.workspace(1)
+        self.workspace(1, 1)
     }
 
     fn decode_step(&self, cache: &mut Cache, id: u32, workspace: &Workspace) -> Result<Tensor, LlmError> {
@@ -642,7 +723,7 @@ fn decode_room(cache: &Cache, workspace: &Workspace) -> Result<(), LlmError> {
             cache.capacity()
         )));
     }
-    if workspace.tokens != 1 {
+    if workspace.tokens != 1 || workspace.sequences != 1 {
         return Err(LlmError::InvalidArgument("a decode step needs the decode workspace (one row)".into()));
     }
     Ok(())

@@ -7,15 +7,18 @@
 //! layers into a [`DecoderSpec`], and one line in [`architecture`] (with its `model_type` in
 //! `config.rs`).
 
+mod batched;
 mod decoder;
 mod qwen2;
 mod qwen3;
 mod qwen35;
 
+pub use batched::{BatchCache, Qwen35BatchCache};
 pub use decoder::{DecoderSpec, LayerSpec, Workspace};
 
-use ruda_runtime::{DType, Device, Tensor};
+use ruda_runtime::{DType, Device, PagedAttentionMode, Tensor};
 
+use crate::batch::{PagedKvCacheConfig, ScheduledBatch};
 use crate::cache::Cache;
 use crate::config::{ModelConfig, ModelType};
 use crate::error::LlmError;
@@ -137,6 +140,32 @@ pub trait CausalLm: Send + Sync {
         workspace: &Workspace,
         kernels: DecodeKernels<'_>,
     ) -> Result<Tensor, LlmError>;
+
+    /// An empty cache for batched generation ([`CausalLm::forward_batch`]) over a paged KV pool
+    /// of `kv.num_pages` pages of `kv.block_size` positions and up to `max_active` sequences
+    /// at once, attention reading the pages as `RUDA_PAGED_ATTENTION` says now (`legacy`
+    /// when unset, `fused`; anything else is an error). Changing the variable later does not
+    /// switch this cache.
+    fn new_batch_cache(&self, kv: PagedKvCacheConfig, max_active: usize) -> Result<BatchCache, LlmError> {
+        self.new_batch_cache_with(kv, max_active, ruda_runtime::paged_attention_mode()?)
+    }
+
+    /// [`CausalLm::new_batch_cache`] with the attention path given rather than read from the
+    /// environment.
+    fn new_batch_cache_with(
+        &self,
+        kv: PagedKvCacheConfig,
+        max_active: usize,
+        mode: PagedAttentionMode,
+    ) -> Result<BatchCache, LlmError>;
+
+    /// Run a scheduler's batch through the model: each row's tokens at its positions, keys and
+    /// values appended at its block table's pages, linear-attention states continued in its
+    /// slot (reset when it starts at position 0). Returns the logits `[rows, vocab]` of each
+    /// row's last token in the compute dtype, in a buffer of `cache` valid until its next
+    /// batch. A bad batch is an error that changes nothing; a failure while running leaves the
+    /// cache unusable (every later call says so: make a new one).
+    fn forward_batch(&self, batch: &ScheduledBatch, cache: &mut BatchCache) -> Result<Tensor, LlmError>;
 }
 
 /// How [`CausalLm::run_decode_step`] runs the step's kernels.

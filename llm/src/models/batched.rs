@@ -1,0 +1,333 @@
+//! Batched execution: a [`ScheduledBatch`] of the continuous-batching scheduler through the
+//! decoder. Its rows are packed (prefill chunks of several sequences, or one token per sequence
+//! in decode); every full-attention layer appends them to its physical KV arena
+//! `[num_pages, block_size, Hkv, D]` at the pages of each row's block table and attends over
+//! those pages, and every gated DeltaNet layer continues each sequence's conv and recurrent
+//! states in that sequence's slot of a state pool. The result is each row's last-position
+//! logits.
+//!
+//! How attention reads the arena is the cache's [`PagedAttentionMode`], fixed when
+//! [`CausalLm::new_batch_cache`](super::CausalLm::new_batch_cache) makes it from
+//! `RUDA_PAGED_ATTENTION`: `legacy` gathers each sequence's pages into contiguous buffers
+//! `[max_active, Hkv, max_sequence_length, D]` and runs the contiguous kernels; `fused` runs the
+//! paged kernels over the pages in place.
+
+use std::collections::HashMap;
+
+use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, PlanCapacity};
+use ruda_ops::api::{self, DecodeWorkspace};
+use ruda_runtime::{PagedAttentionMode, Tensor};
+
+use super::decoder::{Decoder, Mixer, Workspace};
+use crate::batch::{BatchKind, PagedKvCacheConfig, ScheduledBatch};
+use crate::cache::LinearStatePool;
+use crate::error::LlmError;
+use crate::layers::{AttentionShape, BatchRow, KvTarget, LinearBatch, PagedKv, PagedRead};
+
+/// Workspaces kept per batch shape (rows, sequences), least recently used dropped first.
+const WORKSPACES: usize = 8;
+
+/// The device state of batched generation: per layer a paged KV arena or a linear-attention
+/// state pool of `max_active` slots, and the buffers the batches run in. Rows name their
+/// sequence's slot (`ScheduledSequence::slot`) and pages (`block_table`), as the scheduler
+/// assigns them; the cache trusts that a row continuing a sequence (`start_position > 0`) has
+/// that sequence's earlier positions in its pages and its states in its slot.
+pub struct BatchCache {
+    kv: PagedKvCacheConfig,
+    max_active: usize,
+    mode: PagedAttentionMode,
+    layers: Vec<BatchLayer>,
+    /// The attention layers' shape (one for all of them), `None` without attention layers.
+    shape: Option<AttentionShape>,
+    /// Legacy path: the gather buffers `[max_active, Hkv, max_sequence_length, D]` every
+    /// attention layer fills in turn.
+    gathered: Option<(Tensor, Tensor)>,
+    /// The paged plan of the last batch, in buffers of its capacity (updated in place while a
+    /// batch fits them).
+    plan: Option<(DevicePlan, PlanCapacity)>,
+    /// Legacy path: split-KV decode's workspace per batch size.
+    decode: HashMap<usize, DecodeWorkspace>,
+    /// The most recently used last.
+    workspaces: Vec<Workspace>,
+    /// Why the cache can no longer be used (a failed step left its states half-written).
+    broken: Option<String>,
+}
+
+/// Qwen3.5's batch cache (its linear-attention layers keep one conv and recurrent state per
+/// active sequence): the same type as every architecture's.
+pub type Qwen35BatchCache = BatchCache;
+
+enum BatchLayer {
+    Paged { k: Tensor, v: Tensor },
+    Linear(LinearStatePool),
+}
+
+impl BatchCache {
+    pub fn kv_config(&self) -> PagedKvCacheConfig {
+        self.kv
+    }
+
+    pub fn max_active(&self) -> usize {
+        self.max_active
+    }
+
+    /// The attention path chosen when the cache was made.
+    pub fn mode(&self) -> PagedAttentionMode {
+        self.mode
+    }
+
+    /// Bytes of the KV arenas, the state pools and (legacy) the gather buffers.
+    pub fn device_bytes(&self) -> u64 {
+        let bytes = |t: &Tensor| (t.numel() * t.dtype().size()) as u64;
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                BatchLayer::Paged { k, v } => bytes(k) + bytes(v),
+                BatchLayer::Linear(p) => p.conv.iter().map(bytes).sum::<u64>() + bytes(&p.recurrent),
+            })
+            .sum();
+        layers + self.gathered.as_ref().map_or(0, |(k, v)| bytes(k) + bytes(v))
+    }
+
+    /// Whether a failed step broke the cache, and why.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// The index of a workspace for `tokens` rows of `sequences` sequences, made on first use.
+    fn workspace(&mut self, model: &Decoder, tokens: usize, sequences: usize) -> Result<&Workspace, LlmError> {
+        let found = self.workspaces.iter().position(|w| w.shape() == (tokens, sequences));
+        let w = match found {
+            Some(i) => self.workspaces.remove(i),
+            None => model.workspace(tokens, sequences)?,
+        };
+        if self.workspaces.len() >= WORKSPACES {
+            self.workspaces.remove(0);
+        }
+        self.workspaces.push(w);
+        self.workspaces.last().ok_or_else(|| LlmError::InvalidArgument("no workspace".into()))
+    }
+}
+
+impl Decoder {
+    pub(super) fn batch_cache(
+        &self,
+        kv: PagedKvCacheConfig,
+        max_active: usize,
+        mode: PagedAttentionMode,
+    ) -> Result<BatchCache, LlmError> {
+        let bad = |m: String| Err(LlmError::InvalidArgument(format!("batch cache: {m}")));
+        let max_positions = self.spec.config.max_position_embeddings;
+        if kv.block_size == 0 || kv.num_pages == 0 || kv.max_sequence_length == 0 || max_active == 0 {
+            return bad(format!("block_size, num_pages, max_sequence_length and max_active must be positive ({kv:?}, max_active {max_active})"));
+        }
+        if kv.max_sequence_length > max_positions {
+            return bad(format!(
+                "max_sequence_length {} exceeds the model's {max_positions} positions",
+                kv.max_sequence_length
+            ));
+        }
+        if kv.num_pages.checked_mul(kv.block_size).is_none_or(|rows| u32::try_from(rows).is_err()) {
+            return bad(format!("{} pages of {} positions exceed u32 rows", kv.num_pages, kv.block_size));
+        }
+        let (dev, dt) = (&self.device, self.dtype);
+        let mut layers = Vec::with_capacity(self.layers.len());
+        let mut shape = None;
+        for layer in &self.layers {
+            layers.push(match &layer.mixer {
+                Mixer::Attention(a) => {
+                    let AttentionShape { kv_heads, head_dim, .. } = a.shape();
+                    shape.get_or_insert(a.shape());
+                    let arena = [kv.num_pages, kv.block_size, kv_heads, head_dim];
+                    BatchLayer::Paged { k: Tensor::zeros(dev, dt, &arena)?, v: Tensor::zeros(dev, dt, &arena)? }
+                }
+                Mixer::GatedDeltaNet(g) => BatchLayer::Linear(g.new_state_pool(dev, dt, max_active)?),
+            });
+        }
+        let gathered = match (mode, shape) {
+            (PagedAttentionMode::Legacy, Some(AttentionShape { kv_heads, head_dim, .. })) => {
+                let s = [max_active, kv_heads, kv.max_sequence_length, head_dim];
+                Some((Tensor::zeros(dev, dt, &s)?, Tensor::zeros(dev, dt, &s)?))
+            }
+            _ => None,
+        };
+        Ok(BatchCache {
+            kv,
+            max_active,
+            mode,
+            layers,
+            shape,
+            gathered,
+            plan: None,
+            decode: HashMap::new(),
+            workspaces: Vec::new(),
+            broken: None,
+        })
+    }
+
+    /// Checks `batch` against the model and `cache`; returns its rows, its token ids and its
+    /// paged plan.
+    fn batch_inputs(
+        &self,
+        batch: &ScheduledBatch,
+        cache: &BatchCache,
+    ) -> Result<(Vec<BatchRow>, Vec<u32>, HostPlan), LlmError> {
+        let bad = |m: String| Err(LlmError::InvalidArgument(format!("batch {}: {m}", batch.id)));
+        if batch.sequences.is_empty() {
+            return bad("no rows".into());
+        }
+        if !batch.copies.is_empty() {
+            return bad(format!(
+                "{} page copies (copy-on-write needs the prefix cache, which this executor does not run yet)",
+                batch.copies.len()
+            ));
+        }
+        let snapshots = batch.sequences.iter().any(|r| r.restore_snapshot.is_some() || r.save_snapshot.is_some());
+        if snapshots || !batch.released_snapshots.is_empty() {
+            return bad("linear-attention snapshots need the prefix cache, which this executor does not run yet".into());
+        }
+        let kv = cache.kv;
+        let (mut rows, mut ids) = (Vec::with_capacity(batch.sequences.len()), Vec::new());
+        let (mut sequence_ids, mut positions) = (Vec::new(), Vec::new());
+        for (i, r) in batch.sequences.iter().enumerate() {
+            let n = r.tokens.len();
+            if n == 0 || (batch.kind == BatchKind::Decode && n != 1) {
+                return bad(format!("row {i} ({}) has {n} tokens", r.request_id));
+            }
+            if r.context_length != r.start_position + n || r.context_length > kv.max_sequence_length {
+                return bad(format!(
+                    "row {i} ({}): {n} tokens from position {} to a context of {} (at most {})",
+                    r.request_id, r.start_position, r.context_length, kv.max_sequence_length
+                ));
+            }
+            if r.slot >= cache.max_active || rows.iter().any(|b: &BatchRow| b.slot == r.slot) {
+                return bad(format!(
+                    "row {i} ({}): slot {} is past the {} slots or given twice",
+                    r.request_id, r.slot, cache.max_active
+                ));
+            }
+            ids.extend_from_slice(&r.tokens);
+            sequence_ids.extend(std::iter::repeat_n(i as u32, n));
+            positions.extend((r.start_position..r.context_length).map(|p| p as u32));
+            rows.push(BatchRow { start: r.start_position, count: n, slot: r.slot });
+        }
+        if let Err(e) = self.check_ids(&ids) {
+            return bad(e.to_string());
+        }
+        let tables: Vec<Vec<u32>> = batch.sequences.iter().map(|r| r.block_table.clone()).collect();
+        let plan =
+            HostPlan::new(kv.block_size, kv.num_pages, &tables, &batch.context_lengths(), &sequence_ids, &positions)
+                .map_err(|e| LlmError::op(format!("batch {}'s page tables", batch.id), e))?;
+        Ok((rows, ids, plan))
+    }
+
+    /// See [`CausalLm::forward_batch`](super::CausalLm::forward_batch).
+    pub(super) fn forward_batch(&self, batch: &ScheduledBatch, cache: &mut BatchCache) -> Result<Tensor, LlmError> {
+        if let Some(why) = &cache.broken {
+            return Err(LlmError::InvalidArgument(format!(
+                "the batch cache is unusable after a failed step ({why}); make a new one with new_batch_cache"
+            )));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(LlmError::InvalidArgument(format!(
+                "the batch cache has {} layers, the model {}: it was made by another model",
+                cache.layers.len(),
+                self.layers.len()
+            )));
+        }
+        let (rows, ids, host) = self.batch_inputs(batch, cache)?;
+        let (t, b) = (ids.len(), rows.len());
+        let max_q = rows.iter().map(|r| r.count).max().unwrap_or(1);
+        let decode = batch.kind == BatchKind::Decode;
+        // Buffers first (allocations, no state changed yet).
+        if cache.mode == PagedAttentionMode::Legacy && decode {
+            if let (Some(shape), false) = (cache.shape, cache.decode.contains_key(&b)) {
+                let AttentionShape { q_heads, kv_heads, head_dim } = shape;
+                let q = Tensor::zeros(&self.device, self.dtype, &[b, q_heads, head_dim])?;
+                let splits = api::decode_splits(b, q_heads, kv_heads, head_dim, cache.kv.max_sequence_length);
+                let ws = DecodeWorkspace::new(&q, splits).map_err(|e| LlmError::op("decode workspace", e))?;
+                cache.decode.insert(b, ws);
+            }
+        }
+        let pages_per_sequence = cache.kv.max_sequence_length.div_ceil(cache.kv.block_size);
+        let probe = cache.workspace(self, t, b)?.ids().clone();
+        match &mut cache.plan {
+            Some((plan, cap)) if cap.queries >= t && cap.sequences >= b => {
+                plan.update(&host).map_err(|e| LlmError::op("updating the paged plan", e))?
+            }
+            slot => {
+                let cap = PlanCapacity {
+                    queries: t.next_power_of_two().max(16),
+                    sequences: cache.max_active,
+                    pages_per_sequence,
+                };
+                let plan = DevicePlan::upload_with_capacity(&host, &probe, cap)
+                    .map_err(|e| LlmError::op("uploading the paged plan", e))?;
+                *slot = Some((plan, cap));
+            }
+        }
+        // From here the step writes the caches: a failure leaves them half-written.
+        let result = self.run_batch(batch, cache, &rows, &ids, max_q);
+        if let Err(e) = &result {
+            cache.broken = Some(e.to_string());
+        }
+        result
+    }
+
+    fn run_batch(
+        &self,
+        batch: &ScheduledBatch,
+        cache: &mut BatchCache,
+        rows: &[BatchRow],
+        ids: &[u32],
+        max_q: usize,
+    ) -> Result<Tensor, LlmError> {
+        let (t, b) = (ids.len(), rows.len());
+        let cache = &*cache;
+        let w = cache
+            .workspaces
+            .iter()
+            .rev()
+            .find(|w| w.shape() == (t, b))
+            .ok_or_else(|| LlmError::InvalidArgument("no workspace for the batch".into()))?;
+        let (plan, _) = cache.plan.as_ref().ok_or_else(|| LlmError::InvalidArgument("no paged plan".into()))?;
+        w.write_inputs(ids, rows)?;
+        let cu_seqlens: Vec<u32> = std::iter::once(0)
+            .chain(rows.iter().scan(0u32, |acc, r| {
+                *acc += r.count as u32;
+                Some(*acc)
+            }))
+            .collect();
+        let slots: Vec<u32> = rows.iter().map(|r| r.slot as u32).collect();
+        let fresh: Vec<bool> = batch.sequences.iter().map(|r| r.start_position == 0).collect();
+        let decode = cache.decode.get(&b).filter(|_| batch.kind == BatchKind::Decode);
+        self.run_layers(w, |l, s, x, out| match (&self.layers[l].mixer, &cache.layers[l]) {
+            (Mixer::Attention(a), BatchLayer::Paged { k, v }) => {
+                let scratch = w.attention()?;
+                let read = match &cache.gathered {
+                    Some((gk, gv)) => PagedRead::Gather { k: gk, v: gv, decode, max_q },
+                    None => {
+                        return Err(LlmError::InvalidArgument("the fused paged attention path is not built yet".into()))
+                    }
+                };
+                let kv = KvTarget::Paged(PagedKv { plan, k_cache: k, v_cache: v, read });
+                a.forward(s, w.plan(), &self.rope, w.step(), x, kv, scratch, out)
+            }
+            (Mixer::GatedDeltaNet(g), BatchLayer::Linear(pool)) => {
+                let linear = LinearBatch {
+                    cu_seqlens: w.step().cu_seqlens(),
+                    cu_seqlens_host: &cu_seqlens,
+                    slots: w.step().sequence_slots(),
+                    slots_host: &slots,
+                    fresh: &fresh,
+                };
+                g.forward(s, w.plan(), x, &linear, pool, w.linear()?, out)
+            }
+            _ => Err(LlmError::InvalidArgument(format!(
+                "layer {l}: the batch cache holds another kind of state: it was made by another model"
+            ))),
+        })?;
+        self.last_row_logits(w)
+    }
+}

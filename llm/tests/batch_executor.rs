@@ -1,0 +1,203 @@
+//! The batched executor against one-at-a-time generation: mixed-length prompts with repeats and a
+//! shared prefix, few active slots, few pages (so prompts are chunked and sequences preempted
+//! and recomputed), for Qwen2, Qwen3 and the hybrid Qwen3.5, through both paged attention paths.
+//! Every sampled row's f32 logits agree with the single-sequence pipeline's at that step within
+//! 1e-4, and its greedy pick agrees wherever the single-sequence top-2 margin exceeds 1e-3 (the
+//! tokens fed back are the single-sequence ones, so every step stays comparable).
+
+use std::collections::HashMap;
+
+use ruda_llm::{
+    architecture, example, load_config, BatchKind, CausalLm, ContinuousBatchConfig, ContinuousBatchScheduler,
+    GenerateParams, ModelType, PagedKvCacheConfig, RequestId, Weights,
+};
+use ruda_runtime::{DType, Device, PagedAttentionMode};
+
+fn load(model_type: ModelType, device: &Device) -> Box<dyn CausalLm> {
+    let dir = example::bundled_model(model_type);
+    let config = load_config(&dir).unwrap();
+    let weights = Weights::load(&dir, &config).unwrap();
+    architecture(config.model_type).load(&config, &weights, device, DType::F32).unwrap()
+}
+
+/// Prompts of 5, 1, 13 and 9 tokens, a repeat of the first, and one sharing the third's first 8.
+fn prompts() -> Vec<Vec<u32>> {
+    let long: Vec<u32> = (0..13).map(|i| (i * 37 + 11) % 397).collect();
+    let mut shared = long[..8].to_vec();
+    shared.extend([3, 99, 301]);
+    vec![
+        vec![5, 17, 42, 9, 100],
+        vec![77],
+        long,
+        (0..9).map(|i| 390 - i * 13).collect(),
+        vec![5, 17, 42, 9, 100],
+        shared,
+    ]
+}
+
+/// One sequence at a time: the logits after the prompt and after each of `steps - 1` greedy
+/// tokens, and those tokens.
+fn one_at_a_time(model: &dyn CausalLm, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut cache = model.new_cache_with_capacity(64).unwrap();
+    let ws = model.decode_workspace().unwrap();
+    let mut logits = vec![model.forward_cached_last(prompt, &mut cache).unwrap().to_f32_vec().unwrap()];
+    let mut ids = Vec::new();
+    for step in 0..steps {
+        let id = argmax(&logits[step]);
+        ids.push(id);
+        if step + 1 < steps {
+            let next = model.decode_step(&mut cache, id, &ws).unwrap();
+            logits.push(next.to_f32_vec().unwrap());
+        }
+    }
+    (logits, ids)
+}
+
+fn argmax(xs: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in xs.iter().enumerate() {
+        if x > xs[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn top2_margin(xs: &[f32]) -> f32 {
+    let best = argmax(xs) as usize;
+    let second = xs.iter().enumerate().filter(|&(i, _)| i != best).map(|(_, &x)| x).fold(f32::MIN, f32::max);
+    xs[best] - second
+}
+
+/// Runs `prompts` through the scheduler and the batched executor, feeding back the reference
+/// tokens, checking every sampled row against the references. Returns (preemptions, prefill
+/// batches with several sequences, decode batches with several sequences).
+fn batched_agrees(
+    model: &dyn CausalLm,
+    mode: PagedAttentionMode,
+    prompts: &[Vec<u32>],
+    references: &[(Vec<Vec<f32>>, Vec<u32>)],
+    steps: usize,
+    kv: PagedKvCacheConfig,
+    config: ContinuousBatchConfig,
+) -> (u64, usize, usize) {
+    let mut scheduler = ContinuousBatchScheduler::new(config, kv).unwrap();
+    let params = GenerateParams { max_new_tokens: steps, eos_token_ids: vec![], ..Default::default() };
+    let mut index: HashMap<RequestId, usize> = HashMap::new();
+    for (i, p) in prompts.iter().enumerate() {
+        index.insert(scheduler.submit(p.clone(), params.clone()).unwrap(), i);
+    }
+    let mut cache = model.new_batch_cache_with(kv, config.max_active_sequences, mode).unwrap();
+    let vocab = model.config().vocab_size;
+    let (mut multi_prefill, mut multi_decode) = (0, 0);
+    let mut done = vec![false; prompts.len()];
+    while scheduler.has_work() {
+        let batch = scheduler.schedule().unwrap().expect("work left, so a batch");
+        let rows = batch.sequences.len();
+        match batch.kind {
+            BatchKind::Prefill if rows > 1 => multi_prefill += 1,
+            BatchKind::Decode if rows > 1 => multi_decode += 1,
+            _ => {}
+        }
+        let logits = model.forward_batch(&batch, &mut cache).unwrap();
+        assert_eq!(logits.shape(), [rows, vocab]);
+        let logits = logits.to_f32_vec().unwrap();
+        let mut tokens = Vec::new();
+        for (r, row) in batch.sequences.iter().enumerate() {
+            let i = index[&row.request_id];
+            let (ref_logits, ref_ids) = &references[i];
+            if !row.samples {
+                tokens.push(0);
+                continue;
+            }
+            // The step this row samples: tokens generated so far.
+            let step = row.context_length - prompts[i].len();
+            let got = &logits[r * vocab..(r + 1) * vocab];
+            let want = &ref_logits[step];
+            let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(worst <= 1e-4, "{mode:?} prompt {i} step {step}: logits differ by {worst}");
+            if top2_margin(want) > 1e-3 {
+                assert_eq!(argmax(got), ref_ids[step], "{mode:?} prompt {i} step {step}");
+            }
+            tokens.push(ref_ids[step]);
+        }
+        scheduler.complete_batch(batch.id, &tokens).unwrap();
+        for f in scheduler.pop_finished() {
+            let i = index[&f.request_id];
+            assert_eq!(f.generated_token_ids, references[i].1, "prompt {i}");
+            done[i] = true;
+        }
+    }
+    assert!(done.iter().all(|&d| d), "{done:?}");
+    (scheduler.stats().preemptions, multi_prefill, multi_decode)
+}
+
+#[test]
+fn batched_generation_agrees_with_one_at_a_time() {
+    let device = Device::cpu();
+    let steps = 6;
+    let prompts = prompts();
+    for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
+        let model = load(model_type, &device);
+        let references: Vec<_> = prompts.iter().map(|p| one_at_a_time(model.as_ref(), p, steps)).collect();
+        // Three slots, 7 tokens a batch (the 13-token prompt takes two chunks), pages of 4: the
+        // longest requests need 5 pages, and 5 pages cannot hold two of them.
+        let kv = PagedKvCacheConfig { block_size: 4, num_pages: 5, max_sequence_length: 20 };
+        let config = ContinuousBatchConfig { max_active_sequences: 3, max_batch_tokens: 7 };
+        for mode in [PagedAttentionMode::Legacy] {
+            let (preemptions, prefill, decode) =
+                batched_agrees(model.as_ref(), mode, &prompts, &references, steps, kv, config);
+            assert!(prefill > 0 && decode > 0, "{model_type:?} {mode:?}: batches of several rows of both kinds");
+            assert!(preemptions > 0, "{model_type:?} {mode:?}: the small pool preempts");
+        }
+    }
+}
+
+#[test]
+fn a_bad_batch_is_an_error_that_changes_nothing() {
+    let device = Device::cpu();
+    let model = load(ModelType::Qwen2, &device);
+    let kv = PagedKvCacheConfig { block_size: 4, num_pages: 4, max_sequence_length: 12 };
+    let config = ContinuousBatchConfig { max_active_sequences: 2, max_batch_tokens: 16 };
+    let mut scheduler = ContinuousBatchScheduler::new(config, kv).unwrap();
+    let params = GenerateParams { max_new_tokens: 2, eos_token_ids: vec![], ..Default::default() };
+    scheduler.submit(vec![1, 2, 3], params).unwrap();
+    let mut cache = model.new_batch_cache_with(kv, 2, PagedAttentionMode::Legacy).unwrap();
+    let batch = scheduler.schedule().unwrap().unwrap();
+    let vocab = model.config().vocab_size as u32;
+    let bad_inputs = [
+        ("a token outside the vocabulary", {
+            let mut b = batch.clone();
+            b.sequences[0].tokens[1] = vocab;
+            b
+        }),
+        ("a page past the pool", {
+            let mut b = batch.clone();
+            b.sequences[0].block_table[0] = 4;
+            b
+        }),
+        ("a slot past the active limit", {
+            let mut b = batch.clone();
+            b.sequences[0].slot = 2;
+            b
+        }),
+        ("a context past max_sequence_length", {
+            let mut b = batch.clone();
+            b.sequences[0].tokens = vec![1; 13];
+            b.sequences[0].context_length = 13;
+            b
+        }),
+    ];
+    for (what, bad) in bad_inputs {
+        let err = model.forward_batch(&bad, &mut cache).expect_err(what).to_string();
+        assert!(err.contains("batch 0"), "{what}: {err}");
+        assert!(cache.broken().is_none(), "{what}: a rejected batch must not break the cache");
+    }
+    let good = model.forward_batch(&batch, &mut cache).unwrap().to_f32_vec().unwrap();
+    let mut fresh = model.new_batch_cache_with(kv, 2, PagedAttentionMode::Legacy).unwrap();
+    assert_eq!(good, model.forward_batch(&batch, &mut fresh).unwrap().to_f32_vec().unwrap());
+    // A model of another shape: its layers do not match the cache.
+    let other = load(ModelType::Qwen35, &device);
+    let err = other.forward_batch(&batch, &mut cache).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
+}

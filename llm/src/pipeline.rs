@@ -444,7 +444,7 @@ impl Pipeline {
 }
 
 /// Chooses each next token on the device: repetition penalty, then argmax or sampling.
-struct TokenPicker {
+pub(crate) struct TokenPicker {
     sampling: Option<SamplingParams>,
     penalty: f32,
     /// With a penalty, the logits in f32 (transformers penalises its f32 copy of bf16 logits).
@@ -455,7 +455,12 @@ struct TokenPicker {
 }
 
 impl TokenPicker {
-    fn new(device: &Device, params: &GenerateParams) -> Result<TokenPicker, LlmError> {
+    /// Greedy without a repetition penalty: a plain argmax of the logits.
+    pub(crate) fn is_plain_greedy(&self) -> bool {
+        self.sampling.is_none() && self.penalty == 1.0
+    }
+
+    pub(crate) fn new(device: &Device, params: &GenerateParams) -> Result<TokenPicker, LlmError> {
         let sampling = params.sampling.map(|s| SamplingParams {
             temperature: s.temperature,
             top_k: s.top_k as u32,
@@ -474,7 +479,7 @@ impl TokenPicker {
 
     /// The token after `logits` (`[1, vocab]`), with `history` (prompt and reply so far)
     /// penalised; `step` numbers the draws of one generation.
-    fn pick(&mut self, logits: &Tensor, history: &[u32], step: usize) -> Result<u32, LlmError> {
+    pub(crate) fn pick(&mut self, logits: &Tensor, history: &[u32], step: usize) -> Result<u32, LlmError> {
         let device = logits.device().clone();
         let stream = device.default_stream();
         let logits = if self.penalty != 1.0 {

@@ -1,6 +1,7 @@
 //! The `ruda-llm` command, run as a built binary: `generate` prints exactly the examples' JSON
 //! lines for every architecture, `tune` keeps its flags, and errors exit with their statuses
-//! (`profile`'s own tests are in `profile.rs`).
+//! (`profile`'s own tests are in `profile.rs`), and `batch` prints one line per request then a
+//! summary, each greedy request's ids those of `generate` with the same prompt.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -140,6 +141,8 @@ fn help_for_every_subcommand() {
         (os(&["help", "tune"]), "--context"),
         (os(&["--help"]), "profile"),
         (os(&["profile", "--help"]), "--gpu <NAME>"),
+        (os(&["--help"]), "batch"),
+        (os(&["batch", "--help"]), "--max-batch-tokens <N>"),
     ] {
         let out = ruda_llm(&args);
         assert_eq!(out.status.code(), Some(0), "{args:?}");
@@ -197,4 +200,94 @@ fn tune_takes_a_qwen35_folder() {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
         }
     }
+}
+
+/// `ruda-llm batch` over `lines` (written to a file of the test's own) with `flags`.
+fn batch(model_type: ModelType, name: &str, lines: &str, flags: &[&str]) -> Output {
+    let file = std::env::temp_dir().join(format!("ruda-cli-batch-{}-{name}.jsonl", std::process::id()));
+    std::fs::write(&file, lines).unwrap();
+    let dir = bundled(model_type);
+    let args =
+        [os(&["batch"]), vec![dir.into_os_string(), "--prompts".into(), file.clone().into_os_string()], os(flags)];
+    let out = ruda_llm(&args.concat());
+    let _ = std::fs::remove_file(&file);
+    out
+}
+
+#[test]
+fn batch_prints_a_line_per_request_then_a_summary() {
+    let prompts = ["Hello there", "The cat sat on", "A", "Hello there"];
+    // A blank line is counted: the third prompt is line 3, index 3.
+    let lines = format!(
+        "{{\"prompt\": \"{}\"}}\n{{\"prompt\": \"{}\", \"max_new_tokens\": 3}}\n\n{{\"prompt\": \"{}\"}}\n{{\"prompt\": \"{}\"}}\n",
+        prompts[0], prompts[1], prompts[2], prompts[3]
+    );
+    for model_type in [ModelType::Qwen2, ModelType::Qwen35] {
+        let out =
+            batch(model_type, "lines", &lines, &["--max-new-tokens", "5", "--max-active", "2", "--block-size", "4"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stderr(&out).contains("4/4 done"), "progress on stderr: {}", stderr(&out));
+        let text = stdout(&out);
+        let got: Vec<&str> = text.lines().collect();
+        assert_eq!(got.len(), 5, "{got:?}");
+        let mut seen = Vec::new();
+        for line in &got[..4] {
+            let want = ["event", "index", "prompt_tokens", "generated_token_ids", "generated_text", "stop_reason"];
+            assert_eq!(keys(line)[..6], want, "{line}");
+            let v: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["event"], "request");
+            let index = v["index"].as_u64().unwrap() as usize;
+            seen.push(index);
+            let prompt = prompts[if index > 2 { index - 1 } else { index }];
+            let max_new = if index == 1 { "3" } else { "5" };
+            // One request at a time through `generate`: the same greedy ids.
+            let single = ruda_llm(
+                &[os(&["generate"]), vec![bundled(model_type).into_os_string()], os(&[prompt, max_new])].concat(),
+            );
+            let single: Value = serde_json::from_str(stdout(&single).lines().last().unwrap()).unwrap();
+            assert_eq!(v["generated_token_ids"], single["generated_token_ids"], "{model_type:?} line {index}");
+            assert_eq!(v["generated_text"], single["generated_text"]);
+            assert_eq!(v["stop_reason"], single["stop_reason"]);
+        }
+        seen.sort();
+        assert_eq!(seen, [0, 1, 3, 4]);
+        let summary: Value = serde_json::from_str(got[4]).unwrap();
+        assert_eq!(keys(got[4])[..5], ["event", "requests", "generated_tokens", "seconds", "tokens_per_second"]);
+        assert_eq!((summary["event"].as_str(), summary["requests"].as_u64()), (Some("summary"), Some(4)));
+        let total: u64 = got[..4]
+            .iter()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["generated_token_ids"].as_array().unwrap().len() as u64)
+            .sum();
+        assert_eq!(summary["generated_tokens"].as_u64(), Some(total));
+    }
+}
+
+#[test]
+fn batch_stop_sequences_and_errors() {
+    // The greedy reply of "Hello there" on the tiny Qwen2 is "�f<u s==": stopping at "<u" keeps "�f".
+    let out = batch(
+        ModelType::Qwen2,
+        "stop",
+        "{\"prompt\": \"Hello there\", \"stop\": [\"<u\"]}\n",
+        &["--max-new-tokens", "6"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(v["stop_reason"], "stop_sequence");
+    assert_eq!(v["generated_text"], "\u{fffd}f");
+    for (name, lines, flags, want) in [
+        ("badline", "{\"prompt\": \"a\"}\nnot json\n", &[][..], "line 2"),
+        ("unknown", "{\"prompt\": \"a\", \"temprature\": 1}\n", &[][..], "line 1"),
+        ("prefix", "{\"prompt\": \"a\"}\n", &["--prefix-cache"][..], "prefix cache"),
+        ("zero", "{\"prompt\": \"a\"}\n", &["--max-active", "0"][..], "--max-active"),
+        ("empty", "\n", &[][..], "no prompts"),
+    ] {
+        let out = batch(ModelType::Qwen2, name, lines, flags);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{name}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+    let missing = ruda_llm(&os(&["batch", "llm/models/tiny-qwen2", "--prompts", "/nonexistent/prompts.jsonl"]));
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("/nonexistent/prompts.jsonl"), "{}", stderr(&missing));
 }

@@ -385,6 +385,11 @@ impl ContinuousBatchScheduler {
         std::mem::take(&mut self.finished)
     }
 
+    /// Whether request `id` is still waiting or running (not finished nor cancelled).
+    pub fn is_active(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
     /// Whether any request is waiting, running or in an outstanding batch.
     pub fn has_work(&self) -> bool {
         !self.requests.is_empty()

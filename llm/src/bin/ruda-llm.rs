@@ -10,6 +10,11 @@
 //!   decode step on paper (`ruda_llm::profile`): each launch's bytes, flops and roofline bound on
 //!   the GPU, their sum against the ideal; runs nothing and reads only `config.json`; exit
 //!   status 2 on any error.
+//! - `ruda-llm batch MODEL_DIR --prompts FILE [--max-new-tokens N] [--max-active N]
+//!   [--max-batch-tokens N] [--block-size N] [--num-pages N] [--prefix-cache] [--ignore-eos]`:
+//!   continuous batching over the requests of a JSONL file (`ruda_llm::Pipeline::generate_batch`),
+//!   one JSON line per finished request, in finish order, then a summary line; progress on
+//!   standard error; exit status 1 on any error.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -43,6 +48,42 @@ enum Command {
     /// a GPU, their sum, the ideal (weights and KV cache at peak DRAM bandwidth) and the launches
     /// furthest short. Runs no kernel and reads only config.json
     Profile(ProfileArgs),
+    /// Generate for every prompt of a JSONL file at once through continuous batching, printing
+    /// one JSON line per finished request (in finish order), then a summary line
+    Batch(BatchArgs),
+}
+
+#[derive(Args)]
+struct BatchArgs {
+    /// A Hugging Face model folder (config.json, safetensors, tokenizer.json)
+    model_dir: PathBuf,
+    /// One JSON object per line: {"prompt": "..."}, optionally with its own max_new_tokens,
+    /// temperature, top_k, top_p, seed, repetition_penalty and stop (a list of strings); greedy
+    /// unless it sets a temperature
+    #[arg(long, value_name = "FILE")]
+    prompts: PathBuf,
+    /// Tokens to generate per request, unless its line says otherwise
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 32)]
+    max_new_tokens: usize,
+    /// Requests running at once
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 16)]
+    max_active: usize,
+    /// Tokens one batch carries at most (longer prompts are prefilled in chunks)
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 512)]
+    max_batch_tokens: usize,
+    /// Positions per KV page
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 16)]
+    block_size: usize,
+    /// KV pages in the pool [default: enough for --max-active of the longest request]
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true)]
+    num_pages: Option<usize>,
+    /// Share the KV pages of common prompt prefixes (not implemented yet: an error)
+    #[arg(long)]
+    prefix_cache: bool,
+    /// Keep generating past EOS tokens (every request runs to its max_new_tokens or a stop
+    /// sequence)
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 #[derive(Args)]
@@ -133,6 +174,85 @@ fn tune(args: TuneArgs) -> Result<bool, LlmError> {
     )
 }
 
+fn batch(args: BatchArgs) -> Result<(), LlmError> {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    use ruda_llm::{BatchEvent, BatchOptions};
+
+    let source = args.prompts.display().to_string();
+    let text = std::fs::read_to_string(&args.prompts)
+        .map_err(|e| LlmError::InvalidArgument(format!("{source}: cannot read the prompts: {e}")))?;
+    let pipeline = ruda_llm::load_pipeline(&args.model_dir, &ruda_llm::PipelineOptions::default())?;
+    let mut defaults = ruda_llm::GenerateParams {
+        max_new_tokens: args.max_new_tokens,
+        eos_token_ids: pipeline.default_generate_params().eos_token_ids,
+        ..Default::default()
+    };
+    if args.ignore_eos {
+        defaults.eos_token_ids.clear();
+    }
+    let requests = ruda_llm::batch::parse_prompt_lines(&text, &source, &defaults)?;
+    let options = BatchOptions {
+        max_active: args.max_active,
+        max_batch_tokens: args.max_batch_tokens,
+        block_size: args.block_size,
+        num_pages: args.num_pages,
+        prefix_cache: args.prefix_cache,
+        skip_special_tokens: true,
+    };
+    eprintln!(
+        "batch: {} requests from {source}, at most {} at once and {} tokens a batch",
+        requests.len(),
+        options.max_active,
+        options.max_batch_tokens
+    );
+    let mut out = std::io::stdout().lock();
+    let (mut write_error, mut last_progress) = (None, Instant::now());
+    let summary = pipeline.generate_batch(&requests, &options, |event| match event {
+        BatchEvent::Finished(o) => {
+            let line = serde_json::json!({
+                "event": "request",
+                "index": o.index,
+                "prompt_tokens": o.prompt_tokens,
+                "generated_token_ids": o.generated_token_ids,
+                "generated_text": o.generated_text,
+                "stop_reason": o.stop_reason.as_str(),
+            });
+            if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
+                write_error.get_or_insert(e);
+            }
+        }
+        BatchEvent::Step { stats, finished, requests } => {
+            if last_progress.elapsed() >= Duration::from_millis(500) || finished == requests {
+                last_progress = Instant::now();
+                eprintln!(
+                    "batch: {finished}/{requests} done, {} running, {} waiting, {} tokens generated, KV pages {:.0}% used, {} preemptions",
+                    stats.running,
+                    stats.waiting,
+                    stats.generation_tokens,
+                    100.0 * stats.kv_usage,
+                    stats.preemptions
+                );
+            }
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(LlmError::InvalidArgument(format!("writing to standard output: {e}")));
+    }
+    let line = serde_json::json!({
+        "event": "summary",
+        "requests": summary.requests,
+        "generated_tokens": summary.generated_tokens,
+        "seconds": summary.seconds,
+        "tokens_per_second": summary.tokens_per_second,
+        "batches": summary.batches,
+        "preemptions": summary.preemptions,
+    });
+    writeln!(out, "{line}").map_err(|e| LlmError::InvalidArgument(format!("writing to standard output: {e}")))?;
+    Ok(())
+}
+
 // `--context`'s help states the default.
 const _: () = assert!(DEFAULT_PROFILE_CONTEXT == 4096);
 
@@ -152,11 +272,17 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             // `--help` prints to standard output with status 0; usage errors exit 1 under
-            // `generate` (as the examples), 2 elsewhere (as `tune` always has).
+            // `generate` (as the examples) and `batch`, 2 elsewhere (as `tune` always has).
             let _ = e.print();
             return match e.exit_code() {
                 0 => ExitCode::SUCCESS,
-                _ if argv.get(1).map(OsString::as_os_str) == Some(OsStr::new("generate")) => ExitCode::from(1),
+                _ if ["generate", "batch"]
+                    .map(OsStr::new)
+                    .iter()
+                    .any(|c| argv.get(1).map(OsString::as_os_str) == Some(c)) =>
+                {
+                    ExitCode::from(1)
+                }
                 _ => ExitCode::from(2),
             };
         }
@@ -174,6 +300,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Batch(args) => match batch(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
             }
         },
         Command::Tune(args) => match tune(args) {

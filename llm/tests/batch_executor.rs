@@ -11,7 +11,7 @@ use ruda_llm::{
     architecture, example, load_config, BatchKind, CausalLm, ContinuousBatchConfig, ContinuousBatchScheduler,
     GenerateParams, ModelType, PagedKvCacheConfig, RequestId, Weights,
 };
-use ruda_runtime::{DType, Device, PagedAttentionMode};
+use ruda_runtime::{DType, Device, GraphMode, PagedAttentionMode};
 
 fn load(model_type: ModelType, device: &Device) -> Box<dyn CausalLm> {
     let dir = example::bundled_model(model_type);
@@ -200,4 +200,66 @@ fn a_bad_batch_is_an_error_that_changes_nothing() {
     let other = load(ModelType::Qwen35, &device);
     let err = other.forward_batch(&batch, &mut cache).unwrap_err().to_string();
     assert!(err.contains("another model"), "{err}");
+}
+
+/// Batched decode steps replayed from graphs give the logits of launching them one by one, bit
+/// for bit; a warmed decode step allocates nothing and never waits for the device.
+#[test]
+fn batched_decode_graphs_replay_the_launched_steps() {
+    for model_type in [ModelType::Qwen2, ModelType::Qwen35] {
+        let device = Device::cpu();
+        let model = load(model_type, &device);
+        let kv = PagedKvCacheConfig { block_size: 4, num_pages: 32, max_sequence_length: 32 };
+        let config = ContinuousBatchConfig { max_active_sequences: 4, max_batch_tokens: 64 };
+        let mut caches = [GraphMode::On, GraphMode::Off]
+            .map(|graphs| model.new_batch_cache_with(kv, 4, PagedAttentionMode::Legacy).unwrap().with_graphs(graphs));
+        let mut schedulers = [0, 1].map(|_| ContinuousBatchScheduler::new(config, kv).unwrap());
+        // Replies of 12, 10, 8 and 6 tokens: decode batches of 4, 3, 2 and 1 rows.
+        for (i, p) in prompts().into_iter().take(4).enumerate() {
+            let params = GenerateParams { max_new_tokens: 12 - 2 * i, eos_token_ids: vec![], ..Default::default() };
+            for s in &mut schedulers {
+                s.submit(p.clone(), params.clone()).unwrap();
+            }
+        }
+        let vocab = model.config().vocab_size;
+        let (mut replayed, mut seen) = (0, [Vec::new(), Vec::new()]);
+        while schedulers[0].has_work() {
+            let batches = schedulers.each_mut().map(|s| s.schedule().unwrap().unwrap());
+            assert_eq!(batches[0], batches[1]);
+            let mut logits = Vec::new();
+            for (c, (cache, batch)) in caches.iter_mut().zip(&batches).enumerate() {
+                let before = device.counters();
+                let out = model.forward_batch(batch, cache).unwrap();
+                let step = device.counters().since(&before);
+                let rows = batch.sequences.len();
+                if batch.kind == BatchKind::Decode {
+                    // A decode step of a size that ran before finds its buffers made (and with
+                    // graphs, the second captures, the later ones replay).
+                    if seen[c].contains(&rows) {
+                        assert_eq!(
+                            (step.allocations, step.host_syncs),
+                            (0, 0),
+                            "{model_type:?}, {rows} rows: {step:?}"
+                        );
+                    }
+                    if cache.captured_decode_graphs().contains(&rows)
+                        && seen[c].iter().filter(|&&r| r == rows).count() > 1
+                    {
+                        replayed += 1;
+                    }
+                    seen[c].push(rows);
+                }
+                logits.push(out.to_f32_vec().unwrap());
+            }
+            assert_eq!(logits[0], logits[1], "{model_type:?} batch {}", batches[0].id);
+            let tokens: Vec<u32> =
+                (0..batches[0].sequences.len()).map(|r| argmax(&logits[0][r * vocab..(r + 1) * vocab])).collect();
+            for (s, b) in schedulers.iter_mut().zip(&batches) {
+                s.complete_batch(b.id, &tokens).unwrap();
+            }
+        }
+        assert_eq!(caches[0].captured_decode_graphs(), [1, 2, 4], "{model_type:?}");
+        assert!(caches[1].captured_decode_graphs().is_empty());
+        assert!(replayed >= 3, "{model_type:?}: {replayed} replays");
+    }
 }

@@ -16,10 +16,10 @@ use std::collections::HashMap;
 
 use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, PlanCapacity};
 use ruda_ops::api::{self, DecodeWorkspace};
-use ruda_runtime::{PagedAttentionMode, Tensor};
+use ruda_runtime::{Graph, GraphMode, PagedAttentionMode, Stream, Tensor};
 
 use super::decoder::{Decoder, Mixer, Workspace};
-use crate::batch::{BatchKind, PagedKvCacheConfig, ScheduledBatch};
+use crate::batch::{BatchKind, PagedKvCacheConfig, PrefixCacheConfig, ScheduledBatch, SnapshotId};
 use crate::cache::LinearStatePool;
 use crate::error::LlmError;
 use crate::layers::{AttentionShape, BatchRow, KvTarget, LinearBatch, PagedKv, PagedRead};
@@ -49,8 +49,28 @@ pub struct BatchCache {
     decode: HashMap<usize, DecodeWorkspace>,
     /// The most recently used last.
     workspaces: Vec<Workspace>,
+    /// Saved linear-attention states (prefix caching of hybrid models): per snapshot, one
+    /// slot's states of every linear-attention layer, in layer order.
+    snapshots: HashMap<SnapshotId, Vec<SlotStates>>,
+    /// Whether decode batches of a bucket size replay captured graphs (`RUDA_CUDA_GRAPHS`).
+    graphs: GraphMode,
+    /// Per decode bucket: its buffers (kept for its graph, whose kernels read them) and graph.
+    decode_graphs: HashMap<usize, DecodeGraph>,
     /// Why the cache can no longer be used (a failed step left its states half-written).
     broken: Option<String>,
+}
+
+/// A decode bucket's buffers and, once a step of that size ran eagerly (kernels compiled and
+/// tuned), the graph captured from the next one.
+struct DecodeGraph {
+    workspace: Workspace,
+    graph: Option<Graph>,
+    eager_runs: usize,
+}
+
+/// Decode batch sizes whose steps are captured: 1, 2, 4, 8, then multiples of 8.
+pub fn is_graph_bucket(rows: usize) -> bool {
+    matches!(rows, 1 | 2 | 4) || rows.is_multiple_of(8)
 }
 
 /// Qwen3.5's batch cache (its linear-attention layers keep one conv and recurrent state per
@@ -60,6 +80,32 @@ pub type Qwen35BatchCache = BatchCache;
 enum BatchLayer {
     Paged { k: Tensor, v: Tensor },
     Linear(LinearStatePool),
+}
+
+/// One slot of a [`LinearStatePool`]: the three conv states `[1, C, W − 1]` and the recurrent
+/// state `[1, Hv, K, V]`.
+struct SlotStates(Vec<Tensor>);
+
+impl SlotStates {
+    /// Views of `slot` in `pool`.
+    fn of(pool: &LinearStatePool, slot: usize) -> Result<SlotStates, LlmError> {
+        let all = pool.conv.iter().chain([&pool.recurrent]);
+        Ok(SlotStates(all.map(|t| t.narrow(0, slot, 1)).collect::<Result<_, _>>()?))
+    }
+
+    /// New device buffers shaped as `like`'s.
+    fn empty_like(like: &SlotStates) -> Result<SlotStates, LlmError> {
+        let empty = |t: &Tensor| Tensor::empty(t.device(), t.dtype(), t.shape());
+        Ok(SlotStates(like.0.iter().map(empty).collect::<Result<_, _>>()?))
+    }
+
+    /// Copy `from` into `self` on `s` (device to device).
+    fn copy_from(&self, s: &Stream, from: &SlotStates) -> Result<(), LlmError> {
+        for (dst, src) in self.0.iter().zip(&from.0) {
+            api::cast_into(s, src, dst).map_err(|e| LlmError::op("copying linear-attention states", e))?;
+        }
+        Ok(())
+    }
 }
 
 impl BatchCache {
@@ -90,6 +136,54 @@ impl BatchCache {
         layers + self.gathered.as_ref().map_or(0, |(k, v)| bytes(k) + bytes(v))
     }
 
+    /// Bytes of one KV page across the attention layers (what a cached prefix page holds).
+    pub fn page_bytes(&self) -> u64 {
+        let page = |t: &Tensor| (t.numel() / self.kv.num_pages * t.dtype().size()) as u64;
+        let paged = self.layers.iter().filter_map(|l| match l {
+            BatchLayer::Paged { k, v } => Some(page(k) + page(v)),
+            BatchLayer::Linear(_) => None,
+        });
+        paged.sum()
+    }
+
+    /// Bytes of one sequence's linear-attention states across the layers (what a prefix
+    /// snapshot holds; 0 without linear-attention layers).
+    pub fn snapshot_bytes(&self) -> u64 {
+        let slot = |t: &Tensor| (t.numel() / self.max_active * t.dtype().size()) as u64;
+        linear_pools(&self.layers).map(|p| p.conv.iter().map(slot).sum::<u64>() + slot(&p.recurrent)).sum()
+    }
+
+    /// The prefix cache bounds of `max_bytes` and `max_entries` for this cache's pages and
+    /// snapshots (what [`crate::ContinuousBatchScheduler::with_prefix_cache`] takes).
+    pub fn prefix_cache_config(&self, max_bytes: u64, max_entries: usize) -> PrefixCacheConfig {
+        PrefixCacheConfig {
+            max_bytes,
+            max_entries,
+            page_bytes: self.page_bytes(),
+            snapshot_bytes: self.snapshot_bytes(),
+        }
+    }
+
+    /// This cache with decode graphs switched on or off (made with `RUDA_CUDA_GRAPHS`'s value).
+    pub fn with_graphs(mut self, graphs: GraphMode) -> BatchCache {
+        self.graphs = graphs;
+        self.decode_graphs.clear();
+        self
+    }
+
+    /// Decode batch sizes with a captured graph, ascending.
+    pub fn captured_decode_graphs(&self) -> Vec<usize> {
+        let mut sizes: Vec<usize> =
+            self.decode_graphs.iter().filter(|(_, g)| g.graph.is_some()).map(|(&b, _)| b).collect();
+        sizes.sort();
+        sizes
+    }
+
+    /// Snapshots held now.
+    pub fn snapshots(&self) -> usize {
+        self.snapshots.len()
+    }
+
     /// Whether a failed step broke the cache, and why.
     pub fn broken(&self) -> Option<&str> {
         self.broken.as_deref()
@@ -116,6 +210,7 @@ impl Decoder {
         kv: PagedKvCacheConfig,
         max_active: usize,
         mode: PagedAttentionMode,
+        graphs: GraphMode,
     ) -> Result<BatchCache, LlmError> {
         let bad = |m: String| Err(LlmError::InvalidArgument(format!("batch cache: {m}")));
         let max_positions = self.spec.config.max_position_embeddings;
@@ -162,6 +257,9 @@ impl Decoder {
             plan: None,
             decode: HashMap::new(),
             workspaces: Vec::new(),
+            snapshots: HashMap::new(),
+            graphs,
+            decode_graphs: HashMap::new(),
             broken: None,
         })
     }
@@ -177,17 +275,21 @@ impl Decoder {
         if batch.sequences.is_empty() {
             return bad("no rows".into());
         }
-        if !batch.copies.is_empty() {
-            return bad(format!(
-                "{} page copies (copy-on-write needs the prefix cache, which this executor does not run yet)",
-                batch.copies.len()
-            ));
-        }
-        let snapshots = batch.sequences.iter().any(|r| r.restore_snapshot.is_some() || r.save_snapshot.is_some());
-        if snapshots || !batch.released_snapshots.is_empty() {
-            return bad("linear-attention snapshots need the prefix cache, which this executor does not run yet".into());
-        }
         let kv = cache.kv;
+        for c in &batch.copies {
+            if c.src as usize >= kv.num_pages || c.dst as usize >= kv.num_pages || c.src == c.dst {
+                return bad(format!("page copy {} → {} (the pool has {} pages)", c.src, c.dst, kv.num_pages));
+            }
+        }
+        for (i, r) in batch.sequences.iter().enumerate() {
+            if let Some(id) = r.restore_snapshot.filter(|id| !cache.snapshots.contains_key(id)) {
+                return bad(format!("row {i} restores snapshot {id:?}, which the cache does not hold"));
+            }
+            let saved_before = |id: &SnapshotId| batch.sequences[..i].iter().any(|o| o.save_snapshot == Some(*id));
+            if let Some(id) = r.save_snapshot.filter(|id| cache.snapshots.contains_key(id) || saved_before(id)) {
+                return bad(format!("row {i} saves snapshot {id:?}, which already exists"));
+            }
+        }
         let (mut rows, mut ids) = (Vec::with_capacity(batch.sequences.len()), Vec::new());
         let (mut sequence_ids, mut positions) = (Vec::new(), Vec::new());
         for (i, r) in batch.sequences.iter().enumerate() {
@@ -251,14 +353,27 @@ impl Decoder {
             }
         }
         let pages_per_sequence = cache.kv.max_sequence_length.div_ceil(cache.kv.block_size);
-        let probe = cache.workspace(self, t, b)?.ids().clone();
+        let graphed = cache.graphs == GraphMode::On && decode && is_graph_bucket(b);
+        let probe = if graphed {
+            if !cache.decode_graphs.contains_key(&b) {
+                let workspace = self.workspace(t, b)?;
+                cache.decode_graphs.insert(b, DecodeGraph { workspace, graph: None, eager_runs: 0 });
+            }
+            cache.decode_graphs[&b].workspace.ids().clone()
+        } else {
+            cache.workspace(self, t, b)?.ids().clone()
+        };
         match &mut cache.plan {
             Some((plan, cap)) if cap.queries >= t && cap.sequences >= b => {
                 plan.update(&host).map_err(|e| LlmError::op("updating the paged plan", e))?
             }
             slot => {
+                // New buffers: graphs captured over the old ones are stale.
+                for g in cache.decode_graphs.values_mut() {
+                    g.graph = None;
+                }
                 let cap = PlanCapacity {
-                    queries: t.next_power_of_two().max(16),
+                    queries: t.next_power_of_two().max(16).max(cache.max_active),
                     sequences: cache.max_active,
                     pages_per_sequence,
                 };
@@ -268,13 +383,15 @@ impl Decoder {
             }
         }
         // From here the step writes the caches: a failure leaves them half-written.
-        let result = self.run_batch(batch, cache, &rows, &ids, max_q);
+        let result = self.run_batch(batch, cache, &rows, &ids, max_q, graphed);
         if let Err(e) = &result {
             cache.broken = Some(e.to_string());
         }
         result
     }
 
+    /// The device half of [`Decoder::forward_batch`]: prefix edits, inputs, then the kernels, or
+    /// for a decode bucket with graphs on, its graph (captured from its second step).
     fn run_batch(
         &self,
         batch: &ScheduledBatch,
@@ -282,17 +399,61 @@ impl Decoder {
         rows: &[BatchRow],
         ids: &[u32],
         max_q: usize,
+        graphed: bool,
     ) -> Result<Tensor, LlmError> {
         let (t, b) = (ids.len(), rows.len());
-        let cache = &*cache;
-        let w = cache
-            .workspaces
-            .iter()
-            .rev()
-            .find(|w| w.shape() == (t, b))
-            .ok_or_else(|| LlmError::InvalidArgument("no workspace for the batch".into()))?;
-        let (plan, _) = cache.plan.as_ref().ok_or_else(|| LlmError::InvalidArgument("no paged plan".into()))?;
+        let s = self.device.default_stream();
+        self.apply_prefix_edits(&s, batch, cache)?;
+        let pinned = cache.decode_graphs.get(&b).filter(|_| graphed);
+        let w = match pinned {
+            Some(g) => &g.workspace,
+            None => cache
+                .workspaces
+                .iter()
+                .rev()
+                .find(|w| w.shape() == (t, b))
+                .ok_or_else(|| LlmError::InvalidArgument("no workspace for the batch".into()))?,
+        };
         w.write_inputs(ids, rows)?;
+        let kernels = || self.batch_kernels(batch, cache, w, rows, max_q);
+        let (logits, captured) = match pinned {
+            Some(DecodeGraph { graph: Some(graph), .. }) => {
+                graph.launch(&s)?;
+                (w.logits().clone(), None)
+            }
+            Some(DecodeGraph { graph: None, eager_runs, .. }) if *eager_runs > 0 => {
+                s.begin_capture()?;
+                let recorded = kernels();
+                let graph = s.end_capture();
+                let (logits, graph) = (recorded?, graph?);
+                // Capturing ran nothing: this step runs now.
+                graph.launch(&s)?;
+                (logits, Some(graph))
+            }
+            _ => (kernels()?, None),
+        };
+        if let Some(g) = cache.decode_graphs.get_mut(&b).filter(|_| graphed) {
+            g.eager_runs += usize::from(g.graph.is_none() && captured.is_none());
+            if captured.is_some() {
+                g.graph = captured;
+            }
+        }
+        self.save_snapshots(&s, batch, cache)?;
+        Ok(logits)
+    }
+
+    /// The kernels of a batch whose inputs are in `w` (no host copy, no allocation: what a
+    /// decode graph captures).
+    fn batch_kernels(
+        &self,
+        batch: &ScheduledBatch,
+        cache: &BatchCache,
+        w: &Workspace,
+        rows: &[BatchRow],
+        max_q: usize,
+    ) -> Result<Tensor, LlmError> {
+        let b = rows.len();
+        let (plan, _) = cache.plan.as_ref().ok_or_else(|| LlmError::InvalidArgument("no paged plan".into()))?;
         let cu_seqlens: Vec<u32> = std::iter::once(0)
             .chain(rows.iter().scan(0u32, |acc, r| {
                 *acc += r.count as u32;
@@ -330,4 +491,57 @@ impl Decoder {
         })?;
         self.last_row_logits(w)
     }
+
+    /// Before a batch: drop the released snapshots, copy the copy-on-write pages in every
+    /// attention layer, and load restored snapshots into their rows' slots.
+    fn apply_prefix_edits(&self, s: &Stream, batch: &ScheduledBatch, cache: &mut BatchCache) -> Result<(), LlmError> {
+        for id in &batch.released_snapshots {
+            cache.snapshots.remove(id);
+        }
+        for c in &batch.copies {
+            for layer in &cache.layers {
+                if let BatchLayer::Paged { k, v } = layer {
+                    for t in [k, v] {
+                        let (src, dst) = (t.narrow(0, c.src as usize, 1)?, t.narrow(0, c.dst as usize, 1)?);
+                        api::cast_into(s, &src, &dst)
+                            .map_err(|e| LlmError::op("copying a KV page (copy-on-write)", e))?;
+                    }
+                }
+            }
+        }
+        for r in &batch.sequences {
+            let Some(id) = r.restore_snapshot else { continue };
+            let saved =
+                cache.snapshots.get(&id).ok_or_else(|| LlmError::InvalidArgument(format!("no snapshot {id:?}")))?;
+            for (pool, states) in linear_pools(&cache.layers).zip(saved) {
+                SlotStates::of(pool, r.slot)?.copy_from(s, states)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a batch: copy the states of rows that save a snapshot out of their slots (into new
+    /// device buffers: saving allocates).
+    fn save_snapshots(&self, s: &Stream, batch: &ScheduledBatch, cache: &mut BatchCache) -> Result<(), LlmError> {
+        for r in &batch.sequences {
+            let Some(id) = r.save_snapshot else { continue };
+            let mut saved = Vec::new();
+            for pool in linear_pools(&cache.layers) {
+                let slot = SlotStates::of(pool, r.slot)?;
+                let copy = SlotStates::empty_like(&slot)?;
+                copy.copy_from(s, &slot)?;
+                saved.push(copy);
+            }
+            cache.snapshots.insert(id, saved);
+        }
+        Ok(())
+    }
+}
+
+/// The linear-attention layers' state pools, in layer order.
+fn linear_pools(layers: &[BatchLayer]) -> impl Iterator<Item = &LinearStatePool> {
+    layers.iter().filter_map(|l| match l {
+        BatchLayer::Linear(pool) => Some(pool),
+        BatchLayer::Paged { .. } => None,
+    })
 }

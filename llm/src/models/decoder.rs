@@ -379,6 +379,11 @@ impl Workspace {
         &self.ids
     }
 
+    /// The logits buffer `[sequences, vocab]`.
+    pub(super) fn logits(&self) -> &Tensor {
+        &self.logits
+    }
+
     pub(super) fn step(&self) -> &StepInputs {
         &self.step
     }
@@ -667,7 +672,7 @@ impl CausalLm for Decoder {
         max_active: usize,
         mode: ruda_runtime::PagedAttentionMode,
     ) -> Result<super::BatchCache, LlmError> {
-        self.batch_cache(kv, max_active, mode)
+        self.batch_cache(kv, max_active, mode, ruda_runtime::graph_mode()?)
     }
 
     fn forward_batch(

@@ -402,8 +402,11 @@ impl DevicePlan {
             dim: to_u32(OP, "head dim", dim)?,
             max_length: to_u32(OP, "out positions", s[2])?,
         };
+        // One block per position of `out`, not of the plan's longest length: the launch then
+        // depends on no host value that changes from step to step (a captured decode step
+        // stays valid as sequences grow); blocks past a sequence's length do nothing.
         let grid = LaunchConfig {
-            grid: [to_u32(OP, "max length", self.max_length)?, grid_y(self.sequences * heads)?, 1],
+            grid: [to_u32(OP, "out positions", s[2])?, grid_y(self.sequences * heads)?, 1],
             block: [PAGED_COPY_THREADS, 1, 1],
             dynamic_shared_bytes: 0,
         };

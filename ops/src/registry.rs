@@ -25,6 +25,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::attention::Attention],
     &[&crate::attention_pieces::AttentionPieces],
     &[&crate::paged_attention::mla::PagedMla],
+    &[&crate::paged_attention::attention::PagedAttention],
     &[&crate::gemv::Gemv],
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],

@@ -22,6 +22,7 @@ mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;
 mod paged_attention;
+mod paged_attention_fused;
 mod paged_mla;
 mod params;
 mod passes_registry;

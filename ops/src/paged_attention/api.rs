@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use ruda_runtime::{LaunchConfig, Stream, Tensor};
 
+pub use super::attention::SplitWorkspace;
+use super::attention_kernel::PAGED_QUERIES_PER_BLOCK;
 use super::kernel::{PagedAppendParams, PagedCopyConfig, PagedGatherParams, PAGED_COPY_THREADS};
 use crate::error::{OpError, Result};
 use crate::host::*;
@@ -33,6 +35,9 @@ pub struct HostPlan {
     positions: Vec<u32>,
     /// Each query's cache row `page * page_size + slot`.
     slots: Vec<u32>,
+    /// The fused attention's query blocks: `(first query, queries, largest position + 1)` for
+    /// each run of at most [`PAGED_QUERIES_PER_BLOCK`] consecutive queries of one sequence.
+    blocks: Vec<u32>,
 }
 
 impl HostPlan {
@@ -108,6 +113,7 @@ impl HostPlan {
             }
             slots.push(slot);
         }
+        let blocks = query_blocks(sequence_ids, positions);
         Ok(HostPlan {
             page_size,
             pages,
@@ -116,6 +122,7 @@ impl HostPlan {
             sequence_ids: sequence_ids.to_vec(),
             positions: positions.to_vec(),
             slots,
+            blocks,
         })
     }
 
@@ -144,6 +151,35 @@ impl HostPlan {
     pub fn max_length(&self) -> usize {
         self.lengths.iter().copied().max().unwrap_or(0) as usize
     }
+
+    /// The fused attention's query blocks (runs of at most [`PAGED_QUERIES_PER_BLOCK`]
+    /// consecutive queries of one sequence).
+    pub fn query_blocks(&self) -> usize {
+        self.blocks.len() / 3
+    }
+
+    /// The most queries of one query block.
+    fn max_block_queries(&self) -> usize {
+        self.blocks.chunks(3).map(|b| b[1] as usize).max().unwrap_or(0)
+    }
+}
+
+/// `(first query, queries, largest position + 1)` for each run of at most
+/// [`PAGED_QUERIES_PER_BLOCK`] consecutive queries of one sequence.
+fn query_blocks(sequence_ids: &[u32], positions: &[u32]) -> Vec<u32> {
+    let mut blocks: Vec<u32> = Vec::new();
+    for (i, (&s, &pos)) in sequence_ids.iter().zip(positions).enumerate() {
+        let n = blocks.len();
+        let joins =
+            n >= 3 && sequence_ids[blocks[n - 3] as usize] == s && (blocks[n - 2] as usize) < PAGED_QUERIES_PER_BLOCK;
+        if joins {
+            blocks[n - 2] += 1;
+            blocks[n - 1] = blocks[n - 1].max(pos + 1);
+        } else {
+            blocks.extend([i as u32, 1, pos + 1]);
+        }
+    }
+    blocks
 }
 
 /// The sizes a [`DevicePlan`]'s buffers are allocated for, so later steps' plans can be
@@ -157,20 +193,23 @@ pub struct PlanCapacity {
 
 /// A [`HostPlan`] on the device: `u32` tables `[sequences, pages_per_sequence]` (capacity; rows
 /// padded with page 0), lengths `[sequences]` (0 past the plan's sequences), and per query
-/// (capacity) its sequence id, position and cache row. Fields are shared with the attention
-/// kernels of this module.
+/// (capacity) its sequence id, position and cache row, and the fused attention's query blocks
+/// (`3 ×` the queries capacity). Fields are shared with the attention kernels of this module.
 pub struct DevicePlan {
     pub(crate) page_size: usize,
     pub(crate) pages: usize,
     pub(crate) queries: usize,
     pub(crate) sequences: usize,
     pub(crate) max_length: usize,
+    pub(crate) query_blocks: usize,
+    pub(crate) max_block_queries: usize,
     pub(crate) capacity: PlanCapacity,
     pub(crate) tables: Tensor,
     pub(crate) lengths: Tensor,
     pub(crate) sequence_ids: Tensor,
     pub(crate) positions: Tensor,
     pub(crate) slots: Tensor,
+    pub(crate) blocks: Tensor,
 }
 
 /// `xs` padded with zeros to `n`.
@@ -180,8 +219,9 @@ fn padded(xs: &[u32], n: usize) -> Vec<u32> {
     v
 }
 
-/// The host arrays of `host` at `cap`: tables, lengths, sequence ids, positions, slots.
-fn host_arrays(host: &HostPlan, cap: PlanCapacity) -> [Vec<u32>; 5] {
+/// The host arrays of `host` at `cap`: tables, lengths, sequence ids, positions, slots, query
+/// blocks.
+fn host_arrays(host: &HostPlan, cap: PlanCapacity) -> [Vec<u32>; 6] {
     let mut tables = vec![0u32; cap.sequences * cap.pages_per_sequence];
     for (s, t) in host.tables.iter().enumerate() {
         tables[s * cap.pages_per_sequence..][..t.len()].copy_from_slice(t);
@@ -192,6 +232,7 @@ fn host_arrays(host: &HostPlan, cap: PlanCapacity) -> [Vec<u32>; 5] {
         padded(&host.sequence_ids, cap.queries),
         padded(&host.positions, cap.queries),
         padded(&host.slots, cap.queries),
+        padded(&host.blocks, 3 * cap.queries),
     ]
 }
 
@@ -227,7 +268,7 @@ impl DevicePlan {
     pub fn upload_with_capacity(host: &HostPlan, q: &Tensor, cap: PlanCapacity) -> Result<DevicePlan> {
         check_fits(host, cap)?;
         let stream = q.buffer().stream();
-        let [tables, lengths, sequence_ids, positions, slots] = host_arrays(host, cap);
+        let [tables, lengths, sequence_ids, positions, slots, blocks] = host_arrays(host, cap);
         let up = |xs: &[u32], shape: &[usize]| Tensor::from_slice_on(&stream, xs, shape);
         Ok(DevicePlan {
             page_size: host.page_size,
@@ -235,12 +276,15 @@ impl DevicePlan {
             queries: host.queries(),
             sequences: host.sequences(),
             max_length: host.max_length(),
+            query_blocks: host.query_blocks(),
+            max_block_queries: host.max_block_queries(),
             capacity: cap,
             tables: up(&tables, &[cap.sequences, cap.pages_per_sequence])?,
             lengths: up(&lengths, &[cap.sequences])?,
             sequence_ids: up(&sequence_ids, &[cap.queries])?,
             positions: up(&positions, &[cap.queries])?,
             slots: up(&slots, &[cap.queries])?,
+            blocks: up(&blocks, &[3 * cap.queries])?,
         })
     }
 
@@ -256,13 +300,15 @@ impl DevicePlan {
         }
         check_fits(host, self.capacity)?;
         let arrays = host_arrays(host, self.capacity);
-        let tensors = [&self.tables, &self.lengths, &self.sequence_ids, &self.positions, &self.slots];
+        let tensors = [&self.tables, &self.lengths, &self.sequence_ids, &self.positions, &self.slots, &self.blocks];
         for (t, xs) in tensors.into_iter().zip(&arrays) {
             t.copy_from_slice(xs)?;
         }
         self.queries = host.queries();
         self.sequences = host.sequences();
         self.max_length = host.max_length();
+        self.query_blocks = host.query_blocks();
+        self.max_block_queries = host.max_block_queries();
         Ok(())
     }
 

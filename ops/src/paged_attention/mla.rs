@@ -319,4 +319,29 @@ impl super::api::DevicePlan {
         self.mla_into(&q.buffer().stream(), q, qp, latent, kp, scale, causal, None, &out)?;
         Ok(out)
     }
+
+    /// Split paged MLA over this plan on `q`'s stream, over `workspace`'s splits (made for `q`'s
+    /// queries and heads with value dim R, on that stream): a new `[queries, H, R]` (see
+    /// [`mla`](Self::mla) and [`paged_mla_into`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_with_workspace(
+        &self,
+        q: &Tensor,
+        qp: &Tensor,
+        latent: &Tensor,
+        kp: &Tensor,
+        scale: f32,
+        causal: bool,
+        workspace: &super::attention::SplitWorkspace,
+    ) -> Result<Tensor> {
+        let stream = q.buffer().stream();
+        let [queries, heads, rank] = match *q.shape() {
+            [a, b, c] => [a, b, c],
+            _ => return Err(shape_error(format!("`q` must be [queries, heads, rank], is {:?}", q.shape()))),
+        };
+        let split = workspace.check(&stream, queries, heads, rank)?;
+        let out = Tensor::empty_on(&stream, q.dtype(), q.shape())?;
+        self.mla_into(&stream, q, qp, latent, kp, scale, causal, Some(split), &out)?;
+        Ok(out)
+    }
 }

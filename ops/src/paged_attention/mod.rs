@@ -10,9 +10,14 @@
 //! - [`kernel`]: `paged_append` (each query's key and value rows to its page slot) and
 //!   `paged_gather` (pages to the contiguous `[B, Hkv, S_max, D]` cache of the legacy path);
 //! - [`api`]: the plans and the entry points;
+//! - [`attention`]: fused paged attention reading the pages directly (`DevicePlan::attention`,
+//!   its split form over a [`SplitWorkspace`](attention::SplitWorkspace); kernels in
+//!   `attention_kernel`);
 //! - [`mla`]: paged MLA over a shared latent cache (kernels in `mla_kernel`).
 
 pub mod api;
+pub mod attention;
+mod attention_kernel;
 pub mod kernel;
 pub mod mla;
 mod mla_kernel;

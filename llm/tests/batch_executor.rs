@@ -144,7 +144,7 @@ fn batched_generation_agrees_with_one_at_a_time() {
         // longest requests need 5 pages, and 5 pages cannot hold two of them.
         let kv = PagedKvCacheConfig { block_size: 4, num_pages: 5, max_sequence_length: 20 };
         let config = ContinuousBatchConfig { max_active_sequences: 3, max_batch_tokens: 7 };
-        for mode in [PagedAttentionMode::Legacy] {
+        for mode in [PagedAttentionMode::Legacy, PagedAttentionMode::Fused] {
             let (preemptions, prefill, decode) =
                 batched_agrees(model.as_ref(), mode, &prompts, &references, steps, kv, config);
             assert!(prefill > 0 && decode > 0, "{model_type:?} {mode:?}: batches of several rows of both kinds");
@@ -206,7 +206,12 @@ fn a_bad_batch_is_an_error_that_changes_nothing() {
 /// for bit; a warmed decode step allocates nothing and never waits for the device.
 #[test]
 fn batched_decode_graphs_replay_the_launched_steps() {
-    for model_type in [ModelType::Qwen2, ModelType::Qwen35] {
+    for (model_type, mode) in [
+        (ModelType::Qwen2, PagedAttentionMode::Legacy),
+        (ModelType::Qwen3, PagedAttentionMode::Fused),
+        (ModelType::Qwen35, PagedAttentionMode::Legacy),
+        (ModelType::Qwen35, PagedAttentionMode::Fused),
+    ] {
         let device = Device::cpu();
         let model = load(model_type, &device);
         let kv = PagedKvCacheConfig { block_size: 4, num_pages: 32, max_sequence_length: 32 };

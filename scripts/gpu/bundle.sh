@@ -51,7 +51,8 @@ rm "$bundle/tests.tsv"
 
 echo "bundle: building release binaries" >&2
 cargo build --release --locked -p ruda-tools --bins
-cp "$target_dir/release/rudac" "$target_dir/release/ruda-bench" "$bundle/bin/"
+cargo build --release --locked -p ruda-llm --bin ruda-llm
+cp "$target_dir/release/rudac" "$target_dir/release/ruda-bench" "$target_dir/release/ruda-llm" "$bundle/bin/"
 # The model layer's examples, for scripts/gpu/model_bench.py (skipped there when absent).
 if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"qwen2_generate"'; then
   echo "bundle: building the ruda-llm examples" >&2

@@ -2,7 +2,7 @@
 //! values of the spec (a bias on q/k/v or on o, per-head q/k norms, Qwen3.5's output gate), not
 //! flags of a decoder.
 
-use ruda_ops::api::paged_attention::DevicePlan;
+use ruda_ops::api::paged_attention::{DevicePlan, SplitWorkspace};
 use ruda_ops::api::{self, DecodeWorkspace};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
@@ -364,6 +364,9 @@ pub struct PagedKv<'a> {
 
 /// How attention reads the paged arena (`RUDA_PAGED_ATTENTION`).
 pub enum PagedRead<'a> {
+    /// The fused paged kernel reads the pages in place (over key splits merged in f32, with a
+    /// workspace).
+    Fused { split: Option<&'a SplitWorkspace> },
     /// Legacy: gather each sequence's pages into the contiguous `[B, Hkv, S, D]` buffers `k` and
     /// `v` (at least the batch's sequences and its longest length), then the contiguous kernels:
     /// split-KV decode with `decode` for a decode batch, else flash prefill over the cache.
@@ -498,7 +501,18 @@ impl Attention {
         let (t, b) = (step.tokens, step.sequences);
         rope.forward(s, k3, &step.positions, &a.k_rot).map_err(op("rope (k)"))?;
         paged.plan.append_into(s, &a.k_rot, v3, paged.k_cache, paged.v_cache).map_err(op("paged KV append"))?;
+        let AttentionShape { head_dim: d, .. } = self.shape;
+        let scale = 1.0 / (d as f32).sqrt();
+        let (k_cache, v_cache) = (paged.k_cache, paged.v_cache);
         match &paged.read {
+            PagedRead::Fused { split: Some(ws) } => paged
+                .plan
+                .attention_with_workspace_into(s, &a.q_rot, k_cache, v_cache, scale, true, ws, attn)
+                .map_err(op("paged attention (split)")),
+            PagedRead::Fused { split: None } => paged
+                .plan
+                .attention_into(s, &a.q_rot, k_cache, v_cache, scale, true, None, attn)
+                .map_err(op("paged attention")),
             PagedRead::Gather { k, v, decode, max_q } => {
                 paged.plan.gather_into(s, paged.k_cache, k).map_err(op("paged KV gather"))?;
                 paged.plan.gather_into(s, paged.v_cache, v).map_err(op("paged KV gather"))?;

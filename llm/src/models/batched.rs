@@ -14,8 +14,9 @@
 
 use std::collections::HashMap;
 
-use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, PlanCapacity};
+use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, PlanCapacity, SplitWorkspace};
 use ruda_ops::api::{self, DecodeWorkspace};
+use ruda_ops::paged_attention::mla::MLA_MAX_SPLITS;
 use ruda_runtime::{Graph, GraphMode, PagedAttentionMode, Stream, Tensor};
 
 use super::decoder::{Decoder, Mixer, Workspace};
@@ -47,6 +48,9 @@ pub struct BatchCache {
     plan: Option<(DevicePlan, PlanCapacity)>,
     /// Legacy path: split-KV decode's workspace per batch size.
     decode: HashMap<usize, DecodeWorkspace>,
+    /// Fused path: the key-split workspace of decode per batch size (none where one split
+    /// suffices).
+    splits: HashMap<usize, Option<SplitWorkspace>>,
     /// The most recently used last.
     workspaces: Vec<Workspace>,
     /// Saved linear-attention states (prefix caching of hybrid models): per snapshot, one
@@ -256,6 +260,7 @@ impl Decoder {
             gathered,
             plan: None,
             decode: HashMap::new(),
+            splits: HashMap::new(),
             workspaces: Vec::new(),
             snapshots: HashMap::new(),
             graphs,
@@ -343,13 +348,25 @@ impl Decoder {
         let max_q = rows.iter().map(|r| r.count).max().unwrap_or(1);
         let decode = batch.kind == BatchKind::Decode;
         // Buffers first (allocations, no state changed yet).
-        if cache.mode == PagedAttentionMode::Legacy && decode {
-            if let (Some(shape), false) = (cache.shape, cache.decode.contains_key(&b)) {
-                let AttentionShape { q_heads, kv_heads, head_dim } = shape;
-                let q = Tensor::zeros(&self.device, self.dtype, &[b, q_heads, head_dim])?;
-                let splits = api::decode_splits(b, q_heads, kv_heads, head_dim, cache.kv.max_sequence_length);
-                let ws = DecodeWorkspace::new(&q, splits).map_err(|e| LlmError::op("decode workspace", e))?;
-                cache.decode.insert(b, ws);
+        if let (Some(shape), true) = (cache.shape, decode) {
+            let AttentionShape { q_heads, kv_heads, head_dim } = shape;
+            let splits = api::decode_splits(b, q_heads, kv_heads, head_dim, cache.kv.max_sequence_length);
+            let q = || Tensor::zeros(&self.device, self.dtype, &[b, q_heads, head_dim]);
+            let op = |e| LlmError::op("decode attention workspace", e);
+            match cache.mode {
+                PagedAttentionMode::Legacy if !cache.decode.contains_key(&b) => {
+                    cache.decode.insert(b, DecodeWorkspace::new(&q()?, splits).map_err(op)?);
+                }
+                PagedAttentionMode::Fused if !cache.splits.contains_key(&b) => {
+                    let ws = match splits {
+                        1 => None,
+                        _ => Some(
+                            SplitWorkspace::new(&q()?, b, q_heads, head_dim, splits.min(MLA_MAX_SPLITS)).map_err(op)?,
+                        ),
+                    };
+                    cache.splits.insert(b, ws);
+                }
+                _ => {}
             }
         }
         let pages_per_sequence = cache.kv.max_sequence_length.div_ceil(cache.kv.block_size);
@@ -463,14 +480,13 @@ impl Decoder {
         let slots: Vec<u32> = rows.iter().map(|r| r.slot as u32).collect();
         let fresh: Vec<bool> = batch.sequences.iter().map(|r| r.start_position == 0).collect();
         let decode = cache.decode.get(&b).filter(|_| batch.kind == BatchKind::Decode);
+        let split = cache.splits.get(&b).filter(|_| batch.kind == BatchKind::Decode);
         self.run_layers(w, |l, s, x, out| match (&self.layers[l].mixer, &cache.layers[l]) {
             (Mixer::Attention(a), BatchLayer::Paged { k, v }) => {
                 let scratch = w.attention()?;
                 let read = match &cache.gathered {
                     Some((gk, gv)) => PagedRead::Gather { k: gk, v: gv, decode, max_q },
-                    None => {
-                        return Err(LlmError::InvalidArgument("the fused paged attention path is not built yet".into()))
-                    }
+                    None => PagedRead::Fused { split: split.and_then(Option::as_ref) },
                 };
                 let kv = KvTarget::Paged(PagedKv { plan, k_cache: k, v_cache: v, read });
                 a.forward(s, w.plan(), &self.rope, w.step(), x, kv, scratch, out)

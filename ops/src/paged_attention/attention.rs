@@ -275,7 +275,6 @@ impl DevicePlan {
             tile: tile as u32,
             causal: causal as u32,
             queries: split.map(|_| queries as u32),
-            split_len: split.map(|(_, s)| self.max_length.div_ceil(s).max(1) as u32),
         };
         params::launch(stream, &kern, launch, &params.args())?;
         if let Some((ws, _)) = split {
@@ -395,7 +394,7 @@ impl crate::family::Family for PagedAttention {
         c.indices.insert("blocks", vec![0, 2, 13, 2, 1, 4]);
         c.scalars.extend([("q_heads", 4), ("kv_heads", 2), ("group", 2), ("dim", 40), ("value_dim", 24)]);
         c.scalars.extend([("page_size", 4), ("table_width", 4), ("rows_per_block", rows_per_block as u64)]);
-        c.scalars.extend([("tile", tile as u64), ("causal", 1), ("queries", 3), ("split_len", 7)]);
+        c.scalars.extend([("tile", tile as u64), ("causal", 1), ("queries", 3)]);
         Some(c)
     }
 }

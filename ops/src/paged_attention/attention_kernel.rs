@@ -46,11 +46,13 @@ pub fn paged_attention_block_shape(rows: usize, dim: usize, value_dim: usize) ->
 /// queries are consecutive and of one sequence), then `out [queries, Hq, Dv]` (unsplit) or the
 /// f32 `workspace` (split, laid out as [`super::mla_kernel::mla_workspace_len`] with `H := Hq`,
 /// `R := Dv`), `scale: f32`, `q_heads, kv_heads, group (Hq / Hkv), dim, value_dim, page_size,
-/// table_width, rows_per_block, tile, causal (0/1): u32`, and with `split` `queries, split_len:
-/// u32`. Launch: grid `(splits, Hkv · chunks, query blocks)` (1 split unsplit) with `chunks =
+/// table_width, rows_per_block, tile, causal (0/1): u32`, and with `split` `queries: u32`.
+/// Launch: grid `(splits, Hkv · chunks, query blocks)` (1 split unsplit) with `chunks =
 /// ceil(largest block's queries · group / rows_per_block)`, [`PAGED_ATTENTION_THREADS`]
-/// threads, the block shape from [`paged_attention_block_shape`]; split `s` covers keys
-/// `[s · split_len, (s + 1) · split_len)`.
+/// threads, the block shape from [`paged_attention_block_shape`]; split `s` of a query block
+/// whose keys end at `E` covers keys `[s · L, (s + 1) · L)` with `L = max(1, ceil(E / splits))`,
+/// computed in the kernel from the plan on the device, so a launch depends on no host length (a
+/// captured decode step stays valid as its sequences grow).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PagedAttentionConfig {
     pub dtype: ScalarType,
@@ -90,7 +92,6 @@ crate::kernel_params! {
         tile: scalar(u32),
         causal: scalar(u32),
         queries: opt_scalar(u32, cfg.split),
-        split_len: opt_scalar(u32, cfg.split),
     }
 }
 
@@ -165,13 +166,17 @@ pub fn paged_attention(cfg: &PagedAttentionConfig) -> Result<Kernel, VerifyError
     let r0c = b.min(r0, total);
     let left = b.sub(total, r0c);
     let nr = b.min(p.rows_per_block, left);
-    let (begin, stop) = match p.split_len {
-        Some(split_len) => {
-            let begin = b.mul(split, split_len);
-            let stop = b.add(begin, split_len);
-            (begin, b.min(stop, block_end))
-        }
-        None => (zero, block_end),
+    let (begin, stop) = if cfg.split {
+        let splits = b.special(SpecialReg::NctaidX);
+        let last = b.sub(splits, one);
+        let padded = b.add(block_end, last);
+        let per = b.div(padded, splits);
+        let split_len = b.max(per, one);
+        let begin = b.mul(split, split_len);
+        let stop = b.add(begin, split_len);
+        (begin, b.min(stop, block_end))
+    } else {
+        (zero, block_end)
     };
     // An empty chunk (a block with fewer queries than the largest) reads no keys.
     let has_rows = b.gt(nr, zero);

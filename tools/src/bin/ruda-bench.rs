@@ -204,6 +204,50 @@ fn decode_bench(op: &'static str, b: usize, (hq, hkv, d): (usize, usize, usize),
     }
 }
 
+/// Fused paged decode attention (`DevicePlan::attention_into`) of `b` sequences of `s` keys each
+/// over pages of `page` positions, the pages of every sequence shuffled through the pool: its
+/// GB/s against the copy row is the fraction of copy bandwidth the issue targets (≥ 0.85).
+fn paged_decode_bench(b: usize, (hq, hkv, d): (usize, usize, usize), s: usize, page: usize) -> Bench {
+    let make: Make = Box::new(move |dev| {
+        use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, SplitWorkspace};
+        let per = s.div_ceil(page);
+        let pages = b * per;
+        // Page i of sequence q is physical page (i * b + q) * 7919 mod pages (a permutation when
+        // pages is not a multiple of the prime 7919).
+        let tables: Vec<Vec<u32>> =
+            (0..b).map(|q| (0..per).map(|i| (((i * b + q) * 7919) % pages) as u32).collect()).collect();
+        let lengths = vec![s as u32; b];
+        let sequence_ids: Vec<u32> = (0..b as u32).collect();
+        let positions = vec![s as u32 - 1; b];
+        let host = HostPlan::new(page, pages, &tables, &lengths, &sequence_ids, &positions)?;
+        let q = random_bf16(dev, &[b, hq, d], 11)?;
+        let kc = random_bf16(dev, &[pages, page, hkv, d], 12)?;
+        let vc = random_bf16(dev, &[pages, page, hkv, d], 13)?;
+        let plan = DevicePlan::upload(&host, &q)?;
+        let splits = api::decode_splits(b, hq, hkv, d, s);
+        let ws = if splits > 1 { Some(SplitWorkspace::new(&q, b, hq, d, splits.min(32))?) } else { None };
+        let o = Tensor::empty(dev, DType::BF16, &[b, hq, d])?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let run: Launch = Box::new(move |st: &Stream| {
+            match &ws {
+                Some(ws) => plan.attention_with_workspace_into(st, &q, &kc, &vc, scale, true, ws, &o)?,
+                None => plan.attention_into(st, &q, &kc, &vc, scale, true, None, &o)?,
+            }
+            Ok(())
+        });
+        Ok((run, Some(splits.min(32))))
+    });
+    Bench {
+        op: "paged_attention_decode_bf16",
+        shape: vec![b, hq, hkv, d, s, page],
+        tag: "qwen3-0.6b heads, shuffled pages".into(),
+        base: None,
+        flops: 4.0 * (b * hq * s * d) as f64,
+        bytes: 2.0 * (2 * b * hkv * s * d + 2 * b * hq * d) as f64,
+        make,
+    }
+}
+
 /// Gated delta heads `(Hk, Hv, K, V)`: Qwen3.5's linear attention (16 key heads, 32 value
 /// heads, head dims 128).
 type DeltaHeads = (usize, usize, usize, usize);
@@ -398,6 +442,7 @@ fn catalog(quick: bool) -> Vec<Bench> {
         for &s in &contexts {
             out.push(decode_bench("attention_decode_bf16", b, heads, s, true));
             out.push(decode_bench("attention_decode_heuristic_bf16", b, heads, s, false));
+            out.push(paged_decode_bench(b, heads, s, 16));
         }
     }
     // The gated delta rule at Qwen3.5's heads: decode steps, then chunked prefill, longest last.

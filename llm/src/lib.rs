@@ -60,7 +60,8 @@ pub use layers::{
     LM_HEAD,
 };
 pub use models::{
-    architecture, Architecture, BatchCache, CausalLm, DecodeKernels, DecoderSpec, Qwen35BatchCache, Workspace,
+    architecture, decode_bucket, Architecture, BatchCache, CausalLm, DecodeKernels, DecoderSpec, Qwen35BatchCache,
+    Workspace,
 };
 pub use pipeline::{
     architecture_of, load_huggingface_qwen2_pipeline, load_huggingface_qwen35_pipeline,

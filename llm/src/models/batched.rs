@@ -12,6 +12,7 @@
 //! `[max_active, Hkv, max_sequence_length, D]` and runs the contiguous kernels; `fused` runs the
 //! paged kernels over the pages in place.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use ruda_ops::api::paged_attention::{DevicePlan, HostPlan, PlanCapacity, SplitWorkspace};
@@ -36,11 +37,14 @@ const WORKSPACES: usize = 8;
 pub struct BatchCache {
     kv: PagedKvCacheConfig,
     max_active: usize,
+    /// Pad rows a decode bucket may add: the arenas hold that many scratch pages past
+    /// `kv.num_pages`, and the state pools that many scratch slots past `max_active`.
+    scratch: usize,
     mode: PagedAttentionMode,
     layers: Vec<BatchLayer>,
     /// The attention layers' shape (one for all of them), `None` without attention layers.
     shape: Option<AttentionShape>,
-    /// Legacy path: the gather buffers `[max_active, Hkv, max_sequence_length, D]` every
+    /// Legacy path: the gather buffers `[largest bucket, Hkv, max_sequence_length, D]` every
     /// attention layer fills in turn.
     gathered: Option<(Tensor, Tensor)>,
     /// The paged plan of the last batch, in buffers of its capacity (updated in place while a
@@ -56,7 +60,8 @@ pub struct BatchCache {
     /// Saved linear-attention states (prefix caching of hybrid models): per snapshot, one
     /// slot's states of every linear-attention layer, in layer order.
     snapshots: HashMap<SnapshotId, Vec<SlotStates>>,
-    /// Whether decode batches of a bucket size replay captured graphs (`RUDA_CUDA_GRAPHS`).
+    /// Whether decode batches are padded to their bucket and replay captured graphs
+    /// (`RUDA_CUDA_GRAPHS`).
     graphs: GraphMode,
     /// Per decode bucket: its buffers (kept for its graph, whose kernels read them) and graph.
     decode_graphs: HashMap<usize, DecodeGraph>,
@@ -72,9 +77,20 @@ struct DecodeGraph {
     eager_runs: usize,
 }
 
-/// Decode batch sizes whose steps are captured: 1, 2, 4, 8, then multiples of 8.
-pub fn is_graph_bucket(rows: usize) -> bool {
-    matches!(rows, 1 | 2 | 4) || rows.is_multiple_of(8)
+/// The decode bucket of a batch of `rows` rows, the size its graph is captured at: 1, 2, 4, 8,
+/// then multiples of 8. A smaller batch is padded up to it.
+pub fn decode_bucket(rows: usize) -> usize {
+    match rows {
+        0..=2 => rows,
+        3..=4 => 4,
+        _ => rows.div_ceil(8) * 8,
+    }
+}
+
+/// Rows a padded decode batch of at most `max_active` real rows may add (each pad row has a
+/// scratch page and a scratch state slot of its own past the scheduler's).
+fn most_pad_rows(max_active: usize) -> usize {
+    (1..=max_active).map(|b| decode_bucket(b) - b).max().unwrap_or(0)
 }
 
 /// Qwen3.5's batch cache (its linear-attention layers keep one conv and recurrent state per
@@ -142,7 +158,7 @@ impl BatchCache {
 
     /// Bytes of one KV page across the attention layers (what a cached prefix page holds).
     pub fn page_bytes(&self) -> u64 {
-        let page = |t: &Tensor| (t.numel() / self.kv.num_pages * t.dtype().size()) as u64;
+        let page = |t: &Tensor| (t.numel() / t.shape()[0] * t.dtype().size()) as u64;
         let paged = self.layers.iter().filter_map(|l| match l {
             BatchLayer::Paged { k, v } => Some(page(k) + page(v)),
             BatchLayer::Linear(_) => None,
@@ -153,7 +169,7 @@ impl BatchCache {
     /// Bytes of one sequence's linear-attention states across the layers (what a prefix
     /// snapshot holds; 0 without linear-attention layers).
     pub fn snapshot_bytes(&self) -> u64 {
-        let slot = |t: &Tensor| (t.numel() / self.max_active * t.dtype().size()) as u64;
+        let slot = |t: &Tensor| (t.numel() / t.shape()[0] * t.dtype().size()) as u64;
         linear_pools(&self.layers).map(|p| p.conv.iter().map(slot).sum::<u64>() + slot(&p.recurrent)).sum()
     }
 
@@ -175,7 +191,7 @@ impl BatchCache {
         self
     }
 
-    /// Decode batch sizes with a captured graph, ascending.
+    /// Decode buckets with a captured graph, ascending.
     pub fn captured_decode_graphs(&self) -> Vec<usize> {
         let mut sizes: Vec<usize> =
             self.decode_graphs.iter().filter(|(_, g)| g.graph.is_some()).map(|(&b, _)| b).collect();
@@ -231,6 +247,7 @@ impl Decoder {
             return bad(format!("{} pages of {} positions exceed u32 rows", kv.num_pages, kv.block_size));
         }
         let (dev, dt) = (&self.device, self.dtype);
+        let scratch = most_pad_rows(max_active);
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut shape = None;
         for layer in &self.layers {
@@ -238,15 +255,15 @@ impl Decoder {
                 Mixer::Attention(a) => {
                     let AttentionShape { kv_heads, head_dim, .. } = a.shape();
                     shape.get_or_insert(a.shape());
-                    let arena = [kv.num_pages, kv.block_size, kv_heads, head_dim];
+                    let arena = [kv.num_pages + scratch, kv.block_size, kv_heads, head_dim];
                     BatchLayer::Paged { k: Tensor::zeros(dev, dt, &arena)?, v: Tensor::zeros(dev, dt, &arena)? }
                 }
-                Mixer::GatedDeltaNet(g) => BatchLayer::Linear(g.new_state_pool(dev, dt, max_active)?),
+                Mixer::GatedDeltaNet(g) => BatchLayer::Linear(g.new_state_pool(dev, dt, max_active + scratch)?),
             });
         }
         let gathered = match (mode, shape) {
             (PagedAttentionMode::Legacy, Some(AttentionShape { kv_heads, head_dim, .. })) => {
-                let s = [max_active, kv_heads, kv.max_sequence_length, head_dim];
+                let s = [decode_bucket(max_active), kv_heads, kv.max_sequence_length, head_dim];
                 Some((Tensor::zeros(dev, dt, &s)?, Tensor::zeros(dev, dt, &s)?))
             }
             _ => None,
@@ -254,6 +271,7 @@ impl Decoder {
         Ok(BatchCache {
             kv,
             max_active,
+            scratch,
             mode,
             layers,
             shape,
@@ -270,11 +288,13 @@ impl Decoder {
     }
 
     /// Checks `batch` against the model and `cache`; returns its rows, its token ids and its
-    /// paged plan.
+    /// paged plan, with `pad` rows added (token 0 at position 0, each in a scratch page and a
+    /// scratch slot).
     fn batch_inputs(
         &self,
         batch: &ScheduledBatch,
         cache: &BatchCache,
+        pad: usize,
     ) -> Result<(Vec<BatchRow>, Vec<u32>, HostPlan), LlmError> {
         let bad = |m: String| Err(LlmError::InvalidArgument(format!("batch {}: {m}", batch.id)));
         if batch.sequences.is_empty() {
@@ -308,6 +328,9 @@ impl Decoder {
                     r.request_id, r.start_position, r.context_length, kv.max_sequence_length
                 ));
             }
+            if let Some(p) = r.block_table.iter().find(|&&p| p as usize >= kv.num_pages) {
+                return bad(format!("row {i} ({}): page {p} is past the {} pages", r.request_id, kv.num_pages));
+            }
             if r.slot >= cache.max_active || rows.iter().any(|b: &BatchRow| b.slot == r.slot) {
                 return bad(format!(
                     "row {i} ({}): slot {} is past the {} slots or given twice",
@@ -322,10 +345,19 @@ impl Decoder {
         if let Err(e) = self.check_ids(&ids) {
             return bad(e.to_string());
         }
-        let tables: Vec<Vec<u32>> = batch.sequences.iter().map(|r| r.block_table.clone()).collect();
-        let plan =
-            HostPlan::new(kv.block_size, kv.num_pages, &tables, &batch.context_lengths(), &sequence_ids, &positions)
-                .map_err(|e| LlmError::op(format!("batch {}'s page tables", batch.id), e))?;
+        let mut tables: Vec<Vec<u32>> = batch.sequences.iter().map(|r| r.block_table.clone()).collect();
+        let mut lengths = batch.context_lengths();
+        for j in 0..pad {
+            ids.push(0);
+            sequence_ids.push(rows.len() as u32);
+            positions.push(0);
+            rows.push(BatchRow { start: 0, count: 1, slot: cache.max_active + j });
+            tables.push(vec![(kv.num_pages + j) as u32]);
+            lengths.push(1);
+        }
+        let pages = kv.num_pages + cache.scratch;
+        let plan = HostPlan::new(kv.block_size, pages, &tables, &lengths, &sequence_ids, &positions)
+            .map_err(|e| LlmError::op(format!("batch {}'s page tables", batch.id), e))?;
         Ok((rows, ids, plan))
     }
 
@@ -343,10 +375,14 @@ impl Decoder {
                 self.layers.len()
             )));
         }
-        let (rows, ids, host) = self.batch_inputs(batch, cache)?;
+        let decode = batch.kind == BatchKind::Decode;
+        let real = batch.sequences.len();
+        // With graphs, a decode batch runs at its bucket's size (padded), whose graph replays.
+        let graphed = cache.graphs == GraphMode::On && decode;
+        let pad = if graphed { decode_bucket(real) - real } else { 0 };
+        let (rows, ids, host) = self.batch_inputs(batch, cache, pad)?;
         let (t, b) = (ids.len(), rows.len());
         let max_q = rows.iter().map(|r| r.count).max().unwrap_or(1);
-        let decode = batch.kind == BatchKind::Decode;
         // Buffers first (allocations, no state changed yet).
         if let (Some(shape), true) = (cache.shape, decode) {
             let AttentionShape { q_heads, kv_heads, head_dim } = shape;
@@ -370,13 +406,14 @@ impl Decoder {
             }
         }
         let pages_per_sequence = cache.kv.max_sequence_length.div_ceil(cache.kv.block_size);
-        let graphed = cache.graphs == GraphMode::On && decode && is_graph_bucket(b);
         let probe = if graphed {
-            if !cache.decode_graphs.contains_key(&b) {
-                let workspace = self.workspace(t, b)?;
-                cache.decode_graphs.insert(b, DecodeGraph { workspace, graph: None, eager_runs: 0 });
-            }
-            cache.decode_graphs[&b].workspace.ids().clone()
+            let graph = match cache.decode_graphs.entry(b) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    e.insert(DecodeGraph { workspace: self.workspace(t, b)?, graph: None, eager_runs: 0 })
+                }
+            };
+            graph.workspace.ids().clone()
         } else {
             cache.workspace(self, t, b)?.ids().clone()
         };
@@ -389,9 +426,10 @@ impl Decoder {
                 for g in cache.decode_graphs.values_mut() {
                     g.graph = None;
                 }
+                let largest = decode_bucket(cache.max_active);
                 let cap = PlanCapacity {
-                    queries: t.next_power_of_two().max(16).max(cache.max_active),
-                    sequences: cache.max_active,
+                    queries: t.next_power_of_two().max(16).max(largest),
+                    sequences: largest,
                     pages_per_sequence,
                 };
                 let plan = DevicePlan::upload_with_capacity(&host, &probe, cap)
@@ -404,7 +442,8 @@ impl Decoder {
         if let Err(e) = &result {
             cache.broken = Some(e.to_string());
         }
-        result
+        // The pad rows' logits are not the caller's.
+        Ok(result?.narrow(0, 0, real)?)
     }
 
     /// The device half of [`Decoder::forward_batch`]: prefix edits, inputs, then the kernels, or
@@ -478,7 +517,8 @@ impl Decoder {
             }))
             .collect();
         let slots: Vec<u32> = rows.iter().map(|r| r.slot as u32).collect();
-        let fresh: Vec<bool> = batch.sequences.iter().map(|r| r.start_position == 0).collect();
+        // Pad rows (past the batch's) are never fresh: a decode step zeroes no slot.
+        let fresh: Vec<bool> = (0..b).map(|i| batch.sequences.get(i).is_some_and(|r| r.start_position == 0)).collect();
         let decode = cache.decode.get(&b).filter(|_| batch.kind == BatchKind::Decode);
         let split = cache.splits.get(&b).filter(|_| batch.kind == BatchKind::Decode);
         self.run_layers(w, |l, s, x, out| match (&self.layers[l].mixer, &cache.layers[l]) {

@@ -13,7 +13,7 @@ mod qwen2;
 mod qwen3;
 mod qwen35;
 
-pub use batched::{BatchCache, Qwen35BatchCache};
+pub use batched::{decode_bucket, BatchCache, Qwen35BatchCache};
 pub use decoder::{DecoderSpec, LayerSpec, Workspace};
 
 use ruda_runtime::{DType, Device, PagedAttentionMode, Tensor};

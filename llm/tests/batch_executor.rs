@@ -218,7 +218,7 @@ fn batched_decode_graphs_replay_the_launched_steps() {
         let kv = PagedKvCacheConfig { block_size: 4, num_pages: 32, max_sequence_length: 32 };
         let config = ContinuousBatchConfig { max_active_sequences: 4, max_batch_tokens: 64 };
         let mut caches = [GraphMode::On, GraphMode::Off]
-            .map(|graphs| model.new_batch_cache_with(kv, 4, PagedAttentionMode::Legacy).unwrap().with_graphs(graphs));
+            .map(|graphs| model.new_batch_cache_with(kv, 4, mode).unwrap().with_graphs(graphs));
         let mut schedulers = [0, 1].map(|_| ContinuousBatchScheduler::new(config, kv).unwrap());
         // Replies of 12, 10, 8 and 6 tokens: decode batches of 4, 3, 2 and 1 rows.
         for (i, p) in prompts().into_iter().take(4).enumerate() {

@@ -179,6 +179,11 @@ impl<'a> TextStream<'a> {
         TextStream { stop_sequences, emitted: 0 }
     }
 
+    /// A stream whose first `emitted` bytes were handed out already.
+    pub(crate) fn resuming(stop_sequences: &'a [String], emitted: usize) -> TextStream<'a> {
+        TextStream { stop_sequences, emitted }
+    }
+
     /// Where the reply `text` ends at its first stop sequence, if it contains one.
     pub(crate) fn stop_at(&self, text: &str) -> Option<usize> {
         self.stop_sequences.iter().filter_map(|s| text.find(s.as_str())).min()

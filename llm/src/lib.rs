@@ -42,9 +42,9 @@ pub mod tune;
 mod weights;
 
 pub use batch::{
-    BatchEvent, BatchKind, BatchOptions, BatchOutput, BatchRequest, BatchSummary, ContinuousBatchConfig,
-    ContinuousBatchScheduler, FinishedRequest, PageCopy, PagedKvCacheConfig, PrefixCacheConfig, RequestId,
-    ScheduledBatch, ScheduledSequence, SchedulerStats, SnapshotId,
+    BatchEvent, BatchKind, BatchOptions, BatchOutput, BatchRequest, BatchRunner, BatchSummary, ContinuousBatchConfig,
+    ContinuousBatchScheduler, FinishedRequest, PageCopy, PagedKvCacheConfig, PrefixCacheBounds, PrefixCacheConfig,
+    RequestId, RunnerEvent, ScheduledBatch, ScheduledSequence, SchedulerStats, SnapshotId,
 };
 pub use cache::{Cache, KvCache, LayerCache, LinearStatePool};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};

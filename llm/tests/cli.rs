@@ -278,7 +278,6 @@ fn batch_stop_sequences_and_errors() {
     for (name, lines, flags, want) in [
         ("badline", "{\"prompt\": \"a\"}\nnot json\n", &[][..], "line 2"),
         ("unknown", "{\"prompt\": \"a\", \"temprature\": 1}\n", &[][..], "line 1"),
-        ("prefix", "{\"prompt\": \"a\"}\n", &["--prefix-cache"][..], "prefix cache"),
         ("zero", "{\"prompt\": \"a\"}\n", &["--max-active", "0"][..], "--max-active"),
         ("empty", "\n", &[][..], "no prompts"),
     ] {

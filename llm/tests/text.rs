@@ -216,3 +216,36 @@ fn tojson_and_python_string_methods() {
          [\n  1,\n  2.5,\n  \"é\\\"\\n\"\n]|a+b|True|x|AB"
     );
 }
+
+/// The incremental decoder of batched replies: after every token its text is a prefix of the
+/// whole reply decoded at once, it settles as characters complete, and `finish` gives exactly
+/// the whole decode; on the bundled tiny model's byte-level tokenizer, over random ids (bytes
+/// that split UTF-8 characters, invalid sequences, special tokens) and over real text.
+#[test]
+fn incremental_decoding_matches_decoding_the_whole_reply() {
+    use ruda_llm::batch::IncrementalDecoder;
+    let tok = Tokenizer::load(ruda_llm::example::bundled_model(ruda_llm::ModelType::Qwen2)).unwrap();
+    let vocab = tok.vocab_size() as u64;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) % vocab) as u32
+    };
+    let text_ids = tok.encode("naïve café — 日本語 🙂 done", false).unwrap();
+    let replies: Vec<Vec<u32>> = vec![(0..300).map(|_| random()).collect(), text_ids];
+    for (r, ids) in replies.iter().enumerate() {
+        for skip in [true, false] {
+            let mut dec = IncrementalDecoder::new(skip);
+            for (i, &id) in ids.iter().enumerate() {
+                let whole = tok.decode(&ids[..=i], skip).unwrap();
+                let text = dec.push(&tok, id).unwrap();
+                assert!(whole.starts_with(text), "reply {r}, token {i}: {text:?} is not a prefix of {whole:?}");
+            }
+            let whole = tok.decode(ids, skip).unwrap();
+            if r == 1 {
+                assert_eq!(dec.text(), whole, "valid text settles completely");
+            }
+            assert_eq!(dec.finish(&tok).unwrap(), whole);
+        }
+    }
+}

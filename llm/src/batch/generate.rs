@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use crate::error::LlmError;
 use crate::generate::{GenerateParams, SamplingConfig};
+use crate::tokenizer::Tokenizer;
 
 /// One request of a prompt file: its prompt text and the generation settings of its line.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,6 +117,53 @@ impl StopSequenceMatcher {
         self.scanned = text.len();
         let window = &text[start..];
         self.stops.iter().filter_map(|stop| window.find(stop.as_str())).min().map(|at| start + at)
+    }
+}
+
+/// A reply's text kept up to date one token at a time without decoding the whole reply again
+/// (vLLM's offsets): each token decodes only the window from the last settled piece, and text is
+/// appended once it no longer ends inside a UTF-8 character. [`IncrementalDecoder::finish`]
+/// decodes the whole reply once, so the final text is exactly the tokenizer's.
+#[derive(Clone, Debug, Default)]
+pub struct IncrementalDecoder {
+    ids: Vec<u32>,
+    /// Start of the window decoded for context, and end of the settled part.
+    prefix_offset: usize,
+    read_offset: usize,
+    text: String,
+    skip_special_tokens: bool,
+}
+
+impl IncrementalDecoder {
+    pub fn new(skip_special_tokens: bool) -> IncrementalDecoder {
+        IncrementalDecoder { skip_special_tokens, ..Default::default() }
+    }
+
+    /// Add `id`; returns the reply's text so far.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<&str, LlmError> {
+        self.ids.push(id);
+        let skip = self.skip_special_tokens;
+        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], skip)?;
+        let window = tokenizer.decode(&self.ids[self.prefix_offset..], skip)?;
+        if window.len() > prefix.len() && !window.ends_with('\u{FFFD}') && window.starts_with(&prefix) {
+            self.text.push_str(&window[prefix.len()..]);
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+        }
+        Ok(&self.text)
+    }
+
+    /// The reply's text so far (what is settled).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The whole reply decoded at once (its final text).
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<&str, LlmError> {
+        self.text = tokenizer.decode(&self.ids, self.skip_special_tokens)?;
+        self.prefix_offset = self.ids.len();
+        self.read_offset = self.ids.len();
+        Ok(&self.text)
     }
 }
 

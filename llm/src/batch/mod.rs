@@ -8,8 +8,8 @@ mod pages;
 mod run;
 mod scheduler;
 
-pub use generate::{parse_prompt_lines, BatchRequest, StopSequenceMatcher};
-pub use run::{BatchEvent, BatchOptions, BatchOutput, BatchSummary};
+pub use generate::{parse_prompt_lines, BatchRequest, IncrementalDecoder, StopSequenceMatcher};
+pub use run::{BatchEvent, BatchOptions, BatchOutput, BatchRunner, BatchSummary, PrefixCacheBounds, RunnerEvent};
 pub use scheduler::{
     BatchKind, ContinuousBatchConfig, ContinuousBatchScheduler, FinishedRequest, PageCopy, PagedKvCacheConfig,
     PrefixCacheConfig, RequestId, ScheduledBatch, ScheduledSequence, SchedulerStats, SnapshotId,

@@ -1,7 +1,8 @@
 //! Batched generation end to end: requests through the [`ContinuousBatchScheduler`] and a
 //! model's batched executor ([`CausalLm::forward_batch`]), each row's next token picked with
-//! its own settings, stop sequences checked on each reply as it grows. What `ruda-llm batch`
-//! runs; [`Pipeline::generate_batch`] is the library's call.
+//! its own settings, each reply decoded incrementally and checked for stop sequences as it
+//! grows. [`BatchRunner`] is one step at a time (what a serving engine drives);
+//! [`Pipeline::generate_batch`] runs a list of requests to the end (what `ruda-llm batch` runs).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -9,16 +10,16 @@ use std::time::Instant;
 use ruda_ops::api;
 use ruda_runtime::{DType, Tensor};
 
-use super::generate::{BatchRequest, StopSequenceMatcher};
+use super::generate::{BatchRequest, IncrementalDecoder, StopSequenceMatcher};
 use super::scheduler::{
     ContinuousBatchConfig, ContinuousBatchScheduler, PagedKvCacheConfig, RequestId, ScheduledBatch, SchedulerStats,
 };
 use crate::error::LlmError;
-use crate::generate::StopReason;
-use crate::models::CausalLm;
+use crate::generate::{GenerateParams, StopReason, TextStream};
+use crate::models::{BatchCache, CausalLm};
 use crate::pipeline::{Pipeline, TokenPicker};
 
-/// The batching limits and the KV pool of a [`Pipeline::generate_batch`] run.
+/// The batching limits and the KV pool of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchOptions {
     /// Requests running at once (each holds a slot of the linear-attention state pools).
@@ -30,21 +31,42 @@ pub struct BatchOptions {
     /// Pages in the pool; `None`: enough for `max_active` of the longest request (prompt plus
     /// `max_new_tokens`), so nothing is preempted.
     pub num_pages: Option<usize>,
-    /// Share the KV pages of common prompt prefixes (not built yet: an error).
-    pub prefix_cache: bool,
-    /// Leave special tokens out of `generated_text`.
+    /// Share the KV pages of common prompt prefixes (see [`PrefixCacheBounds`]).
+    pub prefix_cache: Option<PrefixCacheBounds>,
+    /// Leave special tokens out of the replies' text.
     pub skip_special_tokens: bool,
 }
 
+/// How much the prefix cache may hold; `None` fields take the defaults of
+/// [`PrefixCacheBounds::resolve`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheBounds {
+    pub max_bytes: Option<u64>,
+    pub max_entries: Option<usize>,
+}
+
+impl PrefixCacheBounds {
+    /// `(max_bytes, max_entries)`: by default every page of the pool may be cached, and the
+    /// bytes allow that many pages plus `max_active` linear-attention snapshots (as much again
+    /// as the state pools hold).
+    pub fn resolve(&self, cache: &BatchCache) -> (u64, usize) {
+        let pages = cache.kv_config().num_pages;
+        let entries = self.max_entries.unwrap_or(pages);
+        let bytes = pages as u64 * cache.page_bytes() + cache.max_active() as u64 * cache.snapshot_bytes();
+        (self.max_bytes.unwrap_or(bytes), entries)
+    }
+}
+
 impl Default for BatchOptions {
-    /// 16 active requests, 512 tokens a batch, pages of 16 positions, a pool sized to fit.
+    /// 16 active requests, 512 tokens a batch, pages of 16 positions, a pool sized to fit, no
+    /// prefix cache.
     fn default() -> BatchOptions {
         BatchOptions {
             max_active: 16,
             max_batch_tokens: 512,
             block_size: 16,
             num_pages: None,
-            prefix_cache: false,
+            prefix_cache: None,
             skip_special_tokens: true,
         }
     }
@@ -53,7 +75,7 @@ impl Default for BatchOptions {
 /// One finished request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchOutput {
-    /// The request's [`BatchRequest::index`] (its line of the prompt file).
+    /// The request's tag ([`BatchRequest::index`] in [`Pipeline::generate_batch`]).
     pub index: usize,
     pub prompt_tokens: usize,
     pub generated_token_ids: Vec<u32>,
@@ -73,9 +95,10 @@ pub struct BatchSummary {
     pub tokens_per_second: f64,
     pub batches: usize,
     pub preemptions: u64,
+    pub prefix_hits: u64,
 }
 
-/// What a run reports as it goes.
+/// What a [`Pipeline::generate_batch`] run reports as it goes.
 pub enum BatchEvent<'a> {
     /// A request finished (in finish order).
     Finished(&'a BatchOutput),
@@ -83,17 +106,224 @@ pub enum BatchEvent<'a> {
     Step { stats: SchedulerStats, finished: usize, requests: usize },
 }
 
+/// What one [`BatchRunner::step`] reports, request by request.
+pub enum RunnerEvent<'a> {
+    /// Request `id` (tagged `tag`) generated `token`; `text` is the reply's new streamable text
+    /// (empty while a character or a possible stop sequence is incomplete).
+    Token { id: RequestId, tag: usize, token: u32, text: &'a str },
+    /// Request `id` finished; `text` is what its reply had not streamed yet.
+    Finished { id: RequestId, output: &'a BatchOutput, text: &'a str },
+    /// Request `id` was cancelled ([`BatchRunner::cancel`]); its pages and slot are free.
+    Cancelled { id: RequestId, tag: usize },
+}
+
 /// A running request's host state.
 struct Active {
-    index: usize,
+    tag: usize,
     prompt_tokens: usize,
     picker: TokenPicker,
     /// Prompt and reply so far (what a repetition penalty sees).
     history: Vec<u32>,
     generated: usize,
-    stops: Option<StopSequenceMatcher>,
+    reply: IncrementalDecoder,
+    stops: Vec<String>,
+    matcher: StopSequenceMatcher,
+    /// How much of the reply was streamed.
+    streamed: usize,
     /// Where a stop sequence cut the reply.
     cut: Option<usize>,
+}
+
+/// Continuous batching one step at a time over a pipeline's model: submit and cancel requests
+/// at any point, call [`BatchRunner::step`] while [`BatchRunner::has_work`].
+pub struct BatchRunner<'p> {
+    pipeline: &'p Pipeline,
+    scheduler: ContinuousBatchScheduler,
+    cache: BatchCache,
+    active: HashMap<RequestId, Active>,
+    skip_special_tokens: bool,
+    max_sequence_length: usize,
+    batches: usize,
+}
+
+impl<'p> BatchRunner<'p> {
+    /// A runner over `kv`'s pool for requests of at most `kv.max_sequence_length` positions
+    /// (`options.num_pages` is ignored: `kv` says it).
+    pub fn new(pipeline: &'p Pipeline, kv: PagedKvCacheConfig, options: &BatchOptions) -> Result<Self, LlmError> {
+        let model = pipeline.model();
+        let config = ContinuousBatchConfig {
+            max_active_sequences: options.max_active,
+            max_batch_tokens: options.max_batch_tokens,
+        };
+        let mut scheduler = ContinuousBatchScheduler::new(config, kv)?;
+        let cache = model.new_batch_cache(kv, options.max_active)?;
+        if let Some(bounds) = &options.prefix_cache {
+            let (max_bytes, max_entries) = bounds.resolve(&cache);
+            scheduler = scheduler.with_prefix_cache(cache.prefix_cache_config(max_bytes, max_entries))?;
+        }
+        Ok(BatchRunner {
+            pipeline,
+            scheduler,
+            cache,
+            active: HashMap::new(),
+            skip_special_tokens: options.skip_special_tokens,
+            max_sequence_length: kv.max_sequence_length,
+            batches: 0,
+        })
+    }
+
+    /// Queue a request of `prompt` token ids, tagged `tag` in its events. Errors: invalid
+    /// settings, an empty prompt, or one whose prompt plus `max_new_tokens` exceeds the
+    /// runner's `max_sequence_length`.
+    pub fn submit(&mut self, tag: usize, prompt: Vec<u32>, params: &GenerateParams) -> Result<RequestId, LlmError> {
+        params.validate()?;
+        let device = self.pipeline.model().device().clone();
+        let picker = TokenPicker::new(&device, params)?;
+        let id = self.scheduler.submit(prompt.clone(), params.clone())?;
+        self.active.insert(
+            id,
+            Active {
+                tag,
+                prompt_tokens: prompt.len(),
+                picker,
+                history: prompt,
+                generated: 0,
+                reply: IncrementalDecoder::new(self.skip_special_tokens),
+                stops: params.stop_sequences.clone(),
+                matcher: StopSequenceMatcher::new(&params.stop_sequences),
+                streamed: 0,
+                cut: None,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Drop request `id` (at once, or when the batch it is in ends); a [`RunnerEvent::Cancelled`]
+    /// follows.
+    pub fn cancel(&mut self, id: RequestId) -> Result<(), LlmError> {
+        self.scheduler.cancel(id)
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.scheduler.stats()
+    }
+
+    /// Batches run so far.
+    pub fn batches(&self) -> usize {
+        self.batches
+    }
+
+    /// The longest request (prompt plus new tokens) the runner takes.
+    pub fn max_sequence_length(&self) -> usize {
+        self.max_sequence_length
+    }
+
+    /// Run one batch (if any can be scheduled) and report its tokens and the requests that
+    /// ended, in order. Returns whether a batch ran. A model failure fails the batch (its rows
+    /// are scheduled again) and is returned; the cache is then unusable, so every later step
+    /// fails too.
+    pub fn step(&mut self, mut on_event: impl FnMut(RunnerEvent<'_>)) -> Result<bool, LlmError> {
+        let Some(batch) = self.scheduler.schedule()? else {
+            self.report_finished(&mut on_event)?;
+            return Ok(false);
+        };
+        let tokens = match self.run_batch(&batch) {
+            Ok(tokens) => tokens,
+            Err(e) => {
+                self.scheduler.fail_batch(batch.id)?;
+                return Err(e);
+            }
+        };
+        self.batches += 1;
+        self.scheduler.complete_batch(batch.id, &tokens)?;
+        let tokenizer = self.pipeline.tokenizer();
+        for (row, &token) in batch.sequences.iter().zip(&tokens) {
+            let Some(a) = self.active.get_mut(&row.request_id).filter(|_| row.samples) else { continue };
+            a.history.push(token);
+            a.generated += 1;
+            let reply = a.reply.push(tokenizer, token)?;
+            if let Some(cut) = a.matcher.check(reply) {
+                a.cut = Some(cut);
+                // Unless the same token already finished it (an EOS, or the last one): then the
+                // scheduler no longer knows it, and the cut still applies.
+                if self.scheduler.is_active(row.request_id) {
+                    self.scheduler.finish_request(row.request_id, StopReason::StopSequence)?;
+                }
+            }
+            if self.scheduler.is_active(row.request_id) {
+                let mut stream = TextStream::resuming(&a.stops, a.streamed);
+                let piece = stream.next(reply, false);
+                a.streamed += piece.len();
+                on_event(RunnerEvent::Token { id: row.request_id, tag: a.tag, token, text: piece });
+            } else {
+                on_event(RunnerEvent::Token { id: row.request_id, tag: a.tag, token, text: "" });
+            }
+        }
+        self.report_finished(&mut on_event)?;
+        Ok(true)
+    }
+
+    /// Report the requests the scheduler finished or cancelled since the last call.
+    fn report_finished(&mut self, on_event: &mut impl FnMut(RunnerEvent<'_>)) -> Result<(), LlmError> {
+        let tokenizer = self.pipeline.tokenizer();
+        for f in self.scheduler.pop_finished() {
+            let Some(mut a) = self.active.remove(&f.request_id) else { continue };
+            let Some(reason) = f.stop_reason else {
+                on_event(RunnerEvent::Cancelled { id: f.request_id, tag: a.tag });
+                continue;
+            };
+            let mut text = a.reply.finish(tokenizer)?.to_string();
+            // A stop sequence that came with the last token still ends the reply there.
+            let stop_reason = match a.cut {
+                Some(cut) => {
+                    text.truncate(cut);
+                    StopReason::StopSequence
+                }
+                None => reason,
+            };
+            let rest = text.get(a.streamed..).unwrap_or("").to_string();
+            let output = BatchOutput {
+                index: a.tag,
+                prompt_tokens: a.prompt_tokens,
+                generated_token_ids: f.generated_token_ids,
+                generated_text: text,
+                stop_reason,
+            };
+            on_event(RunnerEvent::Finished { id: f.request_id, output: &output, text: &rest });
+        }
+        Ok(())
+    }
+
+    /// Runs `batch` and picks each sampling row's next token (0 for the others).
+    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Vec<u32>, LlmError> {
+        let model: &dyn CausalLm = self.pipeline.model();
+        let logits = model.forward_batch(batch, &mut self.cache)?;
+        let rows = &batch.sequences;
+        let active = &mut self.active;
+        let plain =
+            rows.iter().all(|r| !r.samples || active.get(&r.request_id).is_some_and(|a| a.picker.is_plain_greedy()));
+        if plain {
+            // One argmax over every row, one read back.
+            let device = logits.device().clone();
+            let chosen = Tensor::zeros(&device, DType::U32, &[rows.len()])?;
+            api::argmax_into(&device.default_stream(), &logits, &chosen, None)
+                .map_err(|e| LlmError::op("argmax", e))?;
+            let ids = chosen.to_vec::<u32>()?;
+            return Ok(rows.iter().zip(ids).map(|(r, id)| if r.samples { id } else { 0 }).collect());
+        }
+        let mut tokens = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            match active.get_mut(&row.request_id).filter(|_| row.samples) {
+                Some(a) => tokens.push(a.picker.pick(&logits.narrow(0, i, 1)?, &a.history, a.generated)?),
+                None => tokens.push(0),
+            }
+        }
+        Ok(tokens)
+    }
 }
 
 impl Pipeline {
@@ -111,13 +341,7 @@ impl Pipeline {
         if requests.is_empty() {
             return Err(LlmError::InvalidArgument("generate_batch: no requests".into()));
         }
-        if options.prefix_cache {
-            return Err(LlmError::InvalidArgument(
-                "generate_batch: the prefix cache is not implemented yet (run without it)".into(),
-            ));
-        }
-        let model = self.model();
-        let max_positions = model.config().max_position_embeddings;
+        let max_positions = self.model().config().max_position_embeddings;
         let mut prompts = Vec::with_capacity(requests.len());
         for r in requests {
             r.params.validate()?;
@@ -140,132 +364,37 @@ impl Pipeline {
             num_pages: options.num_pages.unwrap_or(options.max_active * longest.div_ceil(block_size)),
             max_sequence_length: longest,
         };
-        let config = ContinuousBatchConfig {
-            max_active_sequences: options.max_active,
-            max_batch_tokens: options.max_batch_tokens,
-        };
-        let mut scheduler = ContinuousBatchScheduler::new(config, kv)?;
-        let mut cache = model.new_batch_cache(kv, options.max_active)?;
-        let device = model.device().clone();
-        let mut active: HashMap<RequestId, Active> = HashMap::new();
+        let mut runner = BatchRunner::new(self, kv, options)?;
         for (r, ids) in requests.iter().zip(prompts) {
-            let id = scheduler.submit(ids.clone(), r.params.clone())?;
-            let stops =
-                (!r.params.stop_sequences.is_empty()).then(|| StopSequenceMatcher::new(&r.params.stop_sequences));
-            active.insert(
-                id,
-                Active {
-                    index: r.index,
-                    prompt_tokens: ids.len(),
-                    picker: TokenPicker::new(&device, &r.params)?,
-                    history: ids,
-                    generated: 0,
-                    stops,
-                    cut: None,
-                },
-            );
+            runner.submit(r.index, ids, &r.params)?;
         }
         let start = Instant::now();
-        let (mut finished, mut generated_tokens, mut batches) = (0, 0, 0);
-        while scheduler.has_work() {
-            let batch = scheduler.schedule()?.ok_or_else(|| {
-                LlmError::InvalidArgument("generate_batch: requests are left but none can be scheduled".into())
+        let (mut finished, mut generated_tokens) = (0, 0);
+        while runner.has_work() {
+            let ran = runner.step(|event| {
+                if let RunnerEvent::Finished { output, .. } = event {
+                    generated_tokens += output.generated_token_ids.len();
+                    finished += 1;
+                    on_event(BatchEvent::Finished(output));
+                }
             })?;
-            let tokens = match self.run_one(model, &batch, &mut cache, &mut active) {
-                Ok(tokens) => tokens,
-                Err(e) => {
-                    scheduler.fail_batch(batch.id)?;
-                    return Err(e);
-                }
-            };
-            batches += 1;
-            scheduler.complete_batch(batch.id, &tokens)?;
-            for (row, &token) in batch.sequences.iter().zip(&tokens) {
-                let Some(a) = active.get_mut(&row.request_id).filter(|_| row.samples) else { continue };
-                a.history.push(token);
-                a.generated += 1;
-                if let Some(stops) = &mut a.stops {
-                    let reply = self.decode(&a.history[a.prompt_tokens..], options.skip_special_tokens)?;
-                    if let Some(cut) = stops.check(&reply) {
-                        a.cut = Some(cut);
-                        // Unless the same token already finished it (an EOS, or the last one):
-                        // then the scheduler no longer knows it, and the cut still applies.
-                        if scheduler.is_active(row.request_id) {
-                            scheduler.finish_request(row.request_id, StopReason::StopSequence)?;
-                        }
-                    }
-                }
+            if !ran && runner.has_work() {
+                return Err(LlmError::InvalidArgument(
+                    "generate_batch: requests are left but none can be scheduled".into(),
+                ));
             }
-            for f in scheduler.pop_finished() {
-                let a = active
-                    .remove(&f.request_id)
-                    .ok_or_else(|| LlmError::InvalidArgument(format!("{} finished twice", f.request_id)))?;
-                let mut text = self.decode(&f.generated_token_ids, options.skip_special_tokens)?;
-                // A stop sequence that came with the last token still ends the reply there.
-                let stop_reason = match a.cut {
-                    Some(cut) => {
-                        text.truncate(cut);
-                        StopReason::StopSequence
-                    }
-                    None => f.stop_reason.ok_or_else(|| {
-                        LlmError::InvalidArgument(format!(
-                            "{} was cancelled, which generate_batch never does",
-                            f.request_id
-                        ))
-                    })?,
-                };
-                generated_tokens += f.generated_token_ids.len();
-                finished += 1;
-                let output = BatchOutput {
-                    index: a.index,
-                    prompt_tokens: a.prompt_tokens,
-                    generated_token_ids: f.generated_token_ids,
-                    generated_text: text,
-                    stop_reason,
-                };
-                on_event(BatchEvent::Finished(&output));
-            }
-            on_event(BatchEvent::Step { stats: scheduler.stats(), finished, requests: requests.len() });
+            on_event(BatchEvent::Step { stats: runner.stats(), finished, requests: requests.len() });
         }
         let seconds = start.elapsed().as_secs_f64();
+        let stats = runner.stats();
         Ok(BatchSummary {
             requests: requests.len(),
             generated_tokens,
             seconds,
             tokens_per_second: if seconds > 0.0 { generated_tokens as f64 / seconds } else { 0.0 },
-            batches,
-            preemptions: scheduler.stats().preemptions,
+            batches: runner.batches(),
+            preemptions: stats.preemptions,
+            prefix_hits: stats.prefix_hits,
         })
-    }
-
-    /// Runs `batch` and picks each sampling row's next token (0 for the others).
-    fn run_one(
-        &self,
-        model: &dyn CausalLm,
-        batch: &ScheduledBatch,
-        cache: &mut crate::models::BatchCache,
-        active: &mut HashMap<RequestId, Active>,
-    ) -> Result<Vec<u32>, LlmError> {
-        let logits = model.forward_batch(batch, cache)?;
-        let rows = &batch.sequences;
-        let plain =
-            rows.iter().all(|r| !r.samples || active.get(&r.request_id).is_some_and(|a| a.picker.is_plain_greedy()));
-        if plain {
-            // One argmax over every row, one read back.
-            let device = logits.device().clone();
-            let chosen = Tensor::zeros(&device, DType::U32, &[rows.len()])?;
-            api::argmax_into(&device.default_stream(), &logits, &chosen, None)
-                .map_err(|e| LlmError::op("argmax", e))?;
-            let ids = chosen.to_vec::<u32>()?;
-            return Ok(rows.iter().zip(ids).map(|(r, id)| if r.samples { id } else { 0 }).collect());
-        }
-        let mut tokens = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter().enumerate() {
-            match active.get_mut(&row.request_id).filter(|_| row.samples) {
-                Some(a) => tokens.push(a.picker.pick(&logits.narrow(0, i, 1)?, &a.history, a.generated)?),
-                None => tokens.push(0),
-            }
-        }
-        Ok(tokens)
     }
 }

@@ -198,7 +198,7 @@ fn batch(args: BatchArgs) -> Result<(), LlmError> {
         max_batch_tokens: args.max_batch_tokens,
         block_size: args.block_size,
         num_pages: args.num_pages,
-        prefix_cache: args.prefix_cache,
+        prefix_cache: args.prefix_cache.then(ruda_llm::PrefixCacheBounds::default),
         skip_special_tokens: true,
     };
     eprintln!(
@@ -248,6 +248,7 @@ fn batch(args: BatchArgs) -> Result<(), LlmError> {
         "tokens_per_second": summary.tokens_per_second,
         "batches": summary.batches,
         "preemptions": summary.preemptions,
+        "prefix_hits": summary.prefix_hits,
     });
     writeln!(out, "{line}").map_err(|e| LlmError::InvalidArgument(format!("writing to standard output: {e}")))?;
     Ok(())

@@ -28,6 +28,7 @@ pub mod batch;
 mod cache;
 mod chat;
 mod config;
+pub mod engine;
 mod error;
 pub mod example;
 mod generate;
@@ -49,6 +50,10 @@ pub use batch::{
 pub use cache::{Cache, KvCache, LayerCache, LinearStatePool};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineEvent, EngineInfo, EngineMetrics, EngineOutput, EngineRequest,
+    RequestHandle, Shutdown,
+};
 pub use error::{LlmError, LoadError};
 pub use generate::{
     GenerateParams, GeneratedText, GreedyGenerationConfig, SamplingConfig, SamplingGenerationConfig, StopReason,

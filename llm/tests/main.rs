@@ -9,6 +9,7 @@ mod cli;
 mod common;
 mod decode_graph;
 mod decode_plan;
+mod engine;
 mod loading;
 mod model_goldens;
 mod pipeline;

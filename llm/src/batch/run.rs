@@ -267,6 +267,11 @@ impl<'p> BatchRunner<'p> {
         Ok(true)
     }
 
+    /// Report the requests cancelled (or finished) since the last step without running a batch.
+    pub fn flush_finished(&mut self, mut on_event: impl FnMut(RunnerEvent<'_>)) -> Result<(), LlmError> {
+        self.report_finished(&mut on_event)
+    }
+
     /// Report the requests the scheduler finished or cancelled since the last call.
     fn report_finished(&mut self, on_event: &mut impl FnMut(RunnerEvent<'_>)) -> Result<(), LlmError> {
         let tokenizer = self.pipeline.tokenizer();

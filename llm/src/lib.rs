@@ -25,6 +25,7 @@
 //! ```
 
 pub mod batch;
+pub mod bench_serve;
 mod cache;
 mod chat;
 mod config;

@@ -4,6 +4,7 @@
 mod bad_inputs;
 mod batch_executor;
 mod batch_scheduler;
+mod bench_serve;
 mod chat_goldens;
 mod cli;
 mod common;

@@ -15,6 +15,11 @@
 //!   continuous batching over the requests of a JSONL file (`ruda_llm::Pipeline::generate_batch`),
 //!   one JSON line per finished request, in finish order, then a summary line; progress on
 //!   standard error; exit status 1 on any error.
+//! - `ruda-llm bench-serve --url URL [--concurrency 1,8,32] [--requests N] [--input-len N]
+//!   [--output-len N] [--model NAME] [--api-key KEY] [--timeout-s N]`: the serving benchmark
+//!   (`ruda_llm::bench_serve`), one JSON line per concurrency level; exit status 1 on any error.
+//! - `ruda-llm serve ARGS`: the OpenAI-compatible server, `ruda-serve ARGS` (crate `ruda-serve`,
+//!   so this library does not pull in an HTTP stack), found beside this executable or on `PATH`.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -51,6 +56,100 @@ enum Command {
     /// Generate for every prompt of a JSONL file at once through continuous batching, printing
     /// one JSON line per finished request (in finish order), then a summary line
     Batch(BatchArgs),
+    /// Benchmark a running server as `vllm bench serve` does: streaming completions at each
+    /// concurrency, request throughput, output tokens/s, TTFT, TPOT and ITL (mean, p50, p99)
+    BenchServe(BenchServeArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API: runs `ruda-serve` with these arguments
+    /// (see `ruda-serve --help` and docs/serving.md)
+    #[command(disable_help_flag = true)]
+    Serve {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+#[derive(Args)]
+struct BenchServeArgs {
+    /// The server, http://HOST:PORT
+    #[arg(long, value_name = "URL")]
+    url: String,
+    /// Concurrent clients, one level after another
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_value = "1,8,32")]
+    concurrency: Vec<usize>,
+    /// Requests per level
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 64)]
+    requests: usize,
+    /// Prompt length in words (about one token each)
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 128)]
+    input_len: usize,
+    /// Tokens per reply (EOS ignored)
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 64)]
+    output_len: usize,
+    /// The served model [default: the first of /v1/models]
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// Sent as `Authorization: Bearer KEY`
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Seconds one request may take
+    #[arg(long, value_name = "N", value_parser = positive(), allow_negative_numbers = true, default_value_t = 600)]
+    timeout_s: usize,
+}
+
+fn bench_serve(args: BenchServeArgs) -> Result<(), LlmError> {
+    use ruda_llm::bench_serve::{bench_serve, BenchServeConfig};
+    let cfg = BenchServeConfig {
+        url: args.url,
+        concurrency: args.concurrency,
+        requests: args.requests,
+        input_len: args.input_len,
+        output_len: args.output_len,
+        model: args.model,
+        api_key: args.api_key,
+        timeout: std::time::Duration::from_secs(args.timeout_s as u64),
+    };
+    eprintln!(
+        "bench-serve: {} requests per level at concurrency {:?} against {}",
+        cfg.requests, cfg.concurrency, cfg.url
+    );
+    bench_serve(&cfg, |r| {
+        let mut line = r.to_json();
+        line["event"] = "bench_serve".into();
+        println!("{line}");
+        eprintln!(
+            "bench-serve: concurrency {:>3}: {} done, {} failed, {:.2} req/s, {:.1} output tok/s, TTFT {:.1} ms (p99 {:.1}), TPOT {:.1} ms, ITL {:.1} ms (p99 {:.1})",
+            r.concurrency,
+            r.completed,
+            r.failed,
+            r.request_throughput,
+            r.output_tokens_per_second,
+            r.ttft.mean * 1e3,
+            r.ttft.p99 * 1e3,
+            r.tpot.mean * 1e3,
+            r.itl.mean * 1e3,
+            r.itl.p99 * 1e3
+        );
+    })?;
+    Ok(())
+}
+
+/// `ruda-serve` beside this executable (cargo builds both into one folder), else on `PATH`.
+fn serve(args: Vec<OsString>) -> ExitCode {
+    let beside = std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join("ruda-serve")));
+    let program = match beside.filter(|p| p.is_file()) {
+        Some(p) => p.into_os_string(),
+        None => OsString::from("ruda-serve"),
+    };
+    match std::process::Command::new(&program).args(&args).status() {
+        Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(0, 255) as u8)),
+        Err(e) => {
+            eprintln!(
+                "error: cannot run {} ({e}): the server is the ruda-serve crate's binary; build it with `cargo build --release -p ruda-serve`",
+                program.to_string_lossy()
+            );
+            ExitCode::from(1)
+        }
+    }
 }
 
 #[derive(Args)]
@@ -301,6 +400,14 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Serve { args } => serve(args),
+        Command::BenchServe(args) => match bench_serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
             }
         },
         Command::Batch(args) => match batch(args) {

@@ -396,7 +396,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn check_batch(b: &ScheduledBatch, prompts: &HashMap<RequestId, Vec<u32>>, tokens: usize, active: usize, block: usize) {
+/// With `shared` (prefix caching), rows may share the pages they only read; a page a row writes
+/// is in no other row's table.
+fn check_batch(
+    b: &ScheduledBatch,
+    prompts: &HashMap<RequestId, Vec<u32>>,
+    tokens: usize,
+    active: usize,
+    block: usize,
+    shared: bool,
+) {
     let total: usize = b.sequences.iter().map(|s| s.tokens.len()).sum();
     assert!(total <= tokens, "token budget exceeded");
     assert!(b.sequences.len() <= active);
@@ -406,8 +415,15 @@ fn check_batch(b: &ScheduledBatch, prompts: &HashMap<RequestId, Vec<u32>>, token
         assert_eq!(s.context_length, s.start_position + s.tokens.len());
         assert_eq!(s.block_table.len(), s.context_length.div_ceil(block), "block table covers context_length");
         assert!(slots.insert(s.slot) && s.slot < active, "slot unique and in range");
-        for &p in &s.block_table {
-            assert!(pages.insert(p), "page {p} assigned twice");
+        if shared {
+            for &p in &s.block_table[s.start_position / block..] {
+                let others = b.sequences.iter().filter(|o| o.block_table.contains(&p)).count();
+                assert_eq!(others, 1, "page {p} written by one row and in another's table");
+            }
+        } else {
+            for &p in &s.block_table {
+                assert!(pages.insert(p), "page {p} assigned twice");
+            }
         }
         if b.kind == BatchKind::Decode {
             assert_eq!(s.tokens.len(), 1);
@@ -421,60 +437,105 @@ fn check_batch(b: &ScheduledBatch, prompts: &HashMap<RequestId, Vec<u32>>, token
     }
 }
 
+/// Random operations, then a drain; every request finishes and every page comes back (to the
+/// free list or the prefix cache).
+fn random_operations(
+    ops: Vec<Op>,
+    block: usize,
+    pages: usize,
+    active: usize,
+    tokens: usize,
+    prefix: Option<PrefixCacheConfig>,
+) -> Result<(), TestCaseError> {
+    let mut s = scheduler(active, tokens, block, pages);
+    if let Some(c) = prefix {
+        s = s.with_prefix_cache(c).unwrap();
+    }
+    let shared = prefix.is_some();
+    let bases: [Vec<u32>; 3] = [(0..11).collect(), (0..5).chain(40..46).collect(), (60..71).collect()];
+    let mut ids = Vec::new();
+    let mut prompts = HashMap::new();
+    let mut outstanding: Option<ScheduledBatch> = None;
+    let mut done = 0usize;
+    for op in ops {
+        match op {
+            Op::Submit(p, n) => {
+                let prompt: Vec<u32> = if shared {
+                    bases[ids.len() % 3][..p].to_vec()
+                } else {
+                    (0..p as u32).map(|t| t + 100 * ids.len() as u32).collect()
+                };
+                if let Ok(id) = s.submit(prompt.clone(), params(n)) {
+                    ids.push(id);
+                    prompts.insert(id, prompt);
+                }
+            }
+            Op::Step(t) => {
+                if let Some(b) = outstanding.take() {
+                    s.complete_batch(b.id, &vec![t; b.sequences.len()]).unwrap();
+                } else if let Some(b) = s.schedule().unwrap() {
+                    check_batch(&b, &prompts, tokens, active, block, shared);
+                    outstanding = Some(b);
+                }
+            }
+            Op::Fail => {
+                if let Some(b) = outstanding.take() {
+                    s.fail_batch(b.id).unwrap();
+                }
+            }
+            Op::Cancel(i) => {
+                if let Some(&id) = ids.get(i) {
+                    let _ = s.cancel(id);
+                }
+            }
+            Op::Finish(i) => {
+                if let Some(&id) = ids.get(i) {
+                    let _ = s.finish_request(id, StopReason::StopSequence);
+                }
+            }
+        }
+        done += s.pop_finished().len();
+        let st = s.stats();
+        prop_assert_eq!(st.pages_used + st.pages_free, pages);
+        prop_assert!(st.running <= active);
+        if let Some(c) = prefix {
+            prop_assert!(st.prefix_cached_pages <= c.max_entries && st.prefix_cache_bytes <= c.max_bytes);
+            prop_assert!(st.prefix_hits <= st.prefix_queries);
+        }
+    }
+    // Drain: the driver keeps completing, so everything finishes and every page comes back.
+    if let Some(b) = outstanding.take() {
+        s.complete_batch(b.id, &vec![1; b.sequences.len()]).unwrap();
+    }
+    let mut steps = 0;
+    while let Some(b) = s.schedule().unwrap() {
+        check_batch(&b, &prompts, tokens, active, block, shared);
+        s.complete_batch(b.id, &vec![1; b.sequences.len()]).unwrap();
+        steps += 1;
+        prop_assert!(steps < 10_000, "no progress");
+    }
+    done += s.pop_finished().len();
+    prop_assert!(!s.has_work());
+    prop_assert_eq!(done, ids.len());
+    prop_assert_eq!(s.stats().pages_free + s.stats().prefix_cached_pages, pages);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
     #[test]
     fn random_operations_keep_the_invariants(ops in proptest::collection::vec(op(), 1..60), block in 1usize..4,
                                              pages in 4usize..12, active in 1usize..4, tokens in 1usize..8) {
-        let mut s = scheduler(active, tokens, block, pages);
-        let mut ids = Vec::new();
-        let mut prompts = HashMap::new();
-        let mut outstanding: Option<ScheduledBatch> = None;
-        let mut done = 0usize;
-        for op in ops {
-            match op {
-                Op::Submit(p, n) => {
-                    let prompt: Vec<u32> = (0..p as u32).map(|t| t + 100 * ids.len() as u32).collect();
-                    if let Ok(id) = s.submit(prompt.clone(), params(n)) {
-                        ids.push(id);
-                        prompts.insert(id, prompt);
-                    }
-                }
-                Op::Step(t) => {
-                    if let Some(b) = outstanding.take() {
-                        s.complete_batch(b.id, &vec![t; b.sequences.len()]).unwrap();
-                    } else if let Some(b) = s.schedule().unwrap() {
-                        check_batch(&b, &prompts, tokens, active, block);
-                        outstanding = Some(b);
-                    }
-                }
-                Op::Fail => {
-                    if let Some(b) = outstanding.take() {
-                        s.fail_batch(b.id).unwrap();
-                    }
-                }
-                Op::Cancel(i) => if let Some(&id) = ids.get(i) { let _ = s.cancel(id); },
-                Op::Finish(i) => if let Some(&id) = ids.get(i) { let _ = s.finish_request(id, StopReason::StopSequence); },
-            }
-            done += s.pop_finished().len();
-            let st = s.stats();
-            prop_assert_eq!(st.pages_used + st.pages_free, pages);
-            prop_assert!(st.running <= active);
-        }
-        // Drain: the driver keeps completing, so everything finishes and every page comes back.
-        if let Some(b) = outstanding.take() {
-            s.complete_batch(b.id, &vec![1; b.sequences.len()]).unwrap();
-        }
-        let mut steps = 0;
-        while let Some(b) = s.schedule().unwrap() {
-            check_batch(&b, &prompts, tokens, active, block);
-            s.complete_batch(b.id, &vec![1; b.sequences.len()]).unwrap();
-            steps += 1;
-            prop_assert!(steps < 10_000, "no progress");
-        }
-        done += s.pop_finished().len();
-        prop_assert!(!s.has_work());
-        prop_assert_eq!(done, ids.len());
-        prop_assert_eq!(s.stats().pages_free, pages);
+        random_operations(ops, block, pages, active, tokens, None)?;
+    }
+
+    #[test]
+    fn random_operations_with_prefix_caching_keep_the_invariants(
+        ops in proptest::collection::vec(op(), 1..60), block in 1usize..4, pages in 4usize..12,
+        active in 1usize..4, tokens in 1usize..8, hybrid in any::<bool>(), max_entries in 1usize..8,
+        max_bytes in 1u64..100,
+    ) {
+        let c = PrefixCacheConfig { max_bytes, max_entries, page_bytes: 10, snapshot_bytes: if hybrid { 7 } else { 0 } };
+        random_operations(ops, block, pages, active, tokens, Some(c))?;
     }
 }

@@ -5,6 +5,7 @@
 
 mod generate;
 mod pages;
+mod prefix;
 mod run;
 mod scheduler;
 

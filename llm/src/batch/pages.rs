@@ -1,6 +1,6 @@
 //! The pool of KV pages: a free list of physical page numbers.
 
-/// Free physical pages; a page is either here or owned by exactly one sequence.
+/// Free physical pages; a page is either here, private to exactly one sequence, or a prefix-cache entry.
 #[derive(Debug)]
 pub(crate) struct PagePool {
     free: Vec<u32>,
@@ -31,5 +31,10 @@ impl PagePool {
 
     pub(crate) fn give_back(&mut self, pages: impl IntoIterator<Item = u32>) {
         self.free.extend(pages);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn free_pages(&self) -> &[u32] {
+        &self.free
     }
 }

@@ -1,11 +1,14 @@
 //! The continuous-batching scheduler: FIFO admission, chunked prefill under a token budget,
 //! decode before prefill (with a bound so prefill is not starved), KV pages reserved as
-//! positions are needed, and preemption by recompute when the pool runs out.
+//! positions are needed, preemption by recompute when the pool runs out, and (opt-in) prefix
+//! caching: full prompt pages shared between requests, with copy-on-write and, for hybrid
+//! models, snapshots of the linear-attention states.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
 use super::pages::PagePool;
+use super::prefix::{Evicted, PrefixCache};
 use crate::{GenerateParams, LlmError, StopReason};
 
 /// After this many consecutive decode batches, a pending prefill gets the next batch, so new
@@ -142,13 +145,24 @@ pub struct FinishedRequest {
 pub struct SchedulerStats {
     pub running: usize,
     pub waiting: usize,
+    /// Pages not on the free list: held by requests or by the prefix cache.
     pub pages_used: usize,
     pub pages_free: usize,
     /// `pages_used / num_pages`.
     pub kv_usage: f64,
     pub preemptions: u64,
+    /// Prefix-cache lookups (one each time a request starts prefilling from position 0).
     pub prefix_queries: u64,
+    /// Lookups that reused at least one page.
     pub prefix_hits: u64,
+    /// Positions whose KV (and states) came from the prefix cache instead of being computed.
+    pub prefix_hit_tokens: u64,
+    /// Pages held by the prefix cache (its entries), referenced or not.
+    pub prefix_cached_pages: usize,
+    /// Linear-attention snapshots held by the prefix cache.
+    pub prefix_cached_snapshots: usize,
+    /// `prefix_cached_pages * page_bytes + prefix_cached_snapshots * snapshot_bytes`.
+    pub prefix_cache_bytes: u64,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
 }
@@ -166,6 +180,18 @@ struct Request {
     slot: Option<usize>,
     /// A cancel or finish asked for while the request was in the outstanding batch.
     deferred: Option<Option<StopReason>>,
+    /// The chain hashes of the prompt's full pages (with prefix caching).
+    hashes: Vec<u64>,
+    /// How many leading `pages` are prefix-cache entries (the request holds a reference to each).
+    shared: usize,
+    /// Whether newly completed prompt pages may still become entries in this prefill pass.
+    caching: bool,
+    /// The snapshot to load the slot's states from before the first row of this pass runs.
+    restore: Option<SnapshotId>,
+    /// End a prefill chunk at this position and save a snapshot there (hybrid models).
+    snapshot_at: Option<usize>,
+    /// A copy-on-write that has not run yet: the source entry (still referenced) and the copy.
+    cow: Option<(u64, PageCopy)>,
 }
 
 impl Request {
@@ -199,6 +225,10 @@ pub struct ContinuousBatchScheduler {
     next_batch: u64,
     decode_streak: usize,
     stats: SchedulerStats,
+    prefix: Option<PrefixCache>,
+    /// Snapshots to hand to the executor with the next batch.
+    released: Vec<SnapshotId>,
+    next_snapshot: u64,
 }
 
 impl ContinuousBatchScheduler {
@@ -230,14 +260,28 @@ impl ContinuousBatchScheduler {
             next_batch: 0,
             decode_streak: 0,
             stats: SchedulerStats::default(),
+            prefix: None,
+            released: Vec::new(),
+            next_snapshot: 0,
         })
     }
 
-    /// Prefix caching is not implemented yet: this is an error rather than a silent no-op.
-    pub fn with_prefix_cache(self, prefix: PrefixCacheConfig) -> Result<Self, LlmError> {
-        Err(LlmError::InvalidArgument(format!(
-            "continuous batching: prefix caching ({prefix:?}) is not implemented yet"
-        )))
+    /// Share full pages of prompt tokens between requests (see `docs/batching.md`). Errors: a
+    /// bound of 0, or requests already submitted. `snapshot_bytes == 0` is a model without
+    /// linear-attention layers; above 0, a hybrid model, whose hits need a snapshot.
+    pub fn with_prefix_cache(mut self, prefix: PrefixCacheConfig) -> Result<Self, LlmError> {
+        if prefix.max_bytes == 0 || prefix.max_entries == 0 || prefix.page_bytes == 0 {
+            return Err(LlmError::InvalidArgument(format!(
+                "continuous batching: prefix cache bounds must be at least 1 ({prefix:?})"
+            )));
+        }
+        if !self.requests.is_empty() {
+            return Err(LlmError::InvalidArgument(
+                "continuous batching: enable the prefix cache before submitting requests".into(),
+            ));
+        }
+        self.prefix = Some(PrefixCache::new(prefix));
+        Ok(self)
     }
 
     /// Queue a request. Errors: an empty prompt, invalid generation settings, a prompt plus
@@ -267,6 +311,8 @@ impl ContinuousBatchScheduler {
         let id = RequestId(self.next_request);
         self.next_request += 1;
         self.stats.prompt_tokens += prompt_token_ids.len() as u64;
+        let hashes =
+            self.prefix.as_ref().map_or_else(Vec::new, |c| c.page_hashes(&prompt_token_ids, self.kv.block_size));
         self.requests.insert(
             id,
             Request {
@@ -278,6 +324,12 @@ impl ContinuousBatchScheduler {
                 pages: Vec::new(),
                 slot: None,
                 deferred: None,
+                hashes,
+                shared: 0,
+                caching: false,
+                restore: None,
+                snapshot_at: None,
+                cow: None,
             },
         );
         self.waiting.push_back(id);
@@ -302,19 +354,19 @@ impl ContinuousBatchScheduler {
         } else {
             return Ok(None);
         };
-        let mut sequences = self.rows(kind);
+        let (mut sequences, mut copies) = self.rows(kind);
         let mut kind = kind;
         if sequences.is_empty() {
             // The preferred kind could not get pages (its rows were preempted): try the other one.
             kind = if kind == BatchKind::Decode { BatchKind::Prefill } else { BatchKind::Decode };
-            sequences = self.rows(kind);
+            (sequences, copies) = self.rows(kind);
         }
         if sequences.is_empty() {
             return Ok(None);
         }
         self.decode_streak = if kind == BatchKind::Decode { self.decode_streak + 1 } else { 0 };
-        let batch =
-            ScheduledBatch { id: self.next_batch, kind, sequences, copies: Vec::new(), released_snapshots: Vec::new() };
+        let released_snapshots = std::mem::take(&mut self.released);
+        let batch = ScheduledBatch { id: self.next_batch, kind, sequences, copies, released_snapshots };
         self.next_batch += 1;
         self.outstanding = Some(batch.clone());
         Ok(Some(batch))
@@ -335,10 +387,15 @@ impl ContinuousBatchScheduler {
             let id = row.request_id;
             let r = self.requests.get_mut(&id).expect("a scheduled request exists until its batch ends");
             if let Some(reason) = r.deferred {
+                // The executor saved the snapshot, but nothing will use it.
+                self.released.extend(row.save_snapshot);
                 self.finish(id, reason);
                 continue;
             }
             r.computed = row.context_length;
+            r.restore = None;
+            self.cache_pages(id, row.save_snapshot);
+            let r = self.requests.get_mut(&id).expect("a scheduled request exists until its batch ends");
             if !row.samples {
                 continue;
             }
@@ -359,9 +416,11 @@ impl ContinuousBatchScheduler {
         Ok(())
     }
 
-    /// The batch did not run: its rows are scheduled again (deferred cancels and finishes apply).
+    /// The batch did not run: its rows are scheduled again (deferred cancels and finishes apply),
+    /// with their copies and restores; its released snapshots go with the next batch.
     pub fn fail_batch(&mut self, batch_id: u64) -> Result<(), LlmError> {
         let batch = self.take_outstanding(batch_id)?;
+        self.released.splice(0..0, batch.released_snapshots.iter().copied());
         for row in &batch.sequences {
             if let Some(reason) = self.requests[&row.request_id].deferred {
                 self.finish(row.request_id, reason);
@@ -402,6 +461,9 @@ impl ContinuousBatchScheduler {
             pages_used: self.pool.used_count(),
             pages_free: self.pool.free_count(),
             kv_usage: self.pool.used_count() as f64 / self.pool.total() as f64,
+            prefix_cached_pages: self.prefix.as_ref().map_or(0, |c| c.entries()),
+            prefix_cached_snapshots: self.prefix.as_ref().map_or(0, |c| c.snapshots()),
+            prefix_cache_bytes: self.prefix.as_ref().map_or(0, |c| c.bytes()),
             ..self.stats
         }
     }
@@ -432,9 +494,12 @@ impl ContinuousBatchScheduler {
         }
     }
 
-    /// The rows of a `kind` batch, in admission order, under the token budget.
-    fn rows(&mut self, kind: BatchKind) -> Vec<ScheduledSequence> {
+    /// The rows of a `kind` batch, in admission order, under the token budget, and the page
+    /// copies to run before them.
+    fn rows(&mut self, kind: BatchKind) -> (Vec<ScheduledSequence>, Vec<PageCopy>) {
+        let block = self.kv.block_size;
         let mut sequences = Vec::new();
+        let mut copies = Vec::new();
         let mut budget = self.config.max_batch_tokens;
         let mut index = 0;
         while index < self.running.len() && budget > 0 {
@@ -444,31 +509,47 @@ impl ContinuousBatchScheduler {
                 index += 1;
                 continue;
             }
-            let start = r.computed;
-            let count = if r.prefilling { (r.len() - start).min(budget) } else { 1 };
-            let (start, end) = if r.prefilling { (start, start + count) } else { (r.len() - 1, r.len()) };
+            let (start, mut end) = if r.prefilling {
+                (r.computed, r.computed + (r.len() - r.computed).min(budget))
+            } else {
+                (r.len() - 1, r.len())
+            };
+            let cow = start / block < r.shared;
+            let save = if r.prefilling { self.snapshot_due(id, start, end) } else { None };
+            if let Some(p) = save {
+                end = p;
+            }
+            if cow {
+                let Some(fresh) = self.take_page(id, &sequences) else { continue };
+                self.copy_on_write(id, start / block, fresh);
+            }
             if !self.reserve(id, end, &sequences) {
                 // `id` itself was preempted: it left `running`, so do not advance.
                 continue;
             }
+            let save_snapshot = save.map(|_| {
+                self.next_snapshot += 1;
+                SnapshotId(self.next_snapshot - 1)
+            });
             let r = &self.requests[&id];
+            copies.extend(r.cow.map(|(_, copy)| copy));
             let tokens = (start..end).map(|p| r.token(p)).collect();
             sequences.push(ScheduledSequence {
                 request_id: id,
                 tokens,
                 start_position: start,
                 context_length: end,
-                block_table: r.pages[..end.div_ceil(self.kv.block_size)].to_vec(),
+                block_table: r.pages[..end.div_ceil(block)].to_vec(),
                 slot: r.slot.expect("a running request has a slot"),
                 samples: end == r.len(),
-                restore_snapshot: None,
-                save_snapshot: None,
+                restore_snapshot: r.restore,
+                save_snapshot,
             });
-            budget -= count;
+            budget -= end - start;
             // Preemption may have removed requests after this one, never before it.
             index = self.running.iter().position(|&r| r == id).map_or(index, |i| i + 1);
         }
-        sequences
+        (sequences, copies)
     }
 
     /// FIFO admission while there is a free slot.
@@ -478,21 +559,142 @@ impl ContinuousBatchScheduler {
             self.waiting.pop_front();
             self.requests.get_mut(&id).expect("a waiting request exists").slot = Some(slot);
             self.running.push(id);
+            self.lookup(id);
         }
     }
 
-    /// Give `id` pages for positions `0..end`, preempting the youngest running requests not in
-    /// `batch` (possibly `id` itself) while the pool is short. False when `id` was preempted.
+    /// Prefix-cache lookup for a request starting to prefill from position 0: reuse the matched
+    /// pages (non-hybrid: up to all but the last position; hybrid: up to the deepest boundary
+    /// with a snapshot) and plan this pass's snapshot.
+    fn lookup(&mut self, id: RequestId) {
+        let Some(cache) = &mut self.prefix else { return };
+        let block = self.kv.block_size;
+        let r = self.requests.get_mut(&id).expect("an admitted request exists");
+        let matched = cache.matched(&r.prompt, &r.hashes, block);
+        let len = r.len();
+        let start = if cache.hybrid() {
+            let pages = (1..=matched.len()).rev().find(|&k| matched[k - 1].is_some() && k * block < len).unwrap_or(0);
+            r.restore = pages.checked_sub(1).and_then(|k| matched[k]);
+            pages * block
+        } else {
+            let start = (matched.len() * block).min(len - 1);
+            // Starting inside a cached page copies it while holding it: one page more than the
+            // table, which must fit in the pool (else start at the page boundary).
+            if !start.is_multiple_of(block) && start.div_ceil(block) >= self.kv.num_pages {
+                start / block * block
+            } else {
+                start
+            }
+        };
+        let pages = start.div_ceil(block);
+        self.stats.prefix_queries += 1;
+        if pages > 0 {
+            self.stats.prefix_hits += 1;
+            self.stats.prefix_hit_tokens += start as u64;
+            r.pages = cache.acquire(&r.hashes[..pages]);
+        }
+        r.shared = pages;
+        r.computed = start;
+        r.caching = true;
+        let p = (r.prompt.len() - 1) / block * block;
+        r.snapshot_at = (cache.hybrid() && p > start).then_some(p);
+    }
+
+    /// `Some(P)` when a prefill row `start..end` reaches this pass's snapshot boundary `P` and
+    /// no cached entry ending at `P` has a snapshot yet: the row then ends at `P` and saves one.
+    fn snapshot_due(&mut self, id: RequestId, start: usize, end: usize) -> Option<usize> {
+        let block = self.kv.block_size;
+        let r = self.requests.get_mut(&id).expect("scheduling a live request");
+        let p = r.snapshot_at.filter(|&p| start < p && p <= end)?;
+        let cache = self.prefix.as_ref().expect("snapshots are planned with a prefix cache");
+        let saved = cache.matched(&r.prompt, &r.hashes, block).get(p / block - 1).copied().flatten().is_some();
+        if saved {
+            r.snapshot_at = None;
+            None
+        } else {
+            Some(p)
+        }
+    }
+
+    /// The row writes into page `index`, a cache entry: `fresh` replaces it in the request's
+    /// table, and the copy runs with the row's batch (the source stays referenced until then).
+    fn copy_on_write(&mut self, id: RequestId, index: usize, fresh: u32) {
+        let r = self.requests.get_mut(&id).expect("scheduling a live request");
+        // Positions are written from `computed` on and only completed pages are cached, so the
+        // page written into is the last one of the table.
+        debug_assert_eq!(index + 1, r.pages.len());
+        debug_assert_eq!(r.shared, r.pages.len());
+        let src = std::mem::replace(&mut r.pages[index], fresh);
+        r.cow = Some((r.hashes[index], PageCopy { src, dst: fresh }));
+        r.shared = index;
+    }
+
+    /// After a row completed: its newly completed full prompt pages become cache entries while
+    /// they can, its copy's source is released, and its saved snapshot is attached.
+    fn cache_pages(&mut self, id: RequestId, save: Option<SnapshotId>) {
+        let Some(cache) = &mut self.prefix else { return };
+        let block = self.kv.block_size;
+        let r = self.requests.get_mut(&id).expect("a completed request exists");
+        let mut evicted = Evicted::default();
+        if let Some((src, _)) = r.cow.take() {
+            cache.release(src);
+        }
+        let full = r.computed.min(r.prompt.len()) / block;
+        while r.caching && r.shared < full {
+            let k = r.shared;
+            let parent = k.checked_sub(1).map(|p| r.hashes[p]);
+            if cache.insert(r.hashes[k], parent, &r.prompt[k * block..(k + 1) * block], r.pages[k], &mut evicted) {
+                r.shared += 1;
+            } else {
+                // Kept private; later pages too, so that a request holds whole chains.
+                r.caching = false;
+            }
+        }
+        if let Some(snapshot) = save {
+            // The row ended at the boundary: attach to the entry of the page ending there (this
+            // request's, or an equal one it kept its own page beside), pinned while making room.
+            let k = r.computed / block;
+            r.snapshot_at = None;
+            let mut attached = false;
+            if cache.matched(&r.prompt, &r.hashes, block).len() >= k {
+                let chain = &r.hashes[..k];
+                cache.acquire(chain);
+                attached = cache.attach_snapshot(chain[k - 1], snapshot, &mut evicted);
+                chain.iter().for_each(|&h| cache.release(h));
+            }
+            if !attached {
+                evicted.snapshots.push(snapshot);
+            }
+        }
+        self.pool.give_back(evicted.pages);
+        self.released.extend(evicted.snapshots);
+    }
+
+    /// Give `id` pages for positions `0..end` (see [`Self::take_page`]). False when `id` was preempted.
     fn reserve(&mut self, id: RequestId, end: usize, batch: &[ScheduledSequence]) -> bool {
         let needed = end.div_ceil(self.kv.block_size);
+        while self.requests[&id].pages.len() < needed {
+            let Some(page) = self.take_page(id, batch) else { return false };
+            self.requests.get_mut(&id).expect("reserving for a live request").pages.push(page);
+        }
+        true
+    }
+
+    /// A free page for `id`: from the free list, else by evicting unreferenced cached pages (LRU),
+    /// else by preempting the youngest running requests not in `batch` (possibly `id` itself:
+    /// then `None`).
+    fn take_page(&mut self, id: RequestId, batch: &[ScheduledSequence]) -> Option<u32> {
         loop {
-            let have = self.requests[&id].pages.len();
-            if have >= needed {
-                return true;
-            }
             if let Some(page) = self.pool.take() {
-                self.requests.get_mut(&id).expect("reserving for a live request").pages.push(page);
-                continue;
+                return Some(page);
+            }
+            if let Some(cache) = &mut self.prefix {
+                let mut evicted = Evicted::default();
+                if cache.evict_lru(&mut evicted) {
+                    self.pool.give_back(evicted.pages);
+                    self.released.extend(evicted.snapshots);
+                    continue;
+                }
             }
             let victim = *self
                 .running
@@ -502,7 +704,7 @@ impl ContinuousBatchScheduler {
                 .expect("the request being reserved is running and not yet in the batch");
             self.preempt(victim);
             if victim == id {
-                return false;
+                return None;
             }
         }
     }
@@ -512,17 +714,20 @@ impl ContinuousBatchScheduler {
     fn preempt(&mut self, id: RequestId) {
         self.stats.preemptions += 1;
         let r = self.requests.get_mut(&id).expect("preempting a live request");
-        self.pool.give_back(r.pages.drain(..));
+        drop_pages(r, &mut self.pool, self.prefix.as_mut());
         self.free_slots.push(r.slot.take().expect("a running request has a slot"));
         r.computed = 0;
         r.prefilling = true;
+        r.caching = false;
+        r.restore = None;
+        r.snapshot_at = None;
         self.running.retain(|&v| v != id);
         self.waiting.push_front(id);
     }
 
     fn finish(&mut self, id: RequestId, reason: Option<StopReason>) {
-        let r = self.requests.remove(&id).expect("finishing a live request");
-        self.pool.give_back(r.pages);
+        let mut r = self.requests.remove(&id).expect("finishing a live request");
+        drop_pages(&mut r, &mut self.pool, self.prefix.as_mut());
         if let Some(slot) = r.slot {
             self.free_slots.push(slot);
         }
@@ -536,3 +741,23 @@ impl ContinuousBatchScheduler {
         });
     }
 }
+
+/// Private pages back to the free list, references to cache entries dropped (their pages stay cached).
+fn drop_pages(r: &mut Request, pool: &mut PagePool, cache: Option<&mut PrefixCache>) {
+    if let Some(cache) = cache {
+        for &h in &r.hashes[..r.shared] {
+            cache.release(h);
+        }
+        if let Some((src, _)) = r.cow.take() {
+            cache.release(src);
+        }
+    }
+    let shared = r.shared;
+    pool.give_back(r.pages.drain(shared..));
+    r.pages.clear();
+    r.shared = 0;
+}
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;

@@ -20,18 +20,23 @@ fn load(model_type: ModelType, device: &Device) -> Box<dyn CausalLm> {
     architecture(config.model_type).load(&config, &weights, device, DType::F32).unwrap()
 }
 
-/// Prompts of 5, 1, 13 and 9 tokens, a repeat of the first, and one sharing the third's first 8.
+/// Prompts of 5, 8 (two pages of 4), 1, 13 and 9 tokens, a repeat of the first, one sharing the
+/// 13-token one's first 8, and a repeat of the page-aligned one, last (so the first copy's pages
+/// are cached by the time it runs).
 fn prompts() -> Vec<Vec<u32>> {
     let long: Vec<u32> = (0..13).map(|i| (i * 37 + 11) % 397).collect();
     let mut shared = long[..8].to_vec();
     shared.extend([3, 99, 301]);
+    let aligned: Vec<u32> = (0..8).map(|i| 200 + i * 11).collect();
     vec![
         vec![5, 17, 42, 9, 100],
+        aligned.clone(),
         vec![77],
         long,
         (0..9).map(|i| 390 - i * 13).collect(),
         vec![5, 17, 42, 9, 100],
         shared,
+        aligned,
     ]
 }
 
@@ -69,36 +74,56 @@ fn top2_margin(xs: &[f32]) -> f32 {
     xs[best] - second
 }
 
-/// Runs `prompts` through the scheduler and the batched executor, feeding back the reference
-/// tokens, checking every sampled row against the references. Returns (preemptions, prefill
-/// batches with several sequences, decode batches with several sequences).
+/// What a batched run did.
+#[derive(Debug, Default)]
+struct Run {
+    preemptions: u64,
+    /// Prefill and decode batches of several rows.
+    multi_prefill: usize,
+    multi_decode: usize,
+    prefix_hits: u64,
+    page_copies: usize,
+    restores: usize,
+}
+
+/// Runs `prompts` through the scheduler (with the prefix cache when `prefix`) and the batched
+/// executor, feeding back the reference tokens, checking every sampled row against the
+/// references.
+#[allow(clippy::too_many_arguments)]
 fn batched_agrees(
     model: &dyn CausalLm,
     mode: PagedAttentionMode,
+    prefix: bool,
     prompts: &[Vec<u32>],
     references: &[(Vec<Vec<f32>>, Vec<u32>)],
     steps: usize,
     kv: PagedKvCacheConfig,
     config: ContinuousBatchConfig,
-) -> (u64, usize, usize) {
+) -> Run {
+    let mut cache = model.new_batch_cache_with(kv, config.max_active_sequences, mode).unwrap();
     let mut scheduler = ContinuousBatchScheduler::new(config, kv).unwrap();
+    if prefix {
+        let bounds = cache.prefix_cache_config(1 << 40, kv.num_pages);
+        scheduler = scheduler.with_prefix_cache(bounds).unwrap();
+    }
+    let mut run = Run::default();
     let params = GenerateParams { max_new_tokens: steps, eos_token_ids: vec![], ..Default::default() };
     let mut index: HashMap<RequestId, usize> = HashMap::new();
     for (i, p) in prompts.iter().enumerate() {
         index.insert(scheduler.submit(p.clone(), params.clone()).unwrap(), i);
     }
-    let mut cache = model.new_batch_cache_with(kv, config.max_active_sequences, mode).unwrap();
     let vocab = model.config().vocab_size;
-    let (mut multi_prefill, mut multi_decode) = (0, 0);
     let mut done = vec![false; prompts.len()];
     while scheduler.has_work() {
         let batch = scheduler.schedule().unwrap().expect("work left, so a batch");
         let rows = batch.sequences.len();
         match batch.kind {
-            BatchKind::Prefill if rows > 1 => multi_prefill += 1,
-            BatchKind::Decode if rows > 1 => multi_decode += 1,
+            BatchKind::Prefill if rows > 1 => run.multi_prefill += 1,
+            BatchKind::Decode if rows > 1 => run.multi_decode += 1,
             _ => {}
         }
+        run.page_copies += batch.copies.len();
+        run.restores += batch.sequences.iter().filter(|r| r.restore_snapshot.is_some()).count();
         let logits = model.forward_batch(&batch, &mut cache).unwrap();
         assert_eq!(logits.shape(), [rows, vocab]);
         let logits = logits.to_f32_vec().unwrap();
@@ -129,7 +154,9 @@ fn batched_agrees(
         }
     }
     assert!(done.iter().all(|&d| d), "{done:?}");
-    (scheduler.stats().preemptions, multi_prefill, multi_decode)
+    let stats = scheduler.stats();
+    (run.preemptions, run.prefix_hits) = (stats.preemptions, stats.prefix_hits);
+    run
 }
 
 #[test]
@@ -144,11 +171,23 @@ fn batched_generation_agrees_with_one_at_a_time() {
         // longest requests need 5 pages, and 5 pages cannot hold two of them.
         let kv = PagedKvCacheConfig { block_size: 4, num_pages: 5, max_sequence_length: 20 };
         let config = ContinuousBatchConfig { max_active_sequences: 3, max_batch_tokens: 7 };
+        // A pool of 16 pages keeps cached prefixes long enough for the page-aligned repeat to
+        // find its pages (copy-on-write) and Qwen3.5's repeats their snapshots.
+        let roomy = PagedKvCacheConfig { num_pages: 16, ..kv };
         for mode in [PagedAttentionMode::Legacy, PagedAttentionMode::Fused] {
-            let (preemptions, prefill, decode) =
-                batched_agrees(model.as_ref(), mode, &prompts, &references, steps, kv, config);
-            assert!(prefill > 0 && decode > 0, "{model_type:?} {mode:?}: batches of several rows of both kinds");
-            assert!(preemptions > 0, "{model_type:?} {mode:?}: the small pool preempts");
+            for (prefix, kv) in [(false, kv), (true, kv), (true, roomy)] {
+                let run = batched_agrees(model.as_ref(), mode, prefix, &prompts, &references, steps, kv, config);
+                let what = format!("{model_type:?} {mode:?}, prefix cache {prefix}, {} pages: {run:?}", kv.num_pages);
+                assert!(run.multi_prefill > 0 && run.multi_decode > 0, "{what}: batches of several rows of both kinds");
+                assert_eq!(run.prefix_hits > 0, prefix, "{what}: repeated and shared prompts hit");
+                if kv.num_pages == 5 {
+                    assert!(run.preemptions > 0, "{what}: the small pool preempts");
+                } else if model_type == ModelType::Qwen35 {
+                    assert!(run.restores > 0, "{what}: hits resume the linear-attention states");
+                } else {
+                    assert!(run.page_copies > 0, "{what}: a page-aligned repeat copies its last page");
+                }
+            }
         }
     }
 }

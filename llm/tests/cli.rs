@@ -290,3 +290,30 @@ fn batch_stop_sequences_and_errors() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(stderr(&missing).contains("/nonexistent/prompts.jsonl"), "{}", stderr(&missing));
 }
+
+#[test]
+fn batch_with_the_prefix_cache_hits_and_keeps_the_replies() {
+    // The same long prompt four times, two at a time: the later pair finds the first pair's pages.
+    let line = "{\"prompt\": \"The quick brown fox jumps over the lazy dog, again and again\"}\n";
+    let lines = line.repeat(4);
+    let flags = ["--max-new-tokens", "4", "--max-active", "2", "--block-size", "4"];
+    let run = |extra: &[&str]| {
+        let out = batch(ModelType::Qwen35, "prefix", &lines, &[&flags[..], extra].concat());
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        let mut replies: Vec<(u64, Value)> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["event"] == "request")
+            .map(|v| (v["index"].as_u64().unwrap(), v["generated_token_ids"].clone()))
+            .collect();
+        replies.sort_by_key(|r| r.0);
+        let summary: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        (replies, summary["prefix_hits"].as_u64().unwrap())
+    };
+    let (plain, no_hits) = run(&[]);
+    let (cached, hits) = run(&["--prefix-cache"]);
+    assert_eq!((no_hits, plain.len()), (0, 4));
+    assert!(hits >= 2, "{hits} prefix hits");
+    assert_eq!(plain, cached, "the prefix cache changes no reply");
+}

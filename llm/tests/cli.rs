@@ -182,7 +182,7 @@ fn tune_keeps_its_flags_and_statuses() {
         assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(want), "{flags:?}: expected {want:?} in {}", stderr(&out));
     }
-    for args in [os(&[]), os(&["tune"]), os(&["serve"])] {
+    for args in [os(&[]), os(&["tune"]), os(&["bogus"])] {
         assert_eq!(ruda_llm(&args).status.code(), Some(2), "{args:?}");
     }
 }

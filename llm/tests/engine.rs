@@ -83,6 +83,12 @@ fn requests_get_their_lone_greedy_replies_streamed_and_concurrently() {
             assert!(output.time_to_first_token <= output.latency);
         }
     });
+    // The scheduler's figures are taken after each step, so they settle just after the last
+    // reply.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while engine.metrics().scheduler.running > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
     let m = engine.metrics();
     assert_eq!(m.requests_finished, prompts.len() as u64);
     assert_eq!(m.time_to_first_token.count, prompts.len() as u64);

@@ -11,6 +11,12 @@
 //! `RUDA_PAGED_ATTENTION`: `legacy` gathers each sequence's pages into contiguous buffers
 //! `[max_active, Hkv, max_sequence_length, D]` and runs the contiguous kernels; `fused` runs the
 //! paged kernels over the pages in place.
+//!
+//! Before a batch runs, its prefix-cache edits apply (copy-on-write page copies, snapshots
+//! restored into slots, released snapshots dropped); after it, rows that save a snapshot copy
+//! their slot out. With `RUDA_CUDA_GRAPHS` on, a decode batch is padded to its bucket
+//! ([`decode_bucket`]) and replays that bucket's graph from its second step on. See
+//! `docs/batching.md`.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -209,7 +215,8 @@ impl BatchCache {
         self.broken.as_deref()
     }
 
-    /// The index of a workspace for `tokens` rows of `sequences` sequences, made on first use.
+    /// A workspace for `tokens` rows of `sequences` sequences, made on first use (the most
+    /// recently used kept).
     fn workspace(&mut self, model: &Decoder, tokens: usize, sequences: usize) -> Result<&Workspace, LlmError> {
         let found = self.workspaces.iter().position(|w| w.shape() == (tokens, sequences));
         let w = match found {

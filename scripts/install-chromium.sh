@@ -8,7 +8,7 @@
 # either `CHROMIUM OK: /usr/bin/chromium` or `CHROMIUM UNAVAILABLE: <reason>`.
 set -uo pipefail
 
-CHROMIUM=/usr/bin/chromium
+CHROMIUM=${RUDA_CHROMIUM:-/usr/bin/chromium} # RUDA_CHROMIUM: another path (for testing the skip)
 
 if [ -x "$CHROMIUM" ]; then
     echo "CHROMIUM OK: $CHROMIUM"

@@ -175,6 +175,7 @@ async function send(text) {
   state.messages.push(msg);
   save();
   const view = messageView(msg);
+  view.update(true);
   el.messages.append(view.div);
   scrollDown(true);
 

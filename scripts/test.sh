@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs the pinned ptxas and NVRTC when missing (user cache,
 # reused across clones), checks formatting and clippy, then runs the whole suite with both
-# required (so those rungs never skip here), then checks every registered configuration through
+# required (so those rungs never skip here), the web chat's tests, then checks every registered configuration through
 # both backends with ptxas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,9 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 # The fuzz targets are their own workspace: build them so a change that breaks them shows here.
 cargo build --locked --manifest-path fuzz/Cargo.toml
 cargo test --locked --workspace
+# The web chat (serve/web): node's unit tests, then the page in headless Chromium against a mock
+# server (a loud WEB E2E SKIPPED when Chromium or playwright-core cannot be had).
+scripts/web-tests.sh
 
 target=${CARGO_TARGET_DIR:-target}
 rudac=$target/debug/rudac

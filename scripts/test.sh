@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs the pinned ptxas and NVRTC when missing (user cache,
 # reused across clones), checks formatting and clippy, then runs the whole suite with both
-# required (so those rungs never skip here), the web chat's tests, then checks every registered configuration through
-# both backends with ptxas.
+# required (so those rungs never skip here), the web chat's tests, then checks every registered
+# configuration through both backends with ptxas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,0 +1,440 @@
+//! Parsing and validating OpenAI request bodies by hand, so every error names its field:
+//! wrong types and values, fields not supported yet, and unknown fields are all 400s.
+
+use ruda_llm::{ChatMessage, GenerateParams, SamplingConfig};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Fields clients send routinely that change nothing here.
+const IGNORED: &[&str] = &["user", "store", "metadata", "parallel_tool_calls", "service_tier"];
+
+/// A field not supported yet: its name, what is not, and whether a value is the default.
+type Unsupported = (&'static str, &'static str, fn(&Value) -> bool);
+
+/// The fields of a JSON object body, taken one by one; what is left at the end is unknown.
+pub struct Fields {
+    map: Map<String, Value>,
+}
+
+impl Fields {
+    /// Parse `body` as a JSON object.
+    pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::invalid(format!("The request body is not valid JSON: {e}")))?;
+        match value {
+            Value::Object(map) => Ok(Fields { map }),
+            _ => Err(ApiError::invalid("The request body must be a JSON object")),
+        }
+    }
+
+    /// The field, `null` read as absent.
+    pub fn take(&mut self, name: &str) -> Option<Value> {
+        self.map.remove(name).filter(|v| !v.is_null())
+    }
+
+    pub fn f64(&mut self, name: &str) -> Result<Option<f64>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| ApiError::param(name, format!("'{name}' must be a number"))),
+        }
+    }
+
+    pub fn i64(&mut self, name: &str) -> Result<Option<i64>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(v) => {
+                as_integer(&v).map(Some).ok_or_else(|| ApiError::param(name, format!("'{name}' must be an integer")))
+            }
+        }
+    }
+
+    pub fn bool(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(_) => Err(ApiError::param(name, format!("'{name}' must be a boolean"))),
+        }
+    }
+
+    /// `model`, which must be the served name when given.
+    pub fn model(&mut self, served: &str) -> Result<(), ApiError> {
+        match self.take("model") {
+            None => Ok(()),
+            Some(Value::String(m)) if m == served => Ok(()),
+            Some(Value::String(m)) => Err(ApiError::model_not_found(&m)),
+            Some(_) => Err(ApiError::param("model", "'model' must be a string")),
+        }
+    }
+
+    /// Drop the fields we accept and ignore, refuse what is not supported yet (unless it says
+    /// the default), then refuse whatever is left.
+    pub fn finish(mut self) -> Result<(), ApiError> {
+        for name in IGNORED {
+            self.map.remove(*name);
+        }
+        let unsupported: [Unsupported; 12] = [
+            ("logprobs", "other than false or 0", |v| v == &Value::Bool(false) || v.as_f64() == Some(0.0)),
+            ("top_logprobs", "other than 0", |v| v.as_f64() == Some(0.0)),
+            ("presence_penalty", "other than 0", |v| v.as_f64() == Some(0.0)),
+            ("frequency_penalty", "other than 0", |v| v.as_f64() == Some(0.0)),
+            ("logit_bias", "(non-empty)", |v| v.as_object().is_some_and(Map::is_empty)),
+            ("min_p", "other than 0", |v| v.as_f64() == Some(0.0)),
+            ("response_format", "other than {\"type\": \"text\"}", |v| {
+                v.as_object().is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("text")))
+            }),
+            ("tools", "(non-empty)", |v| v.as_array().is_some_and(Vec::is_empty)),
+            ("tool_choice", "other than \"none\"", |v| v == &Value::from("none") || v == &Value::from("auto")),
+            ("echo", "", |v| v == &Value::Bool(false)),
+            ("best_of", "above 1", |v| v.as_f64() == Some(1.0)),
+            ("suffix", "", |v| v.as_str() == Some("")),
+        ];
+        for (name, what, default) in unsupported {
+            if let Some(v) = self.take(name) {
+                if !default(&v) {
+                    return Err(ApiError::unsupported(name, what));
+                }
+            }
+        }
+        match self.map.keys().next() {
+            Some(name) => Err(ApiError::unknown(name)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn as_integer(v: &Value) -> Option<i64> {
+    if let Some(i) = v.as_i64() {
+        return Some(i);
+    }
+    // `1.0` is an integer as Python's JSON clients may send it.
+    v.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64)
+}
+
+/// The settings every generation endpoint shares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Common {
+    /// `max_tokens`; `None`: the endpoint's default.
+    pub max_tokens: Option<usize>,
+    pub params: GenerateParams,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Read the shared fields (the endpoint reads its own before or after). `max_token_fields` are
+/// the names `max_tokens` goes by, the first given wins.
+pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiError> {
+    let mut max_tokens = None;
+    for name in max_token_fields {
+        if let Some(n) = f.i64(name)? {
+            if n < 1 {
+                return Err(ApiError::param(*name, format!("'{name}' must be at least 1, got {n}")));
+            }
+            max_tokens = max_tokens.or(Some(usize::try_from(n).unwrap_or(usize::MAX)));
+        }
+    }
+    let temperature = f.f64("temperature")?.unwrap_or(1.0);
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(ApiError::param("temperature", format!("'temperature' must be at least 0, got {temperature}")));
+    }
+    let top_p = f.f64("top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::param("top_p", format!("'top_p' must be in (0, 1], got {top_p}")));
+    }
+    let top_k = f.i64("top_k")?.unwrap_or(-1);
+    if top_k < -1 || top_k > i64::from(u32::MAX) {
+        return Err(ApiError::param("top_k", format!("'top_k' must be -1 (off), 0 (off) or positive, got {top_k}")));
+    }
+    let seed = f.i64("seed")?.map(|s| s as u64);
+    let repetition_penalty = f.f64("repetition_penalty")?.unwrap_or(1.0);
+    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+        return Err(ApiError::param(
+            "repetition_penalty",
+            format!("'repetition_penalty' must be positive, got {repetition_penalty}"),
+        ));
+    }
+    let stop_sequences = match f.take("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => {
+            if items.len() > 4 {
+                return Err(ApiError::param("stop", "'stop' takes at most 4 sequences"));
+            }
+            items
+                .into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s),
+                    _ => Err(ApiError::param("stop", "'stop' must be a string or an array of strings")),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(_) => return Err(ApiError::param("stop", "'stop' must be a string or an array of strings")),
+    };
+    if stop_sequences.iter().any(String::is_empty) {
+        return Err(ApiError::param("stop", "'stop' sequences must not be empty"));
+    }
+    match f.i64("n")? {
+        None | Some(1) => {}
+        Some(n) if n < 1 => return Err(ApiError::param("n", format!("'n' must be at least 1, got {n}"))),
+        Some(n) => return Err(ApiError::unsupported("n", &format!("= {n} (more than one choice per prompt)"))),
+    }
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.take("stream_options") {
+        None => false,
+        Some(Value::Object(mut o)) => {
+            let usage = match o.remove("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => b,
+                Some(_) => return Err(ApiError::param("stream_options", "'include_usage' must be a boolean")),
+            };
+            // `continuous_usage_stats` (vLLM) is accepted as false only.
+            if let Some(k) = o.keys().find(|k| *k != "continuous_usage_stats") {
+                return Err(ApiError::param("stream_options", format!("Unrecognized stream option: {k}")));
+            }
+            usage
+        }
+        Some(_) => return Err(ApiError::param("stream_options", "'stream_options' must be an object")),
+    };
+    if include_usage && !stream {
+        return Err(ApiError::param("stream_options", "'stream_options' is only allowed when 'stream' is true"));
+    }
+    let sampling = (temperature > 0.0).then(|| SamplingConfig {
+        temperature: temperature as f32,
+        top_k: top_k.max(0) as usize,
+        top_p: top_p as f32,
+        seed,
+    });
+    Ok(Common {
+        max_tokens,
+        params: GenerateParams {
+            max_new_tokens: 0,
+            eos_token_ids: Vec::new(),
+            sampling,
+            stop_sequences,
+            repetition_penalty: repetition_penalty as f32,
+        },
+        ignore_eos,
+        stream,
+        include_usage,
+    })
+}
+
+/// A prompt as given: text, or token ids.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// `prompt` of `/v1/completions`: a string, an array of strings, token ids, or an array of
+/// token id arrays.
+pub fn prompts(f: &mut Fields) -> Result<Vec<Prompt>, ApiError> {
+    let bad = || {
+        ApiError::param("prompt", "'prompt' must be a string, an array of strings, or token ids (an array of integers)")
+    };
+    let ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items.iter().map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok())).collect()
+    };
+    let prompts = match f.take("prompt") {
+        None => return Err(ApiError::param("prompt", "'prompt' is required")),
+        Some(Value::String(s)) => vec![Prompt::Text(s)],
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_number) => {
+            vec![Prompt::Ids(ids(&items).ok_or_else(bad)?)]
+        }
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(Prompt::Text(s)),
+                Value::Array(a) if a.iter().all(Value::is_number) => ids(&a).map(Prompt::Ids).ok_or_else(bad),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::param("prompt", "'prompt' must not be an empty array"));
+    }
+    Ok(prompts)
+}
+
+/// `messages`: roles `system` (or `developer`), `user`, `assistant`; string content or an array
+/// of text parts (joined).
+pub fn messages(f: &mut Fields) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(value) = f.take("messages") else {
+        return Err(ApiError::param("messages", "'messages' is required"));
+    };
+    let Value::Array(items) = value else {
+        return Err(ApiError::param("messages", "'messages' must be an array"));
+    };
+    if items.is_empty() {
+        return Err(ApiError::param("messages", "'messages' must not be empty"));
+    }
+    items.into_iter().enumerate().map(|(i, m)| message(i, m)).collect()
+}
+
+fn message(i: usize, m: Value) -> Result<ChatMessage, ApiError> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Value::Object(mut o) = m else {
+        return Err(ApiError::param(format!("messages[{i}]"), format!("messages[{i}] must be an object")));
+    };
+    let role = match o.remove("role") {
+        Some(Value::String(r)) => match r.as_str() {
+            "system" | "developer" => "system".to_string(),
+            "user" | "assistant" => r,
+            other => {
+                return Err(ApiError::param(
+                    at("role"),
+                    format!("{}: role '{other}' is not supported (system, developer, user, assistant)", at("role")),
+                ))
+            }
+        },
+        _ => return Err(ApiError::param(at("role"), format!("{} is required and must be a string", at("role")))),
+    };
+    let content = match o.remove("content") {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.into_iter().enumerate() {
+                let path = format!("messages[{i}].content[{j}]");
+                match part {
+                    Value::Object(p) if p.get("type") == Some(&Value::from("text")) => match p.get("text") {
+                        Some(Value::String(t)) => text.push_str(t),
+                        _ => return Err(ApiError::param(path.clone(), format!("{path}.text must be a string"))),
+                    },
+                    _ => return Err(ApiError::unsupported(&path, "(content parts other than {\"type\": \"text\"})")),
+                }
+            }
+            text
+        }
+        None | Some(Value::Null) if role == "assistant" => String::new(),
+        _ => {
+            return Err(ApiError::param(
+                at("content"),
+                format!("{} must be a string or an array of text parts", at("content")),
+            ))
+        }
+    };
+    o.remove("name");
+    for (key, value) in o {
+        let empty = value.is_null() || value.as_array().is_some_and(Vec::is_empty);
+        if !empty {
+            return Err(ApiError::unsupported(&at(&key), ""));
+        }
+    }
+    Ok(ChatMessage { role, content })
+}
+
+/// `POST /tokenize`'s body.
+pub enum TokenizeInput {
+    Prompt { text: String, add_special_tokens: bool },
+    Messages { messages: Vec<ChatMessage>, add_generation_prompt: bool, add_special_tokens: bool },
+}
+
+pub fn tokenize(mut f: Fields, served: &str) -> Result<TokenizeInput, ApiError> {
+    f.model(served)?;
+    let input = if f.map.contains_key("messages") {
+        let messages = messages(&mut f)?;
+        TokenizeInput::Messages {
+            messages,
+            add_generation_prompt: f.bool("add_generation_prompt")?.unwrap_or(true),
+            add_special_tokens: f.bool("add_special_tokens")?.unwrap_or(false),
+        }
+    } else {
+        let text = match f.take("prompt") {
+            Some(Value::String(s)) => s,
+            Some(_) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
+            None => return Err(ApiError::param("prompt", "'prompt' or 'messages' is required")),
+        };
+        TokenizeInput::Prompt { text, add_special_tokens: f.bool("add_special_tokens")?.unwrap_or(true) }
+    };
+    f.finish()?;
+    Ok(input)
+}
+
+/// `POST /detokenize`'s token ids.
+pub fn detokenize(mut f: Fields, served: &str) -> Result<Vec<u32>, ApiError> {
+    f.model(served)?;
+    let bad = || ApiError::param("tokens", "'tokens' must be an array of token ids");
+    let tokens = match f.take("tokens") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok()).ok_or_else(bad))
+            .collect::<Result<Vec<u32>, _>>()?,
+        _ => return Err(bad()),
+    };
+    f.finish()?;
+    Ok(tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(s: &str) -> Fields {
+        Fields::parse(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn common_fields_map_to_generate_params() {
+        let mut f =
+            fields(r#"{"temperature":0.5,"top_k":-1,"top_p":0.9,"seed":7,"stop":["a","b"],"max_tokens":3,"user":"x"}"#);
+        let c = common(&mut f, &["max_tokens"]).unwrap();
+        f.finish().unwrap();
+        assert_eq!(c.max_tokens, Some(3));
+        assert_eq!(c.params.sampling, Some(SamplingConfig { temperature: 0.5, top_k: 0, top_p: 0.9, seed: Some(7) }));
+        assert_eq!(c.params.stop_sequences, vec!["a", "b"]);
+        let mut f = fields(r#"{"temperature":0}"#);
+        assert_eq!(common(&mut f, &["max_tokens"]).unwrap().params.sampling, None);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        for (body, param) in [
+            (r#"{"max_tokens":0}"#, "max_tokens"),
+            (r#"{"max_tokens":"3"}"#, "max_tokens"),
+            (r#"{"temperature":-1}"#, "temperature"),
+            (r#"{"top_p":0}"#, "top_p"),
+            (r#"{"top_p":1.5}"#, "top_p"),
+            (r#"{"top_k":-2}"#, "top_k"),
+            (r#"{"n":2}"#, "n"),
+            (r#"{"n":0}"#, "n"),
+            (r#"{"stop":["a","b","c","d","e"]}"#, "stop"),
+        ] {
+            let mut f = fields(body);
+            let e = common(&mut f, &["max_tokens"]).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+        for (body, param) in [
+            (r#"{"logprobs":true}"#, "logprobs"),
+            (r#"{"presence_penalty":0.5}"#, "presence_penalty"),
+            (r#"{"logit_bias":{"1":2}}"#, "logit_bias"),
+            (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
+            (r#"{"tools":[{"type":"function"}]}"#, "tools"),
+            (r#"{"echo":true}"#, "echo"),
+            (r#"{"best_of":2}"#, "best_of"),
+            (r#"{"suffix":"x"}"#, "suffix"),
+            (r#"{"frobnicate":1}"#, "frobnicate"),
+        ] {
+            let e = fields(body).finish().unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+        fields(r#"{"logprobs":false,"presence_penalty":0,"logit_bias":{},"response_format":{"type":"text"},"tools":[],"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
+            .finish()
+            .unwrap();
+    }
+
+    #[test]
+    fn prompts_and_messages() {
+        let p = prompts(&mut fields(r#"{"prompt":["a","b"]}"#)).unwrap();
+        assert_eq!(p, vec![Prompt::Text("a".into()), Prompt::Text("b".into())]);
+        assert_eq!(prompts(&mut fields(r#"{"prompt":[1,2]}"#)).unwrap(), vec![Prompt::Ids(vec![1, 2])]);
+        let m = messages(&mut fields(
+            r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        ))
+        .unwrap();
+        assert_eq!(m, vec![ChatMessage::new("system", "s"), ChatMessage::new("user", "ab")]);
+        assert!(messages(&mut fields(r#"{"messages":[{"role":"tool","content":"x"}]}"#)).is_err());
+    }
+}

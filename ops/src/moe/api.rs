@@ -143,7 +143,7 @@ fn check_group_options(op: &'static str, experts: usize, options: &GroupRoutingO
     if !(1..=MAX_GROUPS as usize).contains(&groups) {
         return Err(invalid(op, format!("`groups` = {groups} must be in 1..={MAX_GROUPS}")));
     }
-    if experts % groups != 0 {
+    if !experts.is_multiple_of(groups) {
         return Err(invalid(op, format!("`groups` = {groups} does not divide the {experts} experts")));
     }
     let per_group = experts / groups;

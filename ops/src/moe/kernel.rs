@@ -181,26 +181,28 @@ fn rank(b: &mut KernelBuilder, keys: SharedId, key: Value, id: Value, valid: Val
     )[0]
 }
 
-/// Write expert `id`'s index and weight (`f32`, stored in the weights' dtype) to column `rank`
-/// of row `row`, when it is selected.
-#[track_caller]
-fn write_selected(
-    b: &mut KernelBuilder,
-    selected: Value,
-    (indices, weights): (Value, Value),
-    row: Value,
-    top_k: Value,
-    rank: Value,
-    id: Value,
-    weight: Value,
-) {
-    b.if_then(selected, |b| {
-        let idx_row = row_ptr(b, indices, row, top_k);
-        let p = b.ptr_add(idx_row, rank);
-        b.store(p, id);
-        let w_row = row_ptr(b, weights, row, top_k);
-        store_from_f32(b, w_row, rank, weight);
-    });
+/// A token's rows of the two outputs.
+struct RowOut {
+    indices: Value,
+    weights: Value,
+}
+
+impl RowOut {
+    #[track_caller]
+    fn new(b: &mut KernelBuilder, indices: Value, weights: Value, row: Value, top_k: Value) -> RowOut {
+        RowOut { indices: row_ptr(b, indices, row, top_k), weights: row_ptr(b, weights, row, top_k) }
+    }
+
+    /// Write expert `id`'s index and weight (`f32`, stored in the weights' dtype) to column
+    /// `rank`, when it is selected.
+    #[track_caller]
+    fn write(&self, b: &mut KernelBuilder, selected: Value, rank: Value, id: Value, weight: Value) {
+        b.if_then(selected, |b| {
+            let p = b.ptr_add(self.indices, rank);
+            b.store(p, id);
+            store_from_f32(b, self.weights, rank, weight);
+        });
+    }
 }
 
 /// `w / sum` where `renormalize` is set (non-zero), else `w`.
@@ -254,7 +256,7 @@ pub fn moe_route(cfg: &RouteConfig) -> Result<Kernel, VerifyError> {
     let w = maybe_renormalize(&mut b, renormalize, p, kept_sum);
     let nan = b.const_f32(f32::NAN);
     let w = b.select(bad, nan, w);
-    write_selected(&mut b, selected, (indices, weights), row, top_k, r, id, w);
+    RowOut::new(&mut b, indices, weights, row, top_k).write(&mut b, selected, r, id, w);
     b.finish()
 }
 
@@ -415,6 +417,6 @@ pub fn moe_route_grouped(cfg: &GroupedRouteConfig) -> Result<Kernel, VerifyError
     let w = maybe_renormalize(&mut b, renormalize, s, denom);
     let w = b.mul(w, scale);
     let w = b.select(bad, nan, w);
-    write_selected(&mut b, selected, (indices, weights), row, top_k, r, id, w);
+    RowOut::new(&mut b, indices, weights, row, top_k).write(&mut b, selected, r, id, w);
     b.finish()
 }

@@ -5,10 +5,14 @@
 #      server serve/web/e2e/mock_server.mjs -- when Chromium (scripts/install-chromium.sh) and
 #      playwright-core (npm ci, from the committed lock) can be had; a failure fails this script.
 #      When they cannot, it prints a loud `WEB E2E SKIPPED: <reason>` and still exits 0.
+#   3. the same test against the real server, `ruda-serve` on the bundled tiny Qwen2 model on the
+#      CPU (the binary at $RUDA_SERVE, else target/debug/ruda-serve; built by scripts/test.sh
+#      before this runs) -- a loud `WEB E2E (REAL SERVER) SKIPPED` when there is no binary.
 #
 # Usage: scripts/web-tests.sh [--screenshot PATH] [--unit-only]
-#   --screenshot PATH  where the e2e test saves its screenshot (default: $TMPDIR/ruda-web-chat.png;
-#                      docs/web-chat.png is refreshed with --screenshot docs/web-chat.png)
+#   --screenshot PATH  where the real-server e2e test saves its screenshot (default:
+#                      $TMPDIR/ruda-web-chat.png; docs/web-chat.png is refreshed with
+#                      --screenshot docs/web-chat.png); the mock run's goes beside it (-mock.png)
 #   --unit-only        skip the e2e test (prints the SKIPPED line)
 # Environment: RUDA_WEB_E2E_REQUIRE=1 turns a skip into a failure.
 set -euo pipefail
@@ -81,7 +85,35 @@ done
 [ -n "$url" ] || { cat "$log"; echo "web-tests: the mock server did not start" >&2; exit 1; }
 echo "mock server at $url"
 
-echo "== web e2e: node $e2e/chat_e2e.mjs $url/ $screenshot --mock"
+mock_shot="${screenshot%.png}-mock.png"
+echo "== web e2e: node $e2e/chat_e2e.mjs $url/ $mock_shot --mock"
 mkdir -p "$(dirname "$screenshot")"
-node "$e2e/chat_e2e.mjs" "$url/" "$screenshot" --mock --chromium "$chromium"
-echo "web e2e screenshot: $screenshot"
+node "$e2e/chat_e2e.mjs" "$url/" "$mock_shot" --mock --chromium "$chromium"
+kill "$mock_pid" 2>/dev/null || true
+
+serve_bin=${RUDA_SERVE:-${CARGO_TARGET_DIR:-target}/debug/ruda-serve}
+if [ ! -x "$serve_bin" ]; then
+    echo "=================================================================="
+    echo "WEB E2E (REAL SERVER) SKIPPED: no $serve_bin (cargo build -p ruda-serve)"
+    echo "=================================================================="
+    exit 0
+fi
+echo "== web e2e: the real server ($serve_bin llm/models/tiny-qwen2 on the CPU)"
+serve_log=$(mktemp)
+port=$(( 20000 + RANDOM % 20000 ))
+RUDA_DEVICE=cpu "$serve_bin" llm/models/tiny-qwen2 --bind "127.0.0.1:$port" >"$serve_log" 2>&1 &
+serve_pid=$!
+trap 'kill "$mock_pid" "$serve_pid" 2>/dev/null || true; rm -f "$log" "$serve_log"' EXIT
+ready=""
+for _ in $(seq 300); do
+    if node -e 'fetch(process.argv[1]).then(r => process.exit(r.ok ? 0 : 1), () => process.exit(1))' \
+        "http://127.0.0.1:$port/ready" 2>/dev/null; then
+        ready=1
+        break
+    fi
+    kill -0 "$serve_pid" 2>/dev/null || { cat "$serve_log"; echo "web-tests: ruda-serve died" >&2; exit 1; }
+    sleep 0.1
+done
+[ -n "$ready" ] || { cat "$serve_log"; echo "web-tests: ruda-serve was not ready in 30 s" >&2; exit 1; }
+node "$e2e/chat_e2e.mjs" "http://127.0.0.1:$port/" "$screenshot" --chromium "$chromium"
+echo "web e2e screenshots: $screenshot (real server), $mock_shot (mock)"

@@ -10,6 +10,7 @@ mod error;
 mod handlers;
 pub mod metrics;
 pub mod request;
+pub mod web;
 
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -143,7 +144,7 @@ impl AppState {
 
 /// Every endpoint on `state`, with the request-id, authentication and panic layer.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    web::routes(Router::new())
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
         .route("/metrics", get(handlers::metrics))

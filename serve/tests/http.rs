@@ -662,3 +662,56 @@ async fn graceful_shutdown_loses_no_reply_in_flight() {
     assert!(!state.is_ready());
     assert!(state.with_engine(|_| Ok(())).is_err(), "the engine was shut down");
 }
+
+/// The web chat: the page and its assets at their paths with their types and policy, open
+/// without the API key, and loading nothing from outside the server (no absolute URL in a
+/// `src`, `href`, `import` or CSS `url(...)`; the page's own fetches are relative).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_chat_is_served_and_loads_nothing_from_outside() {
+    let server = start(Setup { api_key: Some("sekrit"), ..Setup::default() }).await;
+    let mut files = Vec::new();
+    for (path, content_type) in [
+        ("/", "text/html"),
+        ("/app.js", "text/javascript"),
+        ("/chat.js", "text/javascript"),
+        ("/style.css", "text/css"),
+    ] {
+        let r = server.get(path).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.header("content-type").is_some_and(|t| t.starts_with(content_type)), "{path}: {:?}", r.headers);
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"), "{path}");
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(r.header("x-request-id").is_some(), "{path}");
+        files.push((path, r.text()));
+    }
+    let page = &files[0].1;
+    assert!(page.contains("app.js") && page.contains("style.css"), "the page loads its assets");
+    for (path, text) in &files {
+        let squashed: String = text.chars().filter(|c| !c.is_whitespace()).collect::<String>().to_ascii_lowercase();
+        for pattern in [
+            "src=\"http",
+            "src='http",
+            "href=\"http",
+            "href='http",
+            "url(http",
+            "url(\"http",
+            "url('http",
+            "from\"http",
+            "from'http",
+            "import(\"http",
+            "src=\"//",
+            "href=\"//",
+            "url(//",
+        ] {
+            assert!(!squashed.contains(pattern), "{path} loads an external URL ({pattern})");
+        }
+        assert!(
+            !squashed.contains("fetch(\"http") && !squashed.contains("fetch('http"),
+            "{path} fetches an absolute URL"
+        );
+    }
+    // The API stays behind the key.
+    assert_eq!(server.get("/v1/models").await.status, 401);
+    server.shutdown().await;
+}

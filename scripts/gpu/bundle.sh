@@ -52,7 +52,9 @@ rm "$bundle/tests.tsv"
 echo "bundle: building release binaries" >&2
 cargo build --release --locked -p ruda-tools --bins
 cargo build --release --locked -p ruda-llm --bin ruda-llm
-cp "$target_dir/release/rudac" "$target_dir/release/ruda-bench" "$target_dir/release/ruda-llm" "$bundle/bin/"
+cargo build --release --locked -p ruda-serve --bin ruda-serve
+cp "$target_dir/release/rudac" "$target_dir/release/ruda-bench" "$target_dir/release/ruda-llm" \
+  "$target_dir/release/ruda-serve" "$bundle/bin/"
 # The model layer's examples, for scripts/gpu/model_bench.py (skipped there when absent).
 if cargo metadata --no-deps --format-version 1 2>/dev/null | grep -q '"name":"qwen2_generate"'; then
   echo "bundle: building the ruda-llm examples" >&2

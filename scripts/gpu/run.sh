@@ -5,7 +5,7 @@
 # RUDA_GPU_COMPILERS, then rudac check with the machine's ptxas, then the benchmarks beside
 # their PyTorch baselines, the model benchmark and the batched-generation one, then the gated delta rule's benchmarks
 # beside flash-linear-attention's, and writes into RESULTS_DIR a few files: machine.json,
-# tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json, batch_bench.json, gdelta_ruda.jsonl,
+# tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json, batch_bench.json, serve_bench.json, gdelta_ruda.jsonl,
 # gdelta_torch.jsonl, summary.json, summary.md, and logs.tar.gz (every log). The summary ends
 # stdout.
 #
@@ -13,14 +13,15 @@
 # the device tool's 600 s per call): tests 180 s in all (each executable at most 120 s: a crate's tests are one binary of modules), rudac
 # check 60 s, rudac run 30 s, ncu 40 s, gpucheck 45 s, the model bench 150 s, the batch bench 120 s
 # (a Qwen2.5-0.5B-shaped model, 7 runs of ruda-llm batch: alone with RUDA_GPU_STEPS=batch, about
-# 2 minutes), ruda-bench 100 s, baseline
+# 2 minutes), the serve bench 120 s (ruda-serve and bench-serve at 1, 8 and 32 clients, alone with
+# RUDA_GPU_STEPS=serve about 2 minutes), ruda-bench 100 s, baseline
 # 80 s, the fla wheels' install 30 s (2 s expected), the gated delta rows 60 s (ruda-bench, ~25 s
 # expected) and 120 s (fla, whose first chunked call compiles and autotunes ~30 Triton
 # configurations), each capped by what is left of the budget (less a margin for the summary).
 # `RUDA_GPU_STEPS=gdelta` alone takes at most 3.5 minutes.
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
-# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model batch bench gdelta"),
+# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model batch serve bench gdelta"),
 #        RUDA_GPU_BUDGET_S (420), RUDA_BENCH_FILTER (words passed to both benchmark programs in the
 #        bench step; the gdelta step runs the gated_delta rows, and the copy row when the bench
 #        step does not run, for the decode rows' floor).
@@ -40,7 +41,7 @@ if [ -f "$bundle/executables.tar.xz" ]; then
   tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
 fi
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
-steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model batch bench gdelta} "
+steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model batch serve bench gdelta} "
 budget=${RUDA_GPU_BUDGET_S:-420}
 filter=${RUDA_BENCH_FILTER:-}
 t_start=$(date +%s)
@@ -171,6 +172,15 @@ if has_step batch; then
   note "batch_bench.py exit $?"
 fi
 
+# Serving (issue 15): ruda-serve on a Qwen2.5-0.5B-shaped model, ruda-llm bench-serve at 1, 8 and
+# 32 concurrent clients.
+if has_step serve; then
+  t=$(allot 120)
+  timeout "$t" python3 scripts/gpu/serve_bench.py "$results" "$bundle" --deadline-s $((t > 15 ? t - 5 : t)) \
+    > "$logs/serve_bench.log" 2>&1
+  note "serve_bench.py exit $?"
+fi
+
 # flash-linear-attention (pure Python and Triton), the gated delta rows' baseline: installed
 # offline from the bundle's wheels (scripts/gpu/bundle.sh) into this run's folder, put first on
 # PYTHONPATH. A failure is logged, never fatal: baseline.py then prints those rows SKIPPED.
@@ -225,6 +235,7 @@ grep -h "FAILED\|SKIPPED" "$logs/bench_ruda.log" "$logs/bench_torch.log" "$logs/
   "$logs/gdelta_torch.log" 2>/dev/null | head -20
 tail -n 3 "$logs/model_bench.log" 2>/dev/null
 tail -n 8 "$logs/batch_bench.log" 2>/dev/null
+tail -n 3 "$logs/serve_bench.log" 2>/dev/null
 cat "$logs/summary.txt"
 # One archive of every log (the tool carrying $OUT back drops results with many files).
 tar -czf "$results/logs.tar.gz" -C "$logs" . 2>/dev/null

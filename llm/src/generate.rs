@@ -53,6 +53,15 @@ pub struct GenerateParams {
     /// transformers' `repetition_penalty`: the logit of every token already in the prompt or the
     /// reply is divided by it when positive, multiplied when negative. `1.0` is off.
     pub repetition_penalty: f32,
+    /// OpenAI's `presence_penalty` (-2 to 2): subtracted once from the logit of every token the
+    /// reply holds, after the repetition penalty. `0.0` is off.
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty` (-2 to 2): subtracted from a token's logit once per time the
+    /// reply holds it. `0.0` is off.
+    pub frequency_penalty: f32,
+    /// OpenAI's `logit_bias`: `(token id, bias in -100..=100)` added to that token's logit after
+    /// the penalties, before temperature (-100 bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for GenerateParams {
@@ -63,6 +72,9 @@ impl Default for GenerateParams {
             sampling: None,
             stop_sequences: Vec::new(),
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -96,6 +108,14 @@ impl GenerateParams {
         }
         if self.stop_sequences.iter().any(String::is_empty) {
             return bad("stop sequences must not be empty".into());
+        }
+        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} must be in -2..=2, got {v}"));
+            }
+        }
+        if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return bad(format!("logit_bias of token {id} must be in -100..=100, got {b}"));
         }
         if let Some(s) = &self.sampling {
             if !(s.temperature.is_finite() && s.temperature > 0.0) {
@@ -268,6 +288,9 @@ mod tests {
             GenerateParams { repetition_penalty: 0.0, ..ok.clone() },
             GenerateParams { repetition_penalty: f32::NAN, ..ok.clone() },
             GenerateParams { stop_sequences: vec![String::new()], ..ok.clone() },
+            GenerateParams { presence_penalty: 2.5, ..ok.clone() },
+            GenerateParams { frequency_penalty: f32::NAN, ..ok.clone() },
+            GenerateParams { logit_bias: vec![(3, -101.0)], ..ok.clone() },
             GenerateParams { sampling: Some(SamplingConfig { temperature: 0.0, ..Default::default() }), ..ok.clone() },
             GenerateParams { sampling: Some(SamplingConfig { top_p: 0.0, ..Default::default() }), ..ok.clone() },
             GenerateParams { sampling: Some(SamplingConfig { top_p: 1.5, ..Default::default() }), ..ok.clone() },

@@ -1,7 +1,7 @@
 //! The pipeline API: load a Hugging Face Qwen2 / Qwen2.5 / Qwen3 folder, render
 //! chats, encode and decode, and generate text greedily or by sampling, whole or streamed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -447,8 +447,15 @@ impl Pipeline {
 pub(crate) struct TokenPicker {
     sampling: Option<SamplingParams>,
     penalty: f32,
-    /// With a penalty, the logits in f32 (transformers penalises its f32 copy of bf16 logits).
+    presence: f32,
+    frequency: f32,
+    logit_bias: Vec<(u32, f32)>,
+    /// With a penalty or a bias, the logits in f32 (transformers penalises its f32 copy of bf16
+    /// logits).
     penalised: Option<Tensor>,
+    /// With presence/frequency penalties or a logit bias: the dense f32 `[vocab]` adjustment of
+    /// this step, and the adjusted logits.
+    adjustment: Option<(Tensor, Tensor)>,
     chosen: Tensor,
     offsets: Tensor,
     argmax_workspace: Option<Tensor>,
@@ -457,7 +464,12 @@ pub(crate) struct TokenPicker {
 impl TokenPicker {
     /// Greedy without a repetition penalty: a plain argmax of the logits.
     pub(crate) fn is_plain_greedy(&self) -> bool {
-        self.sampling.is_none() && self.penalty == 1.0
+        self.sampling.is_none() && self.penalty == 1.0 && !self.adjusts()
+    }
+
+    /// Whether presence/frequency penalties or a logit bias change the logits.
+    fn adjusts(&self) -> bool {
+        self.presence != 0.0 || self.frequency != 0.0 || !self.logit_bias.is_empty()
     }
 
     pub(crate) fn new(device: &Device, params: &GenerateParams) -> Result<TokenPicker, LlmError> {
@@ -470,7 +482,11 @@ impl TokenPicker {
         Ok(TokenPicker {
             sampling,
             penalty: params.repetition_penalty,
+            presence: params.presence_penalty,
+            frequency: params.frequency_penalty,
+            logit_bias: params.logit_bias.clone(),
             penalised: None,
+            adjustment: None,
             chosen: Tensor::zeros(device, DType::U32, &[1])?,
             offsets: Tensor::zeros(device, DType::U64, &[1])?,
             argmax_workspace: None,
@@ -482,19 +498,58 @@ impl TokenPicker {
     pub(crate) fn pick(&mut self, logits: &Tensor, history: &[u32], step: usize) -> Result<u32, LlmError> {
         let device = logits.device().clone();
         let stream = device.default_stream();
-        let logits = if self.penalty != 1.0 {
+        let op = |what: &'static str| move |e| LlmError::op(what, e);
+        // vLLM's order: the repetition penalty, then presence and frequency penalties, then the
+        // logit bias (then temperature, top-k and top-p in the sampler), in f32.
+        let logits = if self.penalty != 1.0 || self.adjusts() {
             if self.penalised.as_ref().is_none_or(|p| p.shape() != logits.shape()) {
                 self.penalised = Some(Tensor::empty(&device, DType::F32, logits.shape())?);
             }
             let penalised =
                 self.penalised.as_ref().ok_or_else(|| LlmError::InvalidArgument("no logits buffer".into()))?;
-            api::cast_into(&stream, logits, penalised).map_err(|e| LlmError::op("repetition penalty", e))?;
-            let mut seen = HashSet::new();
-            let unique: Vec<u32> = history.iter().copied().filter(|id| seen.insert(*id)).collect();
-            let ids = Tensor::from_slice(&device, &unique, &[1, unique.len()])?;
-            api::repetition_penalty_into(&stream, penalised, &ids, self.penalty)
-                .map_err(|e| LlmError::op("repetition penalty", e))?;
-            penalised
+            api::cast_into(&stream, logits, penalised).map_err(op("logits to f32"))?;
+            if self.penalty != 1.0 {
+                let mut seen = HashSet::new();
+                let unique: Vec<u32> = history.iter().copied().filter(|id| seen.insert(*id)).collect();
+                let ids = Tensor::from_slice(&device, &unique, &[1, unique.len()])?;
+                api::repetition_penalty_into(&stream, penalised, &ids, self.penalty)
+                    .map_err(op("repetition penalty"))?;
+            }
+            if self.adjusts() {
+                let vocab = logits.shape()[1];
+                let mut delta = vec![0f32; vocab];
+                let mut counts: HashMap<u32, u32> = HashMap::new();
+                for &id in &history[history.len().saturating_sub(step)..] {
+                    *counts.entry(id).or_default() += 1;
+                }
+                for (&id, &n) in &counts {
+                    if let Some(d) = delta.get_mut(id as usize) {
+                        *d -= self.presence + self.frequency * n as f32;
+                    }
+                }
+                for &(id, bias) in &self.logit_bias {
+                    let d = delta.get_mut(id as usize).ok_or_else(|| {
+                        LlmError::InvalidArgument(format!(
+                            "logit_bias: token id {id} is outside the vocabulary ({vocab})"
+                        ))
+                    })?;
+                    *d += bias;
+                }
+                if self.adjustment.as_ref().is_none_or(|(d, _)| d.numel() != vocab) {
+                    self.adjustment = Some((
+                        Tensor::zeros(&device, DType::F32, &[vocab])?,
+                        Tensor::empty(&device, DType::F32, logits.shape())?,
+                    ));
+                }
+                let (d, adjusted) =
+                    self.adjustment.as_ref().ok_or_else(|| LlmError::InvalidArgument("no adjustment buffer".into()))?;
+                d.copy_from_slice(&delta)?;
+                api::add_bias_into(&stream, penalised, d, adjusted)
+                    .map_err(op("presence/frequency penalty, logit bias"))?;
+                adjusted
+            } else {
+                penalised
+            }
         } else {
             logits
         };

@@ -321,3 +321,45 @@ fn the_causal_lm_trait_decodes_as_it_prefills() {
     let err = m.forward(&mut foreign, &ids, 4, false).unwrap_err().to_string();
     assert!(err.contains("another model"), "{err}");
 }
+
+/// OpenAI's presence and frequency penalties and logit bias, after the repetition penalty and
+/// before the pick: each greedy choice is the argmax of the plain logits (all positions run
+/// from an empty cache) with `presence + frequency · count` subtracted from every token of the
+/// reply so far and the bias added; the bias bans a token at -100.
+#[test]
+fn presence_frequency_penalties_and_logit_bias_move_the_greedy_pick() {
+    let p = pipeline("qwen2-tied");
+    let prompt = p.encode("The quick brown fox", true).unwrap();
+    let vocab = p.model().config().vocab_size;
+    let plain = p.generate_from_ids(&prompt, &greedy(6), true, |_, _| StreamControl::Continue).unwrap();
+    let first = plain.generated_token_ids[0];
+    let params = GenerateParams {
+        presence_penalty: 1.5,
+        frequency_penalty: 0.75,
+        logit_bias: vec![(first, -100.0), (7, 0.5)],
+        ..greedy(6)
+    };
+    let got = p.generate_from_ids(&prompt, &params, true, |_, _| StreamControl::Continue).unwrap();
+    assert_ne!(got.generated_token_ids[0], first, "a bias of -100 bans the plain first choice");
+    let mut history = prompt.clone();
+    for (step, &id) in got.generated_token_ids.iter().enumerate() {
+        let logits = p.logits(&history, 64).unwrap();
+        let mut last: Vec<f64> = logits[logits.len() - vocab..].iter().map(|&x| x as f64).collect();
+        let reply = &got.generated_token_ids[..step];
+        let mut counts = std::collections::HashMap::new();
+        for &t in reply {
+            *counts.entry(t).or_insert(0.0) += 1.0;
+        }
+        for (&t, &count) in &counts {
+            last[t as usize] -= 1.5 + 0.75 * count;
+        }
+        last[first as usize] -= 100.0;
+        last[7] += 0.5;
+        let want = (0..vocab).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
+        assert_eq!(id, want, "step {step}");
+        history.push(id);
+    }
+    let bad = GenerateParams { logit_bias: vec![(vocab as u32 + 3, 1.0)], ..greedy(2) };
+    let e = p.generate_from_ids(&prompt, &bad, true, |_, _| StreamControl::Continue).unwrap_err().to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+}

@@ -73,12 +73,9 @@ impl Fields {
         for name in IGNORED {
             self.map.remove(*name);
         }
-        let unsupported: [Unsupported; 12] = [
+        let unsupported: [Unsupported; 9] = [
             ("logprobs", "other than false or 0", |v| v == &Value::Bool(false) || v.as_f64() == Some(0.0)),
             ("top_logprobs", "other than 0", |v| v.as_f64() == Some(0.0)),
-            ("presence_penalty", "other than 0", |v| v.as_f64() == Some(0.0)),
-            ("frequency_penalty", "other than 0", |v| v.as_f64() == Some(0.0)),
-            ("logit_bias", "(non-empty)", |v| v.as_object().is_some_and(Map::is_empty)),
             ("min_p", "other than 0", |v| v.as_f64() == Some(0.0)),
             ("response_format", "other than {\"type\": \"text\"}", |v| {
                 v.as_object().is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("text")))
@@ -154,6 +151,36 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
             format!("'repetition_penalty' must be positive, got {repetition_penalty}"),
         ));
     }
+    let mut penalty = |name: &str| -> Result<f32, ApiError> {
+        let v = f.f64(name)?.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(ApiError::param(name, format!("'{name}' must be in [-2, 2], got {v}")));
+        }
+        Ok(v as f32)
+    };
+    let (presence_penalty, frequency_penalty) = (penalty("presence_penalty")?, penalty("frequency_penalty")?);
+    let logit_bias = match f.take("logit_bias") {
+        None => Vec::new(),
+        Some(Value::Object(map)) => {
+            let mut bias = Vec::with_capacity(map.len());
+            for (id, v) in map {
+                let id = id.parse::<u32>().map_err(|_| {
+                    ApiError::param("logit_bias", format!("'logit_bias' keys must be token ids, got {id:?}"))
+                })?;
+                match v.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => bias.push((id, b as f32)),
+                    _ => {
+                        return Err(ApiError::param(
+                            "logit_bias",
+                            format!("'logit_bias' of token {id} must be a number in [-100, 100], got {v}"),
+                        ))
+                    }
+                }
+            }
+            bias
+        }
+        Some(_) => return Err(ApiError::param("logit_bias", "'logit_bias' must be an object of token id to bias")),
+    };
     let stop_sequences = match f.take("stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s],
@@ -214,6 +241,9 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
             sampling,
             stop_sequences,
             repetition_penalty: repetition_penalty as f32,
+            presence_penalty,
+            frequency_penalty,
+            logit_bias,
         },
         ignore_eos,
         stream,
@@ -401,15 +431,24 @@ mod tests {
             (r#"{"n":2}"#, "n"),
             (r#"{"n":0}"#, "n"),
             (r#"{"stop":["a","b","c","d","e"]}"#, "stop"),
+            (r#"{"presence_penalty":2.5}"#, "presence_penalty"),
+            (r#"{"frequency_penalty":"x"}"#, "frequency_penalty"),
+            (r#"{"logit_bias":{"x":1}}"#, "logit_bias"),
+            (r#"{"logit_bias":{"1":101}}"#, "logit_bias"),
+            (r#"{"logit_bias":[1]}"#, "logit_bias"),
         ] {
             let mut f = fields(body);
             let e = common(&mut f, &["max_tokens"]).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
+        let body = r#"{"presence_penalty":0.5,"frequency_penalty":-1,"logit_bias":{"5":-100,"7":2.5}}"#;
+        let c = common(&mut fields(body), &["max_tokens"]).unwrap();
+        assert_eq!((c.params.presence_penalty, c.params.frequency_penalty), (0.5, -1.0));
+        let mut bias = c.params.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, [(5, -100.0), (7, 2.5)]);
         for (body, param) in [
             (r#"{"logprobs":true}"#, "logprobs"),
-            (r#"{"presence_penalty":0.5}"#, "presence_penalty"),
-            (r#"{"logit_bias":{"1":2}}"#, "logit_bias"),
             (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
             (r#"{"tools":[{"type":"function"}]}"#, "tools"),
             (r#"{"echo":true}"#, "echo"),
@@ -420,7 +459,7 @@ mod tests {
             let e = fields(body).finish().unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
-        fields(r#"{"logprobs":false,"presence_penalty":0,"logit_bias":{},"response_format":{"type":"text"},"tools":[],"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
+        fields(r#"{"logprobs":false,"response_format":{"type":"text"},"tools":[],"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
             .finish()
             .unwrap();
     }

@@ -20,16 +20,26 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>
 const NAME: &str = "chat_template";
 
 /// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     pub content: String,
+    /// Further fields the template reads as they are, in this order: an assistant's
+    /// `tool_calls` (`[{"id", "type": "function", "function": {"name", "arguments"}}]`) and
+    /// `reasoning_content`, a tool message's `tool_call_id`, a `name`.
+    pub fields: serde_json::Map<String, Json>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), fields: serde_json::Map::new() }
+    }
+
+    /// The message with the field `name` set to `value`.
+    pub fn with(mut self, name: impl Into<String>, value: Json) -> ChatMessage {
+        self.fields.insert(name.into(), value);
+        self
     }
 }
 
@@ -122,13 +132,9 @@ impl ChatTemplate {
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
-                let map: BTreeMap<String, Value> = [
-                    ("role".to_string(), Value::from(m.role.as_str())),
-                    ("content".to_string(), Value::from(m.content.as_str())),
-                ]
-                .into_iter()
-                .collect();
-                Value::from_object(map)
+                let fixed = [("role", Value::from(m.role.as_str())), ("content", Value::from(m.content.as_str()))];
+                let fields = m.fields.iter().filter(|(k, _)| !matches!(k.as_str(), "role" | "content"));
+                Value::from_pairs(fixed.into_iter().chain(fields.map(|(k, v)| (k.as_str(), from_json(v)))))
             })
             .collect();
         ctx.insert("messages".into(), Value::from(messages));

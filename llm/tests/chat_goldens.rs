@@ -20,7 +20,16 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
     v.as_array()
         .expect("a message list")
         .iter()
-        .map(|m| ChatMessage::new(m["role"].as_str().expect("role"), m["content"].as_str().expect("content")))
+        .map(|m| {
+            let content = m["content"].as_str().expect("content");
+            let mut message = ChatMessage::new(m["role"].as_str().expect("role"), content);
+            for (key, value) in m.as_object().expect("a message object") {
+                if !matches!(key.as_str(), "role" | "content") {
+                    message = message.with(key.as_str(), value.clone());
+                }
+            }
+            message
+        })
         .collect()
 }
 
@@ -70,7 +79,9 @@ fn fixture_templates_match_transformers() {
         );
         failures.extend(check(template, &label, case, "messages", "extra", "rendered"));
     }
-    assert!(cases.len() >= 60, "{} cases", cases.len());
+    assert!(cases.len() >= 100, "{} cases", cases.len());
+    let with_tools = cases.iter().filter(|c| c["extra"].get("tools").is_some()).count();
+    assert!(with_tools >= 20, "{with_tools} cases with tools");
     assert!(failures.is_empty(), "{} of {} differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 

@@ -11,11 +11,13 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ruda_llm::{Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, StopReason};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
+use crate::reply::{Delta, ReplyFormat, ReplyParser, ToolCall};
 use crate::request::{self, Common, Fields, Prompt, TokenizeInput};
+use crate::tools::{self, ToolChoice};
 use crate::AppState;
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -78,10 +80,10 @@ pub async fn tokenize(State(s): State<AppState>, headers: HeaderMap, body: Body)
             let input = request::tokenize(read_body(&s, &headers, body).await?, &s.options().served_model_name)?;
             let tokens = s.with_engine(|e| match input {
                 TokenizeInput::Prompt { text, add_special_tokens } => encode(e, &text, add_special_tokens, "prompt"),
-                TokenizeInput::Messages { messages, add_generation_prompt, add_special_tokens } => {
+                TokenizeInput::Messages { messages, add_generation_prompt, add_special_tokens, extra } => {
                     let text = e
                         .chat_template()
-                        .render(&messages, add_generation_prompt, &Map::new())
+                        .render(&messages, add_generation_prompt, &extra)
                         .map_err(|err| ApiError::param("messages", format!("The chat template failed: {err}")))?;
                     encode(e, &text, add_special_tokens, "messages")
                 }
@@ -129,6 +131,10 @@ struct Generation {
     kind: Kind,
     prompts: Vec<Vec<u32>>,
     common: Common,
+    /// How a chat reply is split into reasoning, content and tool calls.
+    format: ReplyFormat,
+    /// Whether a reply may hold more than one tool call.
+    parallel_tool_calls: bool,
 }
 
 pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -148,7 +154,14 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bo
                     })
                     .collect::<Result<Vec<_>>>()
             })?;
-            generate(&s, Generation { kind: Kind::Completion, prompts: ids, common }).await
+            let g = Generation {
+                kind: Kind::Completion,
+                prompts: ids,
+                common,
+                format: ReplyFormat::default(),
+                parallel_tool_calls: true,
+            };
+            generate(&s, g).await
         }
         .await,
     )
@@ -161,18 +174,36 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
             f.model(&s.options().served_model_name)?;
             let messages = request::messages(&mut f)?;
             let common = request::common(&mut f, &["max_completion_tokens", "max_tokens"])?;
+            let tools = tools::tools(&mut f)?;
+            let extra = request::template_variables(&mut f, &tools)?;
             f.finish()?;
-            let ids = s.with_engine(|e| {
-                let text = e
-                    .chat_template()
-                    .render(&messages, true, &Map::new())
+            if matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
+                return Err(ApiError::unsupported("tool_choice", "\"required\" or a named function"));
+            }
+            let (ids, format) = s.with_engine(|e| {
+                let template = e.chat_template();
+                let text = template
+                    .render(&messages, true, &extra)
                     .map_err(|err| ApiError::param("messages", format!("The chat template failed: {err}")))?;
-                encode(e, &text, false, "messages")
+                let thinking = template.source().contains("<think>");
+                Ok((encode(e, &text, false, "messages")?, ReplyFormat::for_prompt(&text, thinking, tools.active())))
             })?;
-            generate(&s, Generation { kind: Kind::Chat, prompts: vec![ids], common }).await
+            let g = Generation {
+                kind: Kind::Chat,
+                prompts: vec![ids],
+                common,
+                format,
+                parallel_tool_calls: tools.parallel,
+            };
+            generate(&s, g).await
         }
         .await,
     )
+}
+
+/// A seed from the clock, for `n` sampled choices without a seed.
+fn clock_seed() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0x5eed)
 }
 
 fn unix_now() -> u64 {
@@ -224,8 +255,20 @@ async fn generate(s: &AppState, g: Generation) -> Result<Response> {
         let mut params = g.common.params.clone();
         params.max_new_tokens = max_new_tokens;
         params.eos_token_ids = if g.common.ignore_eos { Vec::new() } else { s.info().eos_token_ids.clone() };
-        requests.push(EngineRequest { prompt: prompt.clone(), params });
+        // `n` choices draw from seeds `seed`, `seed + 1`, ... (one base from the clock without a
+        // seed), so that they differ and a given seed repeats them all.
+        let base_seed = params.sampling.as_ref().map(|c| c.seed.unwrap_or_else(clock_seed));
+        for j in 0..g.common.n {
+            let mut params = params.clone();
+            if let (Some(sampling), Some(base)) = (params.sampling.as_mut(), base_seed) {
+                if g.common.n > 1 || sampling.seed.is_none() {
+                    sampling.seed = Some(base.wrapping_add(j as u64));
+                }
+            }
+            requests.push(EngineRequest { prompt: prompt.clone(), params });
+        }
     }
+    // Usage counts each prompt once, however many choices it has (as OpenAI does).
     let prompt_tokens: usize = g.prompts.iter().map(Vec::len).sum();
     let handles = s.with_engine(|e| {
         requests
@@ -249,6 +292,8 @@ async fn generate(s: &AppState, g: Generation) -> Result<Response> {
         model: s.options().served_model_name.clone(),
         prompt_tokens,
         choices: handles.len(),
+        format: g.format,
+        parallel_tool_calls: g.parallel_tool_calls,
     };
     if g.common.stream {
         Ok(stream(reply, handles, g.common.include_usage))
@@ -265,6 +310,8 @@ struct Reply {
     model: String,
     prompt_tokens: usize,
     choices: usize,
+    format: ReplyFormat,
+    parallel_tool_calls: bool,
 }
 
 impl Reply {
@@ -278,6 +325,27 @@ impl Reply {
 
     fn chunk(&self, choices: Vec<Value>) -> Value {
         json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// The `id` of the `k`th tool call of choice `i`.
+    fn tool_call_id(&self, i: usize, k: usize) -> String {
+        format!("call-{}-{i}-{k}", self.id)
+    }
+
+    /// The tool calls a reply keeps: the first only without `parallel_tool_calls`.
+    fn keep_calls(&self, mut calls: Vec<ToolCall>) -> Vec<ToolCall> {
+        if !self.parallel_tool_calls {
+            calls.truncate(1);
+        }
+        calls
+    }
+
+    /// `finish_reason`: `tool_calls` when the reply called tools and was not cut short.
+    fn finish_reason(&self, r: StopReason, called: bool) -> &'static str {
+        match finish_reason(r) {
+            "stop" if called => "tool_calls",
+            other => other,
+        }
     }
 
     fn usage(&self, completion_tokens: usize) -> Value {
@@ -396,12 +464,38 @@ async fn whole(reply: Reply, handles: Vec<RequestHandle>) -> Result<Response> {
             let reason = finish_reason(o.stop_reason);
             match reply.kind {
                 Kind::Completion => json!({"index": index, "text": text, "finish_reason": reason, "logprobs": null}),
-                Kind::Chat => json!({
-                    "index": index,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": reason,
-                    "logprobs": null,
-                }),
+                Kind::Chat => {
+                    let mut parser = ReplyParser::new(reply.format);
+                    let mut deltas = parser.push(&text);
+                    let end = parser.finish();
+                    deltas.extend(end.deltas);
+                    let (mut reasoning, mut content) = (None::<String>, None::<String>);
+                    for d in deltas {
+                        match d {
+                            Delta::Reasoning(t) => reasoning.get_or_insert_default().push_str(&t),
+                            Delta::Content(t) => content.get_or_insert_default().push_str(&t),
+                        }
+                    }
+                    let calls = reply.keep_calls(end.tool_calls);
+                    // Content is null only beside tool calls, as OpenAI sends it.
+                    if calls.is_empty() {
+                        content.get_or_insert_default();
+                    }
+                    let mut message = json!({"role": "assistant", "content": content, "reasoning_content": reasoning});
+                    if !calls.is_empty() {
+                        message["tool_calls"] = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, c)| c.to_json(&reply.tool_call_id(index, k), None))
+                            .collect();
+                    }
+                    json!({
+                        "index": index,
+                        "message": message,
+                        "finish_reason": reply.finish_reason(o.stop_reason, !calls.is_empty()),
+                        "logprobs": null,
+                    })
+                }
             }
         })
         .collect();
@@ -435,28 +529,52 @@ fn stream(reply: Reply, handles: Vec<RequestHandle>, include_usage: bool) -> Res
         }
         let mut completion_tokens = 0;
         let mut failure = None;
+        let mut parsers: Vec<Option<ReplyParser>> =
+            (0..reply.choices).map(|_| Some(ReplyParser::new(reply.format))).collect();
+        let chat_delta = |i: usize, d: Delta| {
+            let delta = match d {
+                Delta::Content(t) => json!({"content": t}),
+                Delta::Reasoning(t) => json!({"reasoning_content": t}),
+            };
+            json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null})
+        };
         let mut sink = |i: usize, piece: Piece| {
-            let choice = match (piece, reply.kind) {
+            let choices: Vec<Value> = match (piece, reply.kind) {
                 (Piece::Text(t), Kind::Completion) => {
-                    json!({"index": i, "text": t, "logprobs": null, "finish_reason": null})
+                    vec![json!({"index": i, "text": t, "logprobs": null, "finish_reason": null})]
                 }
-                (Piece::Text(t), Kind::Chat) => {
-                    json!({"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null})
-                }
-                (Piece::Done(o), kind) => {
+                (Piece::Text(t), Kind::Chat) => match parsers[i].as_mut() {
+                    Some(p) => p.push(&t).into_iter().map(|d| chat_delta(i, d)).collect(),
+                    None => Vec::new(),
+                },
+                (Piece::Done(o), Kind::Completion) => {
                     completion_tokens += o.generated_token_ids.len();
                     let reason = finish_reason(o.stop_reason);
-                    match kind {
-                        Kind::Completion => json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason}),
-                        Kind::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason}),
+                    vec![json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason})]
+                }
+                (Piece::Done(o), Kind::Chat) => {
+                    completion_tokens += o.generated_token_ids.len();
+                    let end = parsers[i].take().map(ReplyParser::finish).unwrap_or_default();
+                    let mut choices: Vec<Value> = end.deltas.into_iter().map(|d| chat_delta(i, d)).collect();
+                    let calls = reply.keep_calls(end.tool_calls);
+                    if !calls.is_empty() {
+                        let calls: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, c)| c.to_json(&reply.tool_call_id(i, k), Some(k)))
+                            .collect();
+                        choices.push(json!({"index": i, "delta": {"tool_calls": calls}, "logprobs": null, "finish_reason": null}));
                     }
+                    let reason = reply.finish_reason(o.stop_reason, !calls.is_empty());
+                    choices.push(json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason}));
+                    choices
                 }
                 (Piece::Failed(m), _) => {
                     failure = Some(m);
                     return false;
                 }
             };
-            send(sse(&reply.chunk(vec![choice])))
+            choices.into_iter().all(|choice| send(sse(&reply.chunk(vec![choice]))))
         };
         drive(handles, &mut sink, &|| tx.is_closed());
         if tx.is_closed() {

@@ -9,7 +9,9 @@
 mod error;
 mod handlers;
 pub mod metrics;
+pub mod reply;
 pub mod request;
+pub mod tools;
 pub mod web;
 
 use std::future::{Future, IntoFuture};

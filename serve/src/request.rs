@@ -5,6 +5,7 @@ use ruda_llm::{ChatMessage, GenerateParams, SamplingConfig};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tools::Tools;
 
 /// Fields clients send routinely that change nothing here.
 const IGNORED: &[&str] = &["user", "store", "metadata", "parallel_tool_calls", "service_tier"];
@@ -73,15 +74,13 @@ impl Fields {
         for name in IGNORED {
             self.map.remove(*name);
         }
-        let unsupported: [Unsupported; 9] = [
+        let unsupported: [Unsupported; 7] = [
             ("logprobs", "other than false or 0", |v| v == &Value::Bool(false) || v.as_f64() == Some(0.0)),
             ("top_logprobs", "other than 0", |v| v.as_f64() == Some(0.0)),
             ("min_p", "other than 0", |v| v.as_f64() == Some(0.0)),
             ("response_format", "other than {\"type\": \"text\"}", |v| {
                 v.as_object().is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("text")))
             }),
-            ("tools", "(non-empty)", |v| v.as_array().is_some_and(Vec::is_empty)),
-            ("tool_choice", "other than \"none\"", |v| v == &Value::from("none") || v == &Value::from("auto")),
             ("echo", "", |v| v == &Value::Bool(false)),
             ("best_of", "above 1", |v| v.as_f64() == Some(1.0)),
             ("suffix", "", |v| v.as_str() == Some("")),
@@ -117,7 +116,12 @@ pub struct Common {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// `n`: choices per prompt.
+    pub n: usize,
 }
+
+/// The most choices per prompt (each is a request of its own in the engine).
+pub const MAX_N: i64 = 128;
 
 /// Read the shared fields (the endpoint reads its own before or after). `max_token_fields` are
 /// the names `max_tokens` goes by, the first given wins.
@@ -201,11 +205,10 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
     if stop_sequences.iter().any(String::is_empty) {
         return Err(ApiError::param("stop", "'stop' sequences must not be empty"));
     }
-    match f.i64("n")? {
-        None | Some(1) => {}
-        Some(n) if n < 1 => return Err(ApiError::param("n", format!("'n' must be at least 1, got {n}"))),
-        Some(n) => return Err(ApiError::unsupported("n", &format!("= {n} (more than one choice per prompt)"))),
-    }
+    let n = match f.i64("n")?.unwrap_or(1) {
+        n @ 1..=MAX_N => n as usize,
+        n => return Err(ApiError::param("n", format!("'n' must be from 1 to {MAX_N}, got {n}"))),
+    };
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.take("stream_options") {
@@ -248,6 +251,7 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
         ignore_eos,
         stream,
         include_usage,
+        n,
     })
 }
 
@@ -289,8 +293,9 @@ pub fn prompts(f: &mut Fields) -> Result<Vec<Prompt>, ApiError> {
     Ok(prompts)
 }
 
-/// `messages`: roles `system` (or `developer`), `user`, `assistant`; string content or an array
-/// of text parts (joined).
+/// `messages`: roles `system` (or `developer`), `user`, `assistant` (with `tool_calls` and
+/// `reasoning_content`) and `tool` (with `tool_call_id`); string content or an array of text
+/// parts (joined).
 pub fn messages(f: &mut Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(value) = f.take("messages") else {
         return Err(ApiError::param("messages", "'messages' is required"));
@@ -312,11 +317,14 @@ fn message(i: usize, m: Value) -> Result<ChatMessage, ApiError> {
     let role = match o.remove("role") {
         Some(Value::String(r)) => match r.as_str() {
             "system" | "developer" => "system".to_string(),
-            "user" | "assistant" => r,
+            "user" | "assistant" | "tool" => r,
             other => {
                 return Err(ApiError::param(
                     at("role"),
-                    format!("{}: role '{other}' is not supported (system, developer, user, assistant)", at("role")),
+                    format!(
+                        "{}: role '{other}' is not supported (system, developer, user, assistant, tool)",
+                        at("role")
+                    ),
                 ))
             }
         },
@@ -346,30 +354,84 @@ fn message(i: usize, m: Value) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    o.remove("name");
+    let mut message = ChatMessage::new(role.as_str(), content);
     for (key, value) in o {
-        let empty = value.is_null() || value.as_array().is_some_and(Vec::is_empty);
-        if !empty {
-            return Err(ApiError::unsupported(&at(&key), ""));
+        if value.is_null() {
+            continue;
         }
+        let string = |value: Value| match value {
+            Value::String(s) => Ok(Value::String(s)),
+            _ => Err(ApiError::param(at(&key), format!("{} must be a string", at(&key)))),
+        };
+        let value = match (role.as_str(), key.as_str()) {
+            (_, "name") => string(value)?,
+            ("assistant", "tool_calls") => crate::tools::message_tool_calls(&at("tool_calls"), value)?,
+            // vLLM's newer spelling of the same.
+            ("assistant", "reasoning_content" | "reasoning") => {
+                message = message.with("reasoning_content", string(value)?);
+                continue;
+            }
+            ("tool", "tool_call_id") => string(value)?,
+            _ if value.as_array().is_some_and(Vec::is_empty) => continue,
+            _ => return Err(ApiError::unsupported(&at(&key), "")),
+        };
+        message = message.with(key, value);
     }
-    Ok(ChatMessage { role, content })
+    Ok(message)
+}
+
+/// `chat_template_kwargs`: further template variables (`enable_thinking`, ...).
+fn template_kwargs(f: &mut Fields) -> Result<Map<String, Value>, ApiError> {
+    let name = "chat_template_kwargs";
+    let kwargs = match f.take(name) {
+        None => Map::new(),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(ApiError::param(name, format!("'{name}' must be an object"))),
+    };
+    if let Some(k) = kwargs.keys().find(|k| matches!(k.as_str(), "messages" | "add_generation_prompt" | "tools")) {
+        return Err(ApiError::param(name, format!("'{name}' must not set '{k}', which the request sets")));
+    }
+    if kwargs.get("enable_thinking").is_some_and(|v| !v.is_boolean()) {
+        return Err(ApiError::param(name, format!("'{name}.enable_thinking' must be a boolean")));
+    }
+    Ok(kwargs)
+}
+
+/// The template's variables besides the messages: `chat_template_kwargs`, and `tools` when
+/// they are shown to the model.
+pub fn template_variables(f: &mut Fields, tools: &Tools) -> Result<Map<String, Value>, ApiError> {
+    let mut extra = template_kwargs(f)?;
+    if tools.active() {
+        extra.insert("tools".into(), Value::Array(tools.tools.clone()));
+    }
+    Ok(extra)
 }
 
 /// `POST /tokenize`'s body.
 pub enum TokenizeInput {
-    Prompt { text: String, add_special_tokens: bool },
-    Messages { messages: Vec<ChatMessage>, add_generation_prompt: bool, add_special_tokens: bool },
+    Prompt {
+        text: String,
+        add_special_tokens: bool,
+    },
+    Messages {
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+        add_special_tokens: bool,
+        /// `tools` and `chat_template_kwargs`, as a chat request gives them.
+        extra: Map<String, Value>,
+    },
 }
 
 pub fn tokenize(mut f: Fields, served: &str) -> Result<TokenizeInput, ApiError> {
     f.model(served)?;
     let input = if f.map.contains_key("messages") {
         let messages = messages(&mut f)?;
+        let tools = crate::tools::tools(&mut f)?;
         TokenizeInput::Messages {
             messages,
             add_generation_prompt: f.bool("add_generation_prompt")?.unwrap_or(true),
             add_special_tokens: f.bool("add_special_tokens")?.unwrap_or(false),
+            extra: template_variables(&mut f, &tools)?,
         }
     } else {
         let text = match f.take("prompt") {
@@ -428,7 +490,7 @@ mod tests {
             (r#"{"top_p":0}"#, "top_p"),
             (r#"{"top_p":1.5}"#, "top_p"),
             (r#"{"top_k":-2}"#, "top_k"),
-            (r#"{"n":2}"#, "n"),
+            (r#"{"n":129}"#, "n"),
             (r#"{"n":0}"#, "n"),
             (r#"{"stop":["a","b","c","d","e"]}"#, "stop"),
             (r#"{"presence_penalty":2.5}"#, "presence_penalty"),
@@ -451,6 +513,7 @@ mod tests {
             (r#"{"logprobs":true}"#, "logprobs"),
             (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
             (r#"{"tools":[{"type":"function"}]}"#, "tools"),
+            (r#"{"tool_choice":"none"}"#, "tool_choice"),
             (r#"{"echo":true}"#, "echo"),
             (r#"{"best_of":2}"#, "best_of"),
             (r#"{"suffix":"x"}"#, "suffix"),
@@ -459,7 +522,7 @@ mod tests {
             let e = fields(body).finish().unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
-        fields(r#"{"logprobs":false,"response_format":{"type":"text"},"tools":[],"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
+        fields(r#"{"logprobs":false,"response_format":{"type":"text"},"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
             .finish()
             .unwrap();
     }
@@ -474,6 +537,18 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(m, vec![ChatMessage::new("system", "s"), ChatMessage::new("user", "ab")]);
-        assert!(messages(&mut fields(r#"{"messages":[{"role":"tool","content":"x"}]}"#)).is_err());
+        assert!(messages(&mut fields(r#"{"messages":[{"role":"function","content":"x"}]}"#)).is_err());
+        let m = messages(&mut fields(
+            r#"{"messages":[{"role":"assistant","content":null,"reasoning_content":"r","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}]}"#,
+        ))
+        .unwrap();
+        assert_eq!(m[0].fields["reasoning_content"], "r");
+        assert_eq!(m[0].fields["tool_calls"][0]["function"]["arguments"], serde_json::json!({}));
+        assert_eq!(m[1], ChatMessage::new("tool", "ok").with("tool_call_id", "c".into()));
+        let e = messages(&mut fields(r#"{"messages":[{"role":"tool","content":"x","tool_calls":[]}]}"#));
+        assert!(e.is_ok(), "an empty array is nothing");
+        let e =
+            messages(&mut fields(r#"{"messages":[{"role":"user","content":"x","tool_call_id":"c"}]}"#)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].tool_call_id"));
     }
 }

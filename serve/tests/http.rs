@@ -3,6 +3,7 @@
 //! pipeline, bad requests and their statuses, saturation, disconnects, graceful shutdown.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ruda_llm::{
@@ -19,8 +20,29 @@ const MAX_MODEL_LEN: usize = 128;
 const NAME: &str = "tiny";
 
 fn pipeline() -> Pipeline {
+    pipeline_of(&example::bundled_model(ModelType::Qwen2))
+}
+
+fn pipeline_of(dir: &Path) -> Pipeline {
     let options = PipelineOptions { device: Some(Device::cpu()), ..Default::default() };
-    load_pipeline(example::bundled_model(ModelType::Qwen2), &options).unwrap()
+    load_pipeline(dir, &options).unwrap()
+}
+
+/// The bundled tiny Qwen3 with 1024 positions instead of 256 (RoPE takes any position), in a
+/// folder of this process: Qwen3's tool preamble alone is some 300 tokens of its tiny vocabulary.
+fn long_context_qwen3() -> PathBuf {
+    let from = example::bundled_model(ModelType::Qwen3);
+    let to = std::env::temp_dir().join(format!("ruda-serve-long-qwen3-{}", std::process::id()));
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = to.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["max_position_embeddings"] = json!(1024);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    to
 }
 
 struct Server {
@@ -31,6 +53,8 @@ struct Server {
 }
 
 struct Setup {
+    model: PathBuf,
+    max_model_len: usize,
     max_active: usize,
     max_pending: usize,
     api_key: Option<&'static str>,
@@ -39,15 +63,22 @@ struct Setup {
 
 impl Default for Setup {
     fn default() -> Setup {
-        Setup { max_active: 4, max_pending: 16, api_key: None, max_body_bytes: ruda_serve::DEFAULT_MAX_BODY_BYTES }
+        Setup {
+            model: example::bundled_model(ModelType::Qwen2),
+            max_model_len: MAX_MODEL_LEN,
+            max_active: 4,
+            max_pending: 16,
+            api_key: None,
+            max_body_bytes: ruda_serve::DEFAULT_MAX_BODY_BYTES,
+        }
     }
 }
 
 async fn start(setup: Setup) -> Server {
     let engine = tokio::task::spawn_blocking(move || {
         let batch = BatchOptions { max_active: setup.max_active, block_size: 4, ..Default::default() };
-        let config = EngineConfig { batch, max_model_len: Some(MAX_MODEL_LEN), max_pending: setup.max_pending };
-        Engine::start(pipeline(), config).unwrap()
+        let config = EngineConfig { batch, max_model_len: Some(setup.max_model_len), max_pending: setup.max_pending };
+        Engine::start(pipeline_of(&setup.model), config).unwrap()
     })
     .await
     .unwrap();
@@ -440,7 +471,7 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         ("/v1/completions", with("top_p", json!(0)), 400, Some("top_p")),
         ("/v1/completions", with("top_p", json!(1.5)), 400, Some("top_p")),
         ("/v1/completions", with("top_k", json!(-2)), 400, Some("top_k")),
-        ("/v1/completions", with("n", json!(2)), 400, Some("n")),
+        ("/v1/completions", with("n", json!(129)), 400, Some("n")),
         ("/v1/completions", with("n", json!(0)), 400, Some("n")),
         ("/v1/completions", with("stop", json!(["a", "b", "c", "d", "e"])), 400, Some("stop")),
         ("/v1/completions", with("logprobs", json!(2)), 400, Some("logprobs")),
@@ -474,6 +505,30 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+            400,
+            Some("tools[0]"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+            400,
+            Some("tool_choice"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]}),
+            400,
+            Some("messages[0].tool_calls[0]"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}),
+            400,
+            Some("chat_template_kwargs"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}),
             400,
             Some("tools"),
         ),
@@ -717,4 +772,143 @@ async fn the_web_chat_is_served_and_loads_nothing_from_outside() {
     // The API stays behind the key.
     assert_eq!(server.get("/v1/models").await.status, 401);
     server.shutdown().await;
+}
+
+/// Each choice's streamed text, by index.
+fn streamed_choices(r: &Resp, n: usize) -> Vec<String> {
+    let (_, _, chunks) = streamed(r);
+    let mut texts = vec![String::new(); n];
+    for c in &chunks {
+        for choice in c["choices"].as_array().unwrap() {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            texts[i].push_str(choice["text"].as_str().or(choice["delta"]["content"].as_str()).unwrap_or(""));
+        }
+    }
+    texts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_sample_from_successive_seeds() {
+    let server = start(Setup::default()).await;
+    let body = |prompt: Value, n: usize, seed: u64, stream: bool| json!({"prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": seed, "n": n, "stream": stream, "ignore_eos": true});
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string()).collect()
+    };
+    let three = server.post("/v1/completions", &body(json!("Once upon"), 3, 11, false)).await.json();
+    let choices = three["choices"].as_array().unwrap();
+    assert_eq!(choices.iter().map(|c| c["index"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(three["usage"]["completion_tokens"], 24);
+    let prompt_alone = server.post("/v1/completions", &body(json!("Once upon"), 1, 11, false)).await.json();
+    assert_eq!(three["usage"]["prompt_tokens"], prompt_alone["usage"]["prompt_tokens"], "a prompt counts once");
+    // Choice j is what seed + j gives alone, so a seed repeats every choice.
+    for (j, text) in texts(&three).iter().enumerate() {
+        let alone = server.post("/v1/completions", &body(json!("Once upon"), 1, 11 + j as u64, false)).await.json();
+        assert_eq!(&texts(&alone)[0], text, "choice {j}");
+    }
+    let distinct: std::collections::HashSet<_> = texts(&three).into_iter().collect();
+    assert!(distinct.len() > 1, "three samples of 8 tokens at temperature 1 all equal: {distinct:?}");
+    let r = server.post("/v1/completions", &body(json!("Once upon"), 3, 11, true)).await;
+    assert_eq!(streamed_choices(&r, 3), texts(&three), "streamed choices equal the whole ones");
+    // Several prompts: prompt-major order.
+    let both = server.post("/v1/completions", &body(json!(["Once upon", "The cat"]), 2, 5, false)).await.json();
+    assert_eq!(both["choices"].as_array().unwrap().len(), 4);
+    let cat = server.post("/v1/completions", &body(json!("The cat"), 2, 5, false)).await.json();
+    assert_eq!(texts(&both)[2..], texts(&cat)[..]);
+    // Greedy choices are all the argmax.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0, "n": 2});
+    let greedy = server.post("/v1/chat/completions", &chat).await.json();
+    let c = greedy["choices"].as_array().unwrap();
+    assert_eq!((c.len(), &c[0]["message"], c[1]["index"].as_u64()), (2, &c[1]["message"], Some(1)));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_and_thinking_reach_the_template_and_the_reply() {
+    let dir = long_context_qwen3();
+    let server = start(Setup { model: dir.clone(), max_model_len: 1024, ..Setup::default() }).await;
+    let weather = json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city"]},
+    }});
+    let tokens = |r: Resp| -> Vec<u32> {
+        assert_eq!(r.status, 200, "{}", r.text());
+        serde_json::from_value(r.json()["tokens"].clone()).unwrap()
+    };
+    let encode = |text: &str| server.state.with_engine(|e| Ok(e.tokenizer().encode(text, false).unwrap())).unwrap();
+    let user = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let ask = |extra: Value| {
+        let mut body = json!({"messages": user});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    // The prompts the template makes, against transformers' renderings of the same requests.
+    let goldens: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../llm/tests/fixtures/chat_goldens.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let golden = |conversation: &str, thinking: Option<bool>| {
+        let case = goldens["cases"].as_array().unwrap().iter().find(|c| {
+            c["fixture"] == "qwen3"
+                && c["conversation"] == conversation
+                && c["add_generation_prompt"] == true
+                && c["extra"].get("enable_thinking").and_then(Value::as_bool) == thinking
+        });
+        encode(case.unwrap()["rendered"].as_str().unwrap())
+    };
+    let plain = tokens(server.post("/tokenize", &ask(json!({}))).await);
+    let none = tokens(server.post("/tokenize", &ask(json!({"tools": [weather], "tool_choice": "none"}))).await);
+    assert_eq!(none, plain, "tool_choice none leaves the tools out");
+    let off = tokens(server.post("/tokenize", &ask(json!({"chat_template_kwargs": {"enable_thinking": false}}))).await);
+    assert!(off.len() > plain.len(), "enable_thinking false closes an empty think block in the prompt");
+    // A whole tool-call round trip, the arguments as OpenAI clients send them (a JSON string).
+    let round_trip = json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"C\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 22}"},
+    ], "tools": [weather]});
+    assert_eq!(tokens(server.post("/tokenize", &round_trip).await), golden("tool_call_round_trip", None));
+    let mut thinking_off = round_trip.clone();
+    thinking_off["chat_template_kwargs"] = json!({"enable_thinking": false});
+    assert_eq!(tokens(server.post("/tokenize", &thinking_off).await), golden("tool_call_round_trip", Some(false)));
+
+    // A chat request makes the same prompt and answers (auto: nothing to parse from a random model).
+    let mut chat = round_trip.clone();
+    chat["max_tokens"] = json!(2);
+    chat["temperature"] = json!(0);
+    let r = server.post("/v1/chat/completions", &chat).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = r.json();
+    assert_eq!(r["usage"]["prompt_tokens"], golden("tool_call_round_trip", None).len());
+    assert!(["stop", "length"].contains(&r["choices"][0]["finish_reason"].as_str().unwrap()), "{r}");
+
+    // Thinking: a reply that opens with <think> goes to reasoning_content, streamed and whole.
+    let think = server.post("/tokenize", &json!({"prompt": "<think>", "add_special_tokens": false})).await.json();
+    assert_eq!(think["count"], 1, "<think> is one token");
+    let think_id = think["tokens"][0].as_u64().unwrap();
+    let biased = |stream: bool| {
+        json!({"messages": user, "max_tokens": 3, "temperature": 0, "stream": stream,
+               "logit_bias": {think_id.to_string(): 100}})
+    };
+    let whole = server.post("/v1/chat/completions", &biased(false)).await.json();
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "<think><think>", "{whole}");
+    assert_eq!(message["content"], "");
+    let (content, reason, chunks) = streamed(&server.post("/v1/chat/completions", &biased(true)).await);
+    let reasoning: String = chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap().clone())
+        .filter_map(|c| c["delta"]["reasoning_content"].as_str().map(String::from))
+        .collect();
+    assert_eq!((reasoning.as_str(), content.as_str(), reason.as_deref()), ("<think><think>", "", Some("length")));
+    // Without thinking in the reply, content stays content and reasoning_content is null.
+    let plain =
+        server.post("/v1/chat/completions", &json!({"messages": user, "max_tokens": 4, "temperature": 0})).await;
+    let plain = plain.json();
+    assert!(plain["choices"][0]["message"]["content"].is_string());
+    assert_eq!(plain["choices"][0]["message"]["reasoning_content"], Value::Null);
+    server.shutdown().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }

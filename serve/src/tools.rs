@@ -71,35 +71,36 @@ pub fn tools(f: &mut Fields) -> Result<Tools, ApiError> {
     if let Some(dup) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| n) {
         return Err(ApiError::param("tools", format!("'tools' names the function '{dup}' twice")));
     }
-    let choice =
-        match f.take("tool_choice") {
-            None if tools.is_empty() => ToolChoice::None,
-            None => ToolChoice::Auto,
-            Some(Value::String(s)) => match s.as_str() {
-                "none" => ToolChoice::None,
-                "auto" => ToolChoice::Auto,
-                "required" => ToolChoice::Required,
-                other => return Err(ApiError::param(
+    let choice = match f.take("tool_choice") {
+        None if tools.is_empty() => ToolChoice::None,
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::param(
                     "tool_choice",
                     format!(
                         "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got \"{other}\""
                     ),
-                )),
-            },
-            Some(Value::Object(o)) => {
-                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
-                match (o.get("type").and_then(Value::as_str), name) {
-                    (Some("function"), Some(name)) => ToolChoice::Function(name.to_string()),
-                    _ => {
-                        return Err(ApiError::param(
-                            "tool_choice",
-                            "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                        ))
-                    }
+                ))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(name)) => ToolChoice::Function(name.to_string()),
+                _ => {
+                    return Err(ApiError::param(
+                        "tool_choice",
+                        "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    ))
                 }
             }
-            Some(_) => return Err(ApiError::param("tool_choice", "'tool_choice' must be a string or an object")),
-        };
+        }
+        Some(_) => return Err(ApiError::param("tool_choice", "'tool_choice' must be a string or an object")),
+    };
     match &choice {
         ToolChoice::Required | ToolChoice::Function(_) if tools.is_empty() => {
             return Err(ApiError::param("tool_choice", "'tool_choice' other than \"none\" or \"auto\" needs 'tools'"))

@@ -912,3 +912,56 @@ async fn tools_and_thinking_reach_the_template_and_the_reply() {
     server.shutdown().await;
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_streaming_clients_get_the_replies_they_would_get_alone() {
+    const CLIENTS: usize = 64;
+    const TOKENS: usize = 8;
+    // Admission holds 16 running and 48 waiting: all 64 are served.
+    let server = start(Setup { max_active: 16, max_pending: 48, ..Setup::default() }).await;
+    let candidates: Vec<String> = (0..12).map(|i| format!("Story {i}: once upon a time")).collect();
+    // Each prompt's reply alone, kept where every greedy step's top-2 margin clears batching's
+    // numerical noise (agreement within 1e-4), so that a batched reply must be the same text.
+    let prompts: Vec<(String, String)> = tokio::task::spawn_blocking(move || {
+        let alone = pipeline();
+        candidates
+            .into_iter()
+            .filter_map(|p| {
+                let ids = alone.encode(&p, true).unwrap();
+                let params = GenerateParams { max_new_tokens: TOKENS, ..Default::default() };
+                let g = alone.generate_from_ids(&ids, &params, true, |_, _| StreamControl::Continue).unwrap();
+                let all: Vec<u32> = ids.iter().chain(&g.generated_token_ids).copied().collect();
+                let logits = alone.logits(&all, 64).unwrap();
+                let vocab = logits.len() / all.len();
+                let clear = (0..TOKENS).all(|step| {
+                    let row = &logits[(ids.len() - 1 + step) * vocab..(ids.len() + step) * vocab];
+                    let mut sorted = row.to_vec();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    sorted[0] - sorted[1] > 1e-3
+                });
+                clear.then_some((p, g.generated_text))
+            })
+            .collect()
+    })
+    .await
+    .unwrap();
+    assert!(prompts.len() >= 4, "only {} prompts have clear margins", prompts.len());
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let (prompt, want) = prompts[i % prompts.len()].clone();
+            let body =
+                json!({"prompt": prompt, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": true, "stream": true});
+            let addr = server.addr;
+            tokio::spawn(async move {
+                (http(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes()).await, want)
+            })
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let (r, want) = c.await.unwrap();
+        let (text, reason, _) = streamed(&r);
+        assert_eq!((text.as_str(), reason.as_deref()), (want.as_str(), Some("length")), "client {i}");
+    }
+    wait_idle(&server).await;
+    server.shutdown().await;
+}

@@ -22,6 +22,7 @@ pub use crate::gemm::tile::*;
 pub use crate::gemv::api::*;
 pub(crate) use crate::host::*;
 pub use crate::moe::api::*;
+pub use crate::moe::experts::*;
 pub use crate::norm::api::*;
 pub use crate::norm::fused::api::*;
 pub use crate::paged_attention::api as paged_attention;

@@ -10,24 +10,48 @@
 //! top_k]` weights in the logits' dtype); ties go to lower ids; rows with NaN or `+inf`, or only
 //! `-inf`, get NaN weights and the indices `0..top_k`. The kernels (one block per token, a
 //! thread per expert, selection by rank in shared memory) are documented in [`kernel`].
-//! Dispatch, the experts and the combine are not built yet.
+//!
+//! Then [`experts`]: `RoutingPlan::dispatch` groups token rows by expert (a stable counting
+//! sort, [`dispatch`]), `SwiGluExperts` runs each expert's SwiGLU MLP on its rows as grouped
+//! GEMMs (SIMT or tensor cores, [`grouped`]), and `DispatchedTokens::combine` adds the
+//! weighted expert rows back in token order.
 
 pub mod api;
+pub mod dispatch;
+pub mod experts;
+pub mod grouped;
 pub mod kernel;
 
 use crate::blocks::FLOAT_DTYPES;
 use crate::family::Family;
 use crate::problem::{f32_bits, Case};
 use crate::registry::Registered;
+use dispatch::{
+    moe_combine, moe_dispatch_count, moe_dispatch_scan, moe_dispatch_scatter, CombineConfig, DispatchCountConfig,
+    DispatchScanConfig, DispatchScatterConfig,
+};
+use grouped::{moe_grouped_simt, moe_grouped_tc, registered_tc_configs, GroupedSimtConfig};
 use kernel::{moe_route, moe_route_grouped, GroupedRouteConfig, RouteConfig};
 
 /// The routing kernels in every float dtype: softmax top-k (family `moe_route`) and grouped
-/// sigmoid top-k without and with a correction bias (family `moe_route_grouped`).
+/// sigmoid top-k without and with a correction bias (family `moe_route_grouped`); the dispatch
+/// (`moe_dispatch_count` per weight dtype, `moe_dispatch_scan`, `moe_dispatch_scatter` per
+/// dtype), the combine (`moe_combine`), and the experts' grouped GEMMs (`moe_grouped_simt`
+/// per dtype, `moe_grouped_tc` per f16/bf16 tile).
 pub struct Moe;
 
 impl Family for Moe {
     fn names(&self) -> &'static [&'static str] {
-        &["moe_route", "moe_route_grouped"]
+        &[
+            "moe_route",
+            "moe_route_grouped",
+            "moe_dispatch_count",
+            "moe_dispatch_scan",
+            "moe_dispatch_scatter",
+            "moe_combine",
+            "moe_grouped_simt",
+            "moe_grouped_tc",
+        ]
     }
 
     fn configs(&self) -> Vec<Registered> {
@@ -40,10 +64,33 @@ impl Family for Moe {
                 out.push(Registered::new(cfg.id(), "moe_route_grouped", Some(dtype), move || moe_route_grouped(&cfg)));
             }
         }
+        for dtype in FLOAT_DTYPES {
+            let cfg = DispatchCountConfig { weight_dtype: dtype };
+            out.push(Registered::new(cfg.id(), "moe_dispatch_count", Some(dtype), move || moe_dispatch_count(&cfg)));
+        }
+        out.push(Registered::new(DispatchScanConfig.id(), "moe_dispatch_scan", None, || {
+            moe_dispatch_scan(&DispatchScanConfig)
+        }));
+        for dtype in FLOAT_DTYPES {
+            let cfg = DispatchScatterConfig { dtype };
+            out.push(Registered::new(cfg.id(), "moe_dispatch_scatter", Some(dtype), move || {
+                moe_dispatch_scatter(&cfg)
+            }));
+            let cfg = CombineConfig { dtype };
+            out.push(Registered::new(cfg.id(), "moe_combine", Some(dtype), move || moe_combine(&cfg)));
+            let cfg = GroupedSimtConfig { dtype };
+            out.push(Registered::new(cfg.id(), "moe_grouped_simt", Some(dtype), move || moe_grouped_simt(&cfg)));
+        }
+        for cfg in registered_tc_configs() {
+            out.push(Registered::new(cfg.id(), "moe_grouped_tc", Some(cfg.dtype()), move || moe_grouped_tc(&cfg)));
+        }
         out
     }
 
-    fn sample(&self, name: &str, _: &str) -> Option<Case> {
+    fn sample(&self, name: &str, id: &str) -> Option<Case> {
+        if let Some(c) = experts_sample(name, id) {
+            return Some(c);
+        }
         // Three tokens; 60 experts (Qwen1.5-MoE's count: not a multiple of a warp) top-8, or
         // 64 experts in 8 groups, 3 kept, top-6 (DeepSeek-V3's rules at a small size).
         let mut c = Case::new([3, 1, 1]);
@@ -62,4 +109,84 @@ impl Family for Moe {
         }
         Some(c)
     }
+}
+
+/// The sample problems of the dispatch, combine and grouped GEMM kernels: 200 tokens routed to
+/// 3 of 5 experts (600 entries, three chunks, the last partial) with a hidden size of 40; the
+/// grouped GEMMs over 135 rows of 3 experts, the middle one empty (partial tiles, a row tile
+/// bound above the tiles), 72 columns written 80 apart, `k` = 40.
+fn experts_sample(name: &str, id: &str) -> Option<Case> {
+    const TOKENS: u32 = 200;
+    const TOP_K: u32 = 3;
+    const EXPERTS: u32 = 5;
+    const ENTRIES: u32 = TOKENS * TOP_K;
+    let chunks = ENTRIES.div_ceil(dispatch::DISPATCH_CHUNK);
+    // Entry i goes to expert (7i + i / 9) mod 5: every expert, uneven runs.
+    let ids: Vec<u32> = (0..ENTRIES).map(|i| (7 * i + i / 9) % EXPERTS).collect();
+    let mut c = Case::new([chunks, 1, 1]);
+    match name {
+        "moe_dispatch_count" => {
+            c.indices.insert("indices", ids);
+            c.scalars.extend([("entries", ENTRIES as u64), ("experts", EXPERTS as u64)]);
+        }
+        "moe_dispatch_scan" => {
+            c.grid = [1, 1, 1];
+            c.scalars.extend([("chunks", chunks as u64), ("experts", EXPERTS as u64)]);
+        }
+        "moe_dispatch_scatter" => {
+            // The scan's outputs for `ids`: per-chunk prefixes and expert offsets.
+            let mut counts = vec![0u32; (chunks * EXPERTS) as usize];
+            let mut total = vec![0u32; EXPERTS as usize];
+            for ch in 0..chunks as usize {
+                for e in 0..EXPERTS as usize {
+                    counts[ch * EXPERTS as usize + e] = total[e];
+                }
+                for &e in
+                    ids.iter().skip(ch * dispatch::DISPATCH_CHUNK as usize).take(dispatch::DISPATCH_CHUNK as usize)
+                {
+                    total[e as usize] += 1;
+                }
+            }
+            let offsets: Vec<u32> = std::iter::once(0)
+                .chain(total.iter().scan(0, |acc, &n| {
+                    *acc += n;
+                    Some(*acc)
+                }))
+                .collect();
+            c.indices.extend([("indices", ids), ("counts", counts), ("offsets", offsets)]);
+            c.scalars.extend([
+                ("entries", ENTRIES as u64),
+                ("experts", EXPERTS as u64),
+                ("top_k", TOP_K as u64),
+                ("hidden", 40),
+            ]);
+        }
+        "moe_combine" => {
+            // Rows in a scattered order; 200 tokens over two block rows (the token loop).
+            let rows: Vec<u32> = (0..ENTRIES).map(|i| (i * 7) % ENTRIES).collect();
+            c.grid = [1, 2, 1];
+            c.indices.insert("slot_rows", rows);
+            c.scalars.extend([("tokens", TOKENS as u64), ("top_k", TOP_K as u64), ("hidden", 40)]);
+        }
+        "moe_grouped_simt" | "moe_grouped_tc" => {
+            let (rows, experts, n) = (135u32, 3u32, 72u32);
+            let (bm, bn) = if name == "moe_grouped_simt" {
+                (grouped::SIMT_BM, grouped::SIMT_BN)
+            } else {
+                let tile = id.split('.').find_map(crate::gemm::tile::TcTile::from_name)?;
+                tile.dims()
+            };
+            c.grid = [n.div_ceil(bn), grouped::row_tiles_bound(rows, experts, bm), 1];
+            c.indices.insert("offsets", vec![0, 70, 70, rows]);
+            c.scalars.extend([
+                ("experts", experts as u64),
+                ("n", n as u64),
+                ("k", 40),
+                ("ldy", 80),
+                ("w_stride", (n * 40) as u64),
+            ]);
+        }
+        _ => return None,
+    }
+    Some(c)
 }

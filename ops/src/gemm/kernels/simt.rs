@@ -74,6 +74,45 @@ crate::kernel_params! {
 pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let GemmSimtValues { a: a_ptr, b: b_ptr, c: c_ptr, m, n, k } = GemmSimtParams::declare(&mut b, cfg);
+    simt_block(&mut b, cfg.b_layout, a_ptr, c_ptr, n, k, |b, block_row, bm| BlockRows {
+        row0: b.mul(block_row, bm),
+        m,
+        b: b_ptr,
+        k_end: k,
+        ldc: n,
+    });
+    b.finish()
+}
+
+/// The rows a block of a tiled GEMM computes, found by its caller from the block's row index
+/// (`ctaid.y`): the plain GEMM's `[64 · y, 64 · y + 64) ∩ [0, m)`, or a grouped GEMM's tile of
+/// one expert's rows with that expert's `B`.
+pub(crate) struct BlockRows {
+    /// The first row (of `A` and `C`).
+    pub row0: Value,
+    /// Rows from `m` on do not exist (loads zero-fill, stores skip them).
+    pub m: Value,
+    /// The `B` operand of this block.
+    pub b: Value,
+    /// The `k` loop's end: `k`, or 0 for a block with nothing to compute.
+    pub k_end: Value,
+    /// Elements between rows of `C`.
+    pub ldc: Value,
+}
+
+/// The SIMT GEMM's work for one block, after its parameters: launch bounds, the staged
+/// tiles, the `k` loop and the stores. `rows` is called with the block's row index and `BM`,
+/// where the plain kernel computes its first row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn simt_block(
+    b: &mut KernelBuilder,
+    b_layout: BLayout,
+    a_ptr: Value,
+    c_ptr: Value,
+    n: Value,
+    k: Value,
+    rows: impl FnOnce(&mut KernelBuilder, Value, Value) -> BlockRows,
+) {
     b.launch_bounds(THREADS, None);
     let a_tile = b.shared_array("a_tile", ScalarType::F32, BK * PITCH);
     let b_tile = b.shared_array("b_tile", ScalarType::F32, BK * PITCH);
@@ -88,7 +127,7 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let block_col = b.block_id_x();
     let block_row = b.block_id_y();
     let col0 = b.mul(block_col, bn_c);
-    let row0 = b.mul(block_row, bm_c);
+    let BlockRows { row0, m, b: b_ptr, k_end, ldc } = rows(b, block_row, bm_c);
     let a_smem = b.shared_ptr(a_tile);
     let b_smem = b.shared_ptr(b_tile);
     let zero_f = b.const_f32(0.0);
@@ -96,7 +135,7 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let bk_c = b.const_u32(BK);
     let init = vec![zero_f; (MICRO * MICRO) as usize];
 
-    let acc = b.for_range(zero, k, bk_c, &init, |b, k0, acc| {
+    let acc = b.for_range(zero, k_end, bk_c, &init, |b, k0, acc| {
         // Stage the A tile (BM × BK, stored k-major) and the B tile (BK × BN).
         for r in 0..(BM * BK / THREADS) {
             let e = offset(b, tid, r * THREADS);
@@ -113,7 +152,7 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
         }
         for r in 0..(BN * BK / THREADS) {
             let e = offset(b, tid, r * THREADS);
-            let (ki, ni) = match cfg.b_layout {
+            let (ki, ni) = match b_layout {
                 BLayout::RowMajor => split(b, e, BN),
                 BLayout::Transposed => {
                     let (ni, ki) = split(b, e, BK);
@@ -123,7 +162,7 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
             let col = b.add(col0, ni);
             let kk = b.add(k0, ki);
             let v = guarded_load(b, col, n, kk, k, |b| {
-                let idx = match cfg.b_layout {
+                let idx = match b_layout {
                     BLayout::RowMajor => b.fma(kk, n, col),
                     BLayout::Transposed => b.fma(col, k, kk),
                 };
@@ -169,21 +208,20 @@ pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
 
     for i in 0..MICRO {
         for j in 0..MICRO {
-            let ri = offset(&mut b, ty, i * SIDE);
+            let ri = offset(b, ty, i * SIDE);
             let row = b.add(row0, ri);
-            let ci = offset(&mut b, tx, j * SIDE);
+            let ci = offset(b, tx, j * SIDE);
             let col = b.add(col0, ci);
             let row_ok = b.lt(row, m);
             let col_ok = b.lt(col, n);
             let ok = b.and(row_ok, col_ok);
             let value = acc[(i * MICRO + j) as usize];
             b.if_then(ok, |b| {
-                let idx = b.fma(row, n, col);
+                let idx = b.fma(row, ldc, col);
                 store_from_f32(b, c_ptr, idx, value);
             });
         }
     }
-    b.finish()
 }
 
 /// `(e / width, e % width)` for a power-of-two width.

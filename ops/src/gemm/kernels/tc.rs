@@ -39,7 +39,7 @@
 //! the input dtype, the residual the output dtype; `residual` may alias `y` (each element is
 //! read before the same thread writes it).
 
-use ruda_ir::{Kernel, KernelBuilder, MmaType, ScalarType, SpecialReg, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, MmaType, ScalarType, SharedId, SpecialReg, Value, VerifyError};
 
 use crate::blocks::{load_f32, offset, store_from_f32, to_f32};
 pub use crate::gemm::load::swizzle_chunk;
@@ -188,12 +188,6 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
             context: String::new(),
         });
     }
-    let dtype = cfg.dtype();
-    let (bm, bn) = cfg.tile.dims();
-    let warps_n = cfg.tile.warps().1;
-    let (wm, wn) = cfg.tile.warp_tile();
-    let (tiles_m, tiles_n) = (wm / 16, wn / 8);
-    let threads = cfg.threads();
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let GemmTcValues {
         x: x_param,
@@ -208,9 +202,7 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
         w_batch,
         y_batch,
     } = GemmTcParams::declare(&mut b, cfg);
-    b.launch_bounds(threads, None);
-    let x_tile = b.shared_array("x_tile", dtype, cfg.stages * bm * BK);
-    let w_tile = b.shared_array("w_tile", dtype, cfg.stages * bn * BK);
+    let tiles = tc_shared(&mut b, cfg);
 
     // Batch entry `ctaid.z`: advance the base pointers.
     let (x_ptr, w_ptr, y_ptr, res_ptr) = if let (Some(xs), Some(ws), Some(ys)) = (x_batch, w_batch, y_batch) {
@@ -221,7 +213,66 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     } else {
         (x_param, w_param, y_param, res_param)
     };
+    let io = TcOperands { x: x_ptr, y: y_ptr, bias: bias_ptr, residual: res_ptr, n, k };
+    tc_block(&mut b, cfg, io, tiles, |b, block_row, bm| TcRows {
+        row0: b.mul(block_row, bm),
+        m,
+        w: w_ptr,
+        k_end: k,
+        ldy: n,
+    });
+    b.finish()
+}
 
+/// The operands of [`tc_block`] other than the rows: `x` (rows `k` apart), `y`, the optional
+/// epilogue addends, `n` and `k`.
+pub(crate) struct TcOperands {
+    pub x: Value,
+    pub y: Value,
+    pub bias: Option<Value>,
+    pub residual: Option<Value>,
+    pub n: Value,
+    pub k: Value,
+}
+
+/// The rows a block computes and the weight it multiplies them by (see
+/// [`super::simt::BlockRows`]): rows `row0..` below `m` of `x` and `y`, `w`, the `k` loop's end
+/// (0 for a block with nothing to do) and the elements between rows of `y` (and the residual;
+/// the host keeps it even where `n` is, for the paired stores).
+pub(crate) struct TcRows {
+    pub row0: Value,
+    pub m: Value,
+    pub w: Value,
+    pub k_end: Value,
+    pub ldy: Value,
+}
+
+/// Launch bounds and the staged tiles of `x` and `w` (in that order: the first declarations
+/// after the parameters).
+pub(crate) fn tc_shared(b: &mut KernelBuilder, cfg: &GemmTcConfig) -> (SharedId, SharedId) {
+    let (bm, bn) = cfg.tile.dims();
+    b.launch_bounds(cfg.threads(), None);
+    let x_tile = b.shared_array("x_tile", cfg.dtype(), cfg.stages * bm * BK);
+    let w_tile = b.shared_array("w_tile", cfg.dtype(), cfg.stages * bn * BK);
+    (x_tile, w_tile)
+}
+
+/// The tensor-core GEMM's work for one block: fragments, the pipelined `k` loop, the
+/// epilogue. `rows` is called with the block's row index (`ctaid.y`) and `BM` where the plain
+/// kernel computes its first row.
+pub(crate) fn tc_block(
+    b: &mut KernelBuilder,
+    cfg: &GemmTcConfig,
+    io: TcOperands,
+    (x_tile, w_tile): (SharedId, SharedId),
+    rows: impl FnOnce(&mut KernelBuilder, Value, Value) -> TcRows,
+) {
+    let TcOperands { x: x_ptr, y: y_ptr, bias: bias_ptr, residual: res_ptr, n, k } = io;
+    let (bm, bn) = cfg.tile.dims();
+    let warps_n = cfg.tile.warps().1;
+    let (wm, wn) = cfg.tile.warp_tile();
+    let (tiles_m, tiles_n) = (wm / 16, wn / 8);
+    let threads = cfg.threads();
     let tid = b.thread_id_x();
     let lane = b.lane_id();
     let c32 = b.const_u32(32);
@@ -237,7 +288,7 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let block_col = b.block_id_x();
     let block_row = b.block_id_y();
     let col0 = b.mul(block_col, bn_c);
-    let row0 = b.mul(block_row, bm_c);
+    let TcRows { row0, m, w: w_ptr, k_end, ldy } = rows(b, block_row, bm_c);
     let x_smem = b.shared_ptr(x_tile);
     let w_smem = b.shared_ptr(w_tile);
     let bk_c = b.const_u32(BK);
@@ -247,12 +298,12 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let mut chunks: Vec<(bool, Chunk)> = Vec::new();
     for (is_x, rows, dim, base) in [(true, bm, m, row0), (false, bn, n, col0)] {
         for r in 0..(rows * CHUNKS_PER_ROW / threads) {
-            let e = offset(&mut b, tid, r * threads);
+            let e = offset(b, tid, r * threads);
             let row = b.shr(e, two);
             let three = b.const_u32(CHUNKS_PER_ROW - 1);
             let chunk = b.and(e, three);
-            let phys = swizzle(&mut b, row, chunk);
-            let p8 = b_mul(&mut b, phys, 8);
+            let phys = swizzle(b, row, chunk);
+            let p8 = b_mul(b, phys, 8);
             let smem = b.fma(row, bk_c, p8);
             let kc = b.mul(chunk, eight);
             let grow = b.add(base, row);
@@ -281,9 +332,9 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let mut b_off = Vec::new();
     for ks in 0..BK / 16 {
         for (row, c, out) in [(a_row, a_c, &mut a_off), (b_row, b_c, &mut b_off)] {
-            let c = offset(&mut b, c, 2 * ks);
-            let phys = swizzle(&mut b, row, c);
-            let p8 = b_mul(&mut b, phys, 8);
+            let c = offset(b, c, 2 * ks);
+            let phys = swizzle(b, row, c);
+            let p8 = b_mul(b, phys, 8);
             out.push(b.fma(row, bk_c, p8));
         }
     }
@@ -292,12 +343,12 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let acc_len = (tiles_m * tiles_n * 4) as usize;
     let init = vec![zero_f; acc_len];
     let acc = k_loop(
-        &mut b,
+        b,
         GemmTile { tile: cfg.tile, stages: cfg.stages },
         &chunks,
         [x_ptr, w_ptr],
         [x_smem, w_smem],
-        k,
+        k_end,
         &init,
         |b, (x_stage, w_stage), acc| mma_k_tile(b, cfg, x_stage, w_stage, &a_off, &b_off, acc),
     );
@@ -313,7 +364,7 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     // Columns (j, e % 2): index, in range, and the bias there (0 past the edge).
     let cols: Vec<(Value, Value, Option<Value>)> = (0..tiles_n * 2)
         .map(|jc| {
-            let col = offset(&mut b, c_base, 8 * (jc / 2) + jc % 2);
+            let col = offset(b, c_base, 8 * (jc / 2) + jc % 2);
             let ok = b.lt(col, n);
             let bias = bias_ptr.map(|bp| b.if_else(ok, |b| vec![load_f32(b, bp, col)], |b| vec![b.const_f32(0.0)])[0]);
             (col, ok, bias)
@@ -325,9 +376,9 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     let zero = b.const_u32(0);
     let n_even = b.eq(n_odd, zero);
     for ir in 0..tiles_m * 2 {
-        let row = offset(&mut b, r_base, 16 * (ir / 2) + 8 * (ir % 2));
+        let row = offset(b, r_base, 16 * (ir / 2) + 8 * (ir % 2));
         let row_ok = b.lt(row, m);
-        let row_idx = b.mul(row, n);
+        let row_idx = b.mul(row, ldy);
         let pairs_ok = b.and(row_ok, n_even);
         for j in 0..tiles_n as usize {
             let e0 = 2 * (ir % 2) as usize;
@@ -378,7 +429,6 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
             );
         }
     }
-    b.finish()
 }
 
 /// The mma work of one staged k-tile: two k steps of ldmatrix + `tiles_m × tiles_n` mma.

@@ -32,6 +32,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::swiglu::Swiglu, &crate::embedding::Embedding],
     &[&crate::argmax::Argmax, &crate::sampling::Sampling],
     &[&crate::moe::Moe],
+    &[&crate::moe::MoeRouterTraining],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
     &[&crate::gated_delta::GatedDelta],
     &[&crate::conv1d::Conv1d],

@@ -20,6 +20,7 @@ mod ir_roundtrip;
 mod linear;
 mod moe_experts;
 mod moe_routing;
+mod moe_training;
 mod nvrtc_registry;
 mod ops_errors;
 mod ops_reference;

@@ -23,6 +23,7 @@ pub use crate::gemv::api::*;
 pub(crate) use crate::host::*;
 pub use crate::moe::api::*;
 pub use crate::moe::experts::*;
+pub use crate::moe::training::*;
 pub use crate::norm::api::*;
 pub use crate::norm::fused::api::*;
 pub use crate::paged_attention::api as paged_attention;

@@ -83,6 +83,12 @@ impl RoutingPlan {
     pub fn into_tensors(self) -> (Tensor, Tensor) {
         (self.indices, self.weights)
     }
+
+    /// A plan of `indices` (`u32 [T, top_k]`) and `weights` (`[T, top_k]`) over `experts`.
+    pub(super) fn from_parts(indices: Tensor, weights: Tensor, experts: usize) -> RoutingPlan {
+        let top_k = indices.shape()[1];
+        RoutingPlan { indices, weights, top_k, experts }
+    }
 }
 
 /// `(T, E)` of `[T, E]` logits, checked: a float dtype, contiguous, non-empty, `E ≤ 1024`.

@@ -99,7 +99,7 @@ crate::kernel_params! {
 /// A block reduction for a block of any whole number of warps (the launch's, at most 32):
 /// every thread gets the result. `scratch` holds one `f32` per warp.
 #[track_caller]
-fn block_reduce_any(b: &mut KernelBuilder, how: Combine, v: Value, scratch: SharedId) -> Value {
+pub(super) fn block_reduce_any(b: &mut KernelBuilder, how: Combine, v: Value, scratch: SharedId) -> Value {
     let v = warp_reduce(b, how, v);
     let tid = b.thread_id_x();
     let c32 = b.const_u32(32);

@@ -15,12 +15,17 @@
 //! sort, [`dispatch`]), `SwiGluExperts` runs each expert's SwiGLU MLP on its rows as grouped
 //! GEMMs (SIMT or tensor cores, [`grouped`]), and `DispatchedTokens::combine` adds the
 //! weighted expert rows back in token order.
+//!
+//! [`training`]: the weights of a fixed selection and their gradient with respect to the
+//! logits, for first-order router training (kernels in [`training_kernel`]).
 
 pub mod api;
 pub mod dispatch;
 pub mod experts;
 pub mod grouped;
 pub mod kernel;
+pub mod training;
+pub mod training_kernel;
 
 use crate::blocks::FLOAT_DTYPES;
 use crate::family::Family;
@@ -32,6 +37,7 @@ use dispatch::{
 };
 use grouped::{moe_grouped_simt, moe_grouped_tc, registered_tc_configs, GroupedSimtConfig};
 use kernel::{moe_route, moe_route_grouped, GroupedRouteConfig, RouteConfig};
+use training_kernel::{moe_router_backward, moe_router_weights, RouterTrainConfig, INDEX_DTYPES};
 
 /// The routing kernels in every float dtype: softmax top-k (family `moe_route`) and grouped
 /// sigmoid top-k without and with a correction bias (family `moe_route_grouped`); the dispatch
@@ -189,4 +195,36 @@ fn experts_sample(name: &str, id: &str) -> Option<Case> {
         _ => return None,
     }
     Some(c)
+}
+
+/// The router-training kernels in every float and index dtype: the selection's weights (family
+/// `moe_router_weights`) and the logits' gradient (`moe_router_backward`).
+pub struct MoeRouterTraining;
+
+impl Family for MoeRouterTraining {
+    fn names(&self) -> &'static [&'static str] {
+        &["moe_router_weights", "moe_router_backward"]
+    }
+
+    fn configs(&self) -> Vec<Registered> {
+        let mut out = Vec::new();
+        for dtype in FLOAT_DTYPES {
+            for index in INDEX_DTYPES {
+                let cfg = RouterTrainConfig { dtype, index };
+                let weights = move || moe_router_weights(&cfg);
+                out.push(Registered::new(cfg.weights_id(), "moe_router_weights", Some(dtype), weights));
+                let backward = move || moe_router_backward(&cfg);
+                out.push(Registered::new(cfg.backward_id(), "moe_router_backward", Some(dtype), backward));
+            }
+        }
+        out
+    }
+
+    fn sample(&self, _: &str, _: &str) -> Option<Case> {
+        // Three tokens, 60 experts (not a multiple of a warp), top-8 renormalised softmax
+        // weights scaled by 2.5.
+        let mut c = Case::new([3, 1, 1]);
+        c.scalars.extend([("experts", 60), ("top_k", 8), ("sigmoid", 0), ("renormalize", 1), ("scale", f32_bits(2.5))]);
+        Some(c)
+    }
 }

@@ -10,7 +10,9 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ruda_llm::{Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, StopReason};
+use ruda_llm::{
+    Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, StopReason, TokenLogprobs, Tokenizer,
+};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -137,7 +139,8 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bo
             let mut f = read_body(&s, &headers, body).await?;
             f.model(&s.options().served_model_name)?;
             let prompts = request::prompts(&mut f)?;
-            let common = request::common(&mut f, &["max_tokens"])?;
+            let mut common = request::common(&mut f, &["max_tokens"])?;
+            common.params.logprobs = request::completion_logprobs(&mut f)?;
             f.finish()?;
             let ids = s.with_engine(|e| {
                 prompts
@@ -160,7 +163,8 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
             let mut f = read_body(&s, &headers, body).await?;
             f.model(&s.options().served_model_name)?;
             let messages = request::messages(&mut f)?;
-            let common = request::common(&mut f, &["max_completion_tokens", "max_tokens"])?;
+            let mut common = request::common(&mut f, &["max_completion_tokens", "max_tokens"])?;
+            common.params.logprobs = request::chat_logprobs(&mut f)?;
             f.finish()?;
             let ids = s.with_engine(|e| {
                 let text = e
@@ -227,7 +231,12 @@ async fn generate(s: &AppState, g: Generation) -> Result<Response> {
         requests.push(EngineRequest { prompt: prompt.clone(), params });
     }
     let prompt_tokens: usize = g.prompts.iter().map(Vec::len).sum();
+    let mut tokenizer = None;
     let handles = s.with_engine(|e| {
+        // The reply's own copy: token strings are needed even after a shutdown took the engine.
+        if g.common.params.logprobs.is_some() {
+            tokenizer = Some(e.tokenizer().clone());
+        }
         requests
             .into_iter()
             .map(|r| {
@@ -249,6 +258,7 @@ async fn generate(s: &AppState, g: Generation) -> Result<Response> {
         model: s.options().served_model_name.clone(),
         prompt_tokens,
         choices: handles.len(),
+        tokenizer,
     };
     if g.common.stream {
         Ok(stream(reply, handles, g.common.include_usage))
@@ -265,9 +275,66 @@ struct Reply {
     model: String,
     prompt_tokens: usize,
     choices: usize,
+    /// With logprobs requested: the tokenizer for their token strings.
+    tokenizer: Option<Tokenizer>,
+}
+
+/// A logprob as JSON, which has no infinities: at least -9999 as vLLM (NaN as null).
+fn logprob_value(v: f32) -> Value {
+    if v.is_nan() {
+        Value::Null
+    } else {
+        json!(v.max(-9999.0))
+    }
+}
+
+/// A token's text for logprobs and its raw bytes: a token holding part of a multi-byte
+/// character has those bytes, and its text is them decoded lossily.
+fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer.token_bytes(id).unwrap_or_default();
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
 impl Reply {
+    /// Chat's `logprobs` of some tokens: `{"content": [...]}`, or null when not requested.
+    fn chat_logprobs(&self, tokens: &[TokenLogprobs]) -> Value {
+        let Some(tokenizer) = &self.tokenizer else { return Value::Null };
+        let entry = |id: u32, v: f32| {
+            let (token, bytes) = token_text(tokenizer, id);
+            json!({"token": token, "logprob": logprob_value(v), "bytes": bytes})
+        };
+        let content: Vec<Value> = tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.token, t.logprob);
+                e["top_logprobs"] = t.top.iter().map(|&(id, v)| entry(id, v)).collect();
+                e
+            })
+            .collect();
+        json!({"content": content})
+    }
+
+    /// Completions' `logprobs` of some tokens, `text_offset` counting characters of the reply
+    /// from `offset` on (advanced past them); null when not requested.
+    fn completion_logprobs(&self, tokens: &[TokenLogprobs], offset: &mut usize) -> Value {
+        let Some(tokenizer) = &self.tokenizer else { return Value::Null };
+        let (mut strings, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        for t in tokens {
+            let (text, _) = token_text(tokenizer, t.token);
+            offsets.push(*offset);
+            *offset += text.chars().count();
+            strings.push(text);
+            values.push(logprob_value(t.logprob));
+            let mut top = Map::new();
+            for &(id, v) in &t.top {
+                // Two ids may share a string (partial characters): the likelier one stays.
+                top.entry(token_text(tokenizer, id).0).or_insert_with(|| logprob_value(v));
+            }
+            tops.push(Value::Object(top));
+        }
+        json!({"tokens": strings, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+    }
+
     fn object(&self, streaming: bool) -> &'static str {
         match (self.kind, streaming) {
             (Kind::Completion, _) => "text_completion",
@@ -291,7 +358,8 @@ impl Reply {
 
 /// One step of a request, as the driver hands it on.
 enum Piece {
-    Text(String),
+    /// Text and the logprobs of the tokens it completes (when requested).
+    Text(String, Vec<TokenLogprobs>),
     Done(Box<EngineOutput>),
     Failed(String),
 }
@@ -301,6 +369,8 @@ enum Piece {
 /// `closed()` turns true. Blocking: runs on a blocking thread.
 fn drive(handles: Vec<RequestHandle>, sink: &mut dyn FnMut(usize, Piece) -> bool, closed: &dyn Fn() -> bool) {
     let mut live: Vec<Option<RequestHandle>> = handles.into_iter().map(Some).collect();
+    // Logprobs of tokens whose text is held back, until the text that covers them comes.
+    let mut held: Vec<Vec<TokenLogprobs>> = vec![Vec::new(); live.len()];
     loop {
         let n_live = live.iter().filter(|h| h.is_some()).count();
         if n_live == 0 || closed() {
@@ -318,15 +388,20 @@ fn drive(handles: Vec<RequestHandle>, sink: &mut dyn FnMut(usize, Piece) -> bool
                 };
                 progressed = true;
                 let (pieces, ended) = match event {
-                    Some(EngineEvent::Token { text, .. }) => (vec![Piece::Text(text)], false),
+                    Some(EngineEvent::Token { text, logprobs, .. }) => {
+                        held[i].extend(logprobs);
+                        let logprobs = if text.is_empty() { Vec::new() } else { std::mem::take(&mut held[i]) };
+                        (vec![Piece::Text(text, logprobs)], false)
+                    }
                     Some(EngineEvent::Finished { text, output }) => {
-                        (vec![Piece::Text(text), Piece::Done(Box::new(output))], true)
+                        let logprobs = std::mem::take(&mut held[i]);
+                        (vec![Piece::Text(text, logprobs), Piece::Done(Box::new(output))], true)
                     }
                     Some(EngineEvent::Failed(m)) => (vec![Piece::Failed(m)], true),
                     None => (vec![Piece::Failed("The request was cancelled: the engine stopped".into())], true),
                 };
                 for piece in pieces {
-                    if matches!(&piece, Piece::Text(t) if t.is_empty()) {
+                    if matches!(&piece, Piece::Text(t, l) if t.is_empty() && l.is_empty()) {
                         continue;
                     }
                     if !sink(i, piece) {
@@ -356,15 +431,17 @@ fn failed(message: &str) -> ApiError {
 
 /// The non-streamed answer.
 async fn whole(reply: Reply, handles: Vec<RequestHandle>) -> Result<Response> {
-    let (tx, rx) = oneshot::channel::<Result<Vec<(String, EngineOutput)>>>();
+    let (tx, rx) = oneshot::channel::<Result<Vec<(String, Vec<TokenLogprobs>, EngineOutput)>>>();
     let n = handles.len();
     tokio::task::spawn_blocking(move || {
         let mut texts = vec![String::new(); n];
+        let mut logprobs = vec![Vec::new(); n];
         let mut outputs: Vec<Option<EngineOutput>> = vec![None; n];
         let mut failure = None;
         let mut sink = |i: usize, piece: Piece| match piece {
-            Piece::Text(t) => {
+            Piece::Text(t, l) => {
                 texts[i].push_str(&t);
+                logprobs[i].extend(l);
                 true
             }
             Piece::Done(o) => {
@@ -381,26 +458,30 @@ async fn whole(reply: Reply, handles: Vec<RequestHandle>) -> Result<Response> {
             Some(m) => Err(failed(&m)),
             None => texts
                 .into_iter()
+                .zip(logprobs)
                 .zip(outputs)
-                .map(|(t, o)| o.map(|o| (t, o)).ok_or_else(|| failed("The request ended without a reply")))
+                .map(|((t, l), o)| o.map(|o| (t, l, o)).ok_or_else(|| failed("The request ended without a reply")))
                 .collect(),
         };
         let _ = tx.send(result);
     });
     let results = rx.await.map_err(|_| ApiError::internal("The request ended without a reply"))??;
-    let completion_tokens: usize = results.iter().map(|(_, o)| o.generated_token_ids.len()).sum();
+    let completion_tokens: usize = results.iter().map(|(_, _, o)| o.generated_token_ids.len()).sum();
     let choices: Vec<Value> = results
         .into_iter()
         .enumerate()
-        .map(|(index, (text, o))| {
+        .map(|(index, (text, logprobs, o))| {
             let reason = finish_reason(o.stop_reason);
             match reply.kind {
-                Kind::Completion => json!({"index": index, "text": text, "finish_reason": reason, "logprobs": null}),
+                Kind::Completion => {
+                    let logprobs = reply.completion_logprobs(&logprobs, &mut 0);
+                    json!({"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs})
+                }
                 Kind::Chat => json!({
                     "index": index,
                     "message": {"role": "assistant", "content": text},
                     "finish_reason": reason,
-                    "logprobs": null,
+                    "logprobs": reply.chat_logprobs(&logprobs),
                 }),
             }
         })
@@ -435,13 +516,17 @@ fn stream(reply: Reply, handles: Vec<RequestHandle>, include_usage: bool) -> Res
         }
         let mut completion_tokens = 0;
         let mut failure = None;
+        // Each choice's `text_offset` so far.
+        let mut offsets = vec![0; reply.choices];
         let mut sink = |i: usize, piece: Piece| {
             let choice = match (piece, reply.kind) {
-                (Piece::Text(t), Kind::Completion) => {
-                    json!({"index": i, "text": t, "logprobs": null, "finish_reason": null})
+                (Piece::Text(t, l), Kind::Completion) => {
+                    let logprobs = reply.completion_logprobs(&l, &mut offsets[i]);
+                    json!({"index": i, "text": t, "logprobs": logprobs, "finish_reason": null})
                 }
-                (Piece::Text(t), Kind::Chat) => {
-                    json!({"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null})
+                (Piece::Text(t, l), Kind::Chat) => {
+                    let logprobs = reply.chat_logprobs(&l);
+                    json!({"index": i, "delta": {"content": t}, "logprobs": logprobs, "finish_reason": null})
                 }
                 (Piece::Done(o), kind) => {
                     completion_tokens += o.generated_token_ids.len();

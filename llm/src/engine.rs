@@ -19,7 +19,7 @@ use crate::batch::{
 };
 use crate::chat::ChatTemplate;
 use crate::error::LlmError;
-use crate::generate::{GenerateParams, StopReason};
+use crate::generate::{GenerateParams, StopReason, TokenLogprobs};
 use crate::pipeline::Pipeline;
 use crate::tokenizer::Tokenizer;
 
@@ -56,8 +56,10 @@ pub struct EngineRequest {
 /// `Failed` (none after a cancellation).
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
-    /// A generated token and the reply's new streamable text (possibly empty).
-    Token { token: u32, text: String },
+    /// A generated token and the reply's new streamable text (possibly empty, and possibly
+    /// covering earlier tokens whose text was held back), with the token's logprobs when the
+    /// request asked for them.
+    Token { token: u32, text: String, logprobs: Option<TokenLogprobs> },
     /// The reply's last text not streamed yet, and its summary.
     Finished { text: String, output: EngineOutput },
     /// The request could not run (the message says why).
@@ -521,7 +523,7 @@ fn worker_main(
         let mut to_cancel = Vec::new();
         let has_work = runner.has_work();
         let on_event = |event: RunnerEvent<'_>| match event {
-            RunnerEvent::Token { id, token, text, .. } => {
+            RunnerEvent::Token { id, token, text, logprobs, .. } => {
                 if let Some(r) = running.get_mut(&id) {
                     let now = Instant::now();
                     let mut m = lock(&shared.metrics);
@@ -532,7 +534,10 @@ fn worker_main(
                     r.first_token.get_or_insert(now);
                     r.last_token = Some(now);
                     // A client that went away or stopped reading is cancelled.
-                    if r.events.try_send(EngineEvent::Token { token, text: text.to_string() }).is_err() {
+                    if r.events
+                        .try_send(EngineEvent::Token { token, text: text.to_string(), logprobs: logprobs.cloned() })
+                        .is_err()
+                    {
                         to_cancel.push(id);
                     }
                 }

@@ -13,7 +13,7 @@ pub struct GreedyGenerationConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
-/// Temperature, top-k and top-p sampling (applied in that order, as transformers does).
+/// Temperature, top-k, top-p and min-p sampling (applied in that order, as vLLM does).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingConfig {
     /// Logits are divided by it; must be positive (use greedy generation for maximum-logit
@@ -26,11 +26,14 @@ pub struct SamplingConfig {
     /// The random stream; `None` draws a seed from the clock. A seed fixes the sequence of
     /// draws, not numerical agreement across backends.
     pub seed: Option<u64>,
+    /// After top-p, drop tokens whose probability is below `min_p` × the largest one's, in
+    /// `[0, 1]`; `0` is off.
+    pub min_p: f32,
 }
 
 impl Default for SamplingConfig {
     fn default() -> SamplingConfig {
-        SamplingConfig { temperature: 1.0, top_k: 0, top_p: 1.0, seed: None }
+        SamplingConfig { temperature: 1.0, top_k: 0, top_p: 1.0, seed: None, min_p: 0.0 }
     }
 }
 
@@ -62,6 +65,24 @@ pub struct GenerateParams {
     /// OpenAI's `logit_bias`: `(token id, bias in -100..=100)` added to that token's logit after
     /// the penalties, before temperature (-100 bans a token, 100 all but forces it).
     pub logit_bias: Vec<(u32, f32)>,
+    /// `Some(n)`: report each generated token's [`TokenLogprobs`] with the `n` most likely
+    /// tokens (`n` ≤ [`MAX_TOP_LOGPROBS`]); `None` (the default) computes nothing.
+    pub logprobs: Option<usize>,
+}
+
+/// The most top tokens [`GenerateParams::logprobs`] asks for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = ruda_ops::api::LOGPROBS_MAX_TOP;
+
+/// The log-probabilities of one generated token: the log-softmax of the model's raw logits at
+/// that step (before penalties, bias and temperature, as vLLM's default `raw_logprobs`), in f32.
+/// A step whose logits hold a NaN or an infinity has NaN values (see `ruda_ops`' `logprobs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token and its log-probability.
+    pub token: u32,
+    pub logprob: f32,
+    /// The `n` most likely tokens, most likely first (ties to the lower id).
+    pub top: Vec<(u32, f32)>,
 }
 
 impl Default for GenerateParams {
@@ -75,6 +96,7 @@ impl Default for GenerateParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -117,6 +139,9 @@ impl GenerateParams {
         if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
             return bad(format!("logit_bias of token {id} must be in -100..=100, got {b}"));
         }
+        if let Some(n) = self.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return bad(format!("logprobs asks for {n} top tokens, at most {MAX_TOP_LOGPROBS} are offered"));
+        }
         if let Some(s) = &self.sampling {
             if !(s.temperature.is_finite() && s.temperature > 0.0) {
                 return bad(format!(
@@ -126,6 +151,9 @@ impl GenerateParams {
             }
             if !(s.top_p > 0.0 && s.top_p <= 1.0) {
                 return bad(format!("top_p must be in (0, 1], got {}", s.top_p));
+            }
+            if !(0.0..=1.0).contains(&s.min_p) {
+                return bad(format!("min_p must be in [0, 1], got {}", s.min_p));
             }
             if u32::try_from(s.top_k).is_err() {
                 return bad(format!("top_k = {} is too large", s.top_k));
@@ -183,6 +211,8 @@ pub struct GeneratedText {
     pub prefill_ms: f64,
     /// Tokens after the first per second of decoding (0 when only one token was generated).
     pub decode_tokens_per_second: f64,
+    /// With [`GenerateParams::logprobs`], one entry per generated token (else empty).
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// Splits a growing reply into streamable pieces: never inside a UTF-8 character (a decoded
@@ -294,6 +324,9 @@ mod tests {
             GenerateParams { sampling: Some(SamplingConfig { temperature: 0.0, ..Default::default() }), ..ok.clone() },
             GenerateParams { sampling: Some(SamplingConfig { top_p: 0.0, ..Default::default() }), ..ok.clone() },
             GenerateParams { sampling: Some(SamplingConfig { top_p: 1.5, ..Default::default() }), ..ok.clone() },
+            GenerateParams { sampling: Some(SamplingConfig { min_p: -0.5, ..Default::default() }), ..ok.clone() },
+            GenerateParams { sampling: Some(SamplingConfig { min_p: f32::NAN, ..Default::default() }), ..ok.clone() },
+            GenerateParams { logprobs: Some(21), ..ok.clone() },
         ] {
             let err = bad.validate().unwrap_err().to_string();
             assert!(!err.is_empty());

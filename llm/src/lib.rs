@@ -58,7 +58,7 @@ pub use engine::{
 pub use error::{LlmError, LoadError};
 pub use generate::{
     GenerateParams, GeneratedText, GreedyGenerationConfig, SamplingConfig, SamplingGenerationConfig, StopReason,
-    StreamControl,
+    StreamControl, TokenLogprobs, MAX_TOP_LOGPROBS,
 };
 pub use generation::GenerationConfig;
 pub use layers::{

@@ -16,7 +16,7 @@ use crate::config::{load_config, ModelConfig, ModelType};
 use crate::error::LlmError;
 use crate::generate::{
     GenerateParams, GeneratedText, GreedyGenerationConfig, SamplingConfig, SamplingGenerationConfig, StopReason,
-    StreamControl, TextStream,
+    StreamControl, TextStream, TokenLogprobs,
 };
 use crate::generation::GenerationConfig;
 use crate::models::{architecture, Architecture, CausalLm};
@@ -274,6 +274,7 @@ impl Pipeline {
             top_k: g.top_k.unwrap_or(50),
             top_p: g.top_p.unwrap_or(1.0) as f32,
             seed: None,
+            min_p: 0.0,
         }
     }
 
@@ -364,11 +365,15 @@ impl Pipeline {
         let mut logits = self.model.forward(cache, prompt_ids, self.prefill_chunk, false)?;
         let mut history: Vec<u32> = prompt_ids.to_vec();
         let mut generated = Vec::new();
+        let mut logprobs = Vec::new();
         let mut stream = TextStream::new(&params.stop_sequences);
         let mut reply;
         let (mut prefill_ms, mut decode_start) = (0.0, start);
         let stop = loop {
             let id = picker.pick(&logits, &history, generated.len())?;
+            if let Some(lp) = picker.logprobs(&logits, id)? {
+                logprobs.push(lp);
+            }
             if generated.is_empty() {
                 prefill_ms = start.elapsed().as_secs_f64() * 1e3;
                 decode_start = Instant::now();
@@ -418,6 +423,7 @@ impl Pipeline {
             } else {
                 decoded_after_first as f64 / decode_seconds
             },
+            logprobs,
         })
     }
 
@@ -459,6 +465,9 @@ pub(crate) struct TokenPicker {
     chosen: Tensor,
     offsets: Tensor,
     argmax_workspace: Option<Tensor>,
+    /// With logprobs requested: how many top tokens, and the `(chosen, ids, values)` buffers.
+    logprobs: Option<usize>,
+    logprob_buffers: Option<(Tensor, Tensor, Tensor)>,
 }
 
 impl TokenPicker {
@@ -478,6 +487,7 @@ impl TokenPicker {
             top_k: s.top_k as u32,
             top_p: s.top_p,
             seed: s.seed.unwrap_or_else(clock_seed),
+            min_p: s.min_p,
         });
         Ok(TokenPicker {
             sampling,
@@ -490,7 +500,36 @@ impl TokenPicker {
             chosen: Tensor::zeros(device, DType::U32, &[1])?,
             offsets: Tensor::zeros(device, DType::U64, &[1])?,
             argmax_workspace: None,
+            logprobs: params.logprobs,
+            logprob_buffers: None,
         })
+    }
+
+    /// With logprobs requested, those of `id` and the top tokens after `logits` (`[1, vocab]`,
+    /// the model's raw logits of the step `id` was picked from); `None` (and no work) otherwise.
+    pub(crate) fn logprobs(&mut self, logits: &Tensor, id: u32) -> Result<Option<TokenLogprobs>, LlmError> {
+        let Some(n) = self.logprobs else { return Ok(None) };
+        let device = logits.device().clone();
+        // A vocabulary smaller than `n` offers all of it.
+        let n = n.min(logits.shape()[1]);
+        if self.logprob_buffers.as_ref().is_none_or(|(_, ids, _)| ids.shape()[1] != 1 + n) {
+            self.logprob_buffers = Some((
+                Tensor::zeros(&device, DType::U32, &[1])?,
+                Tensor::zeros(&device, DType::U32, &[1, 1 + n])?,
+                Tensor::zeros(&device, DType::F32, &[1, 1 + n])?,
+            ));
+        }
+        let (chosen, ids, values) =
+            self.logprob_buffers.as_ref().ok_or_else(|| LlmError::InvalidArgument("no logprobs buffers".into()))?;
+        chosen.copy_from_slice(&[id])?;
+        api::logprobs_into(&device.default_stream(), logits, chosen, n, ids, values)
+            .map_err(|e| LlmError::op("logprobs", e))?;
+        let (ids, values) = (ids.to_vec::<u32>()?, values.to_vec::<f32>()?);
+        Ok(Some(TokenLogprobs {
+            token: id,
+            logprob: values[0],
+            top: ids[1..].iter().copied().zip(values[1..].iter().copied()).collect(),
+        }))
     }
 
     /// The token after `logits` (`[1, vocab]`), with `history` (prompt and reply so far)

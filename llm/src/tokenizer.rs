@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::LoadError;
 
 /// A loaded tokenizer (byte-level BPE for Qwen, but any `tokenizer.json` the crate reads).
+#[derive(Clone)]
 pub struct Tokenizer {
     path: PathBuf,
     inner: tokenizers::Tokenizer,
@@ -81,8 +82,51 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The raw bytes of token `id` alone (for OpenAI's logprobs `bytes`): a byte-level BPE
+    /// token's own bytes, even when they are part of a multi-byte character, an added token's
+    /// text, else the token decoded alone. `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let piece = self.inner.id_to_token(id)?;
+        if self.inner.get_added_tokens_decoder().contains_key(&id) {
+            return Some(piece.into_bytes());
+        }
+        if matches!(self.inner.get_decoder(), Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))) {
+            if let Some(bytes) = piece.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>() {
+                return Some(bytes);
+            }
+        }
+        self.inner.decode(&[id], false).ok().map(String::into_bytes)
+    }
+
     /// The underlying `tokenizers` tokenizer (streaming decode, offsets, batches).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// The byte a character of GPT-2's byte-level alphabet stands for: printable bytes (`!`..=`~`,
+/// `¡`..=`¬`, `®`..=`ÿ`) stand for themselves, the other 68 bytes for U+0100 onwards in order.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let c = c as u32;
+    if c < 256 {
+        return printable(c).then_some(c as u8);
+    }
+    (0u32..256).filter(|&b| !printable(b)).nth(c.checked_sub(256)? as usize).map(|b| b as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_alphabet() {
+        assert_eq!(byte_level_byte('a'), Some(b'a'));
+        assert_eq!(byte_level_byte('\u{100}'), Some(0));
+        assert_eq!(byte_level_byte('Ġ'), Some(b' '));
+        assert_eq!(byte_level_byte('Ċ'), Some(b'\n'));
+        assert_eq!(byte_level_byte('\u{143}'), Some(0xad));
+        assert_eq!(byte_level_byte('\u{144}'), None);
+        assert_eq!(byte_level_byte(' '), None);
     }
 }

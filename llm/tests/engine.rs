@@ -152,3 +152,39 @@ fn a_dropped_handle_cancels_its_request_and_frees_its_pages() {
     let (_, last) = drain(&mut b);
     assert_eq!(last, None, "a cancelled request ends without a terminal event");
 }
+
+#[test]
+fn token_events_carry_the_pipelines_logprobs() {
+    let alone = pipeline();
+    let engine = engine(2, 4);
+    let prompt = engine.tokenizer().encode("The cat sat on the", true).unwrap();
+    let params = GenerateParams { logprobs: Some(3), ..greedy(6) };
+    let want = alone.generate_from_ids(&prompt, &params, true, |_, _| StreamControl::Continue).unwrap();
+    let mut h = engine.submit(EngineRequest { prompt: prompt.clone(), params }).unwrap();
+    let mut got = Vec::new();
+    loop {
+        match h.recv_timeout(Duration::from_secs(60)).expect("an event within a minute") {
+            Some(EngineEvent::Token { token, logprobs, .. }) => {
+                let lp = logprobs.expect("every token carries its logprobs");
+                assert_eq!(lp.token, token);
+                got.push(lp);
+            }
+            Some(EngineEvent::Finished { output, .. }) => {
+                assert_eq!(output.generated_token_ids, want.generated_token_ids);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got.len(), want.logprobs.len());
+    for (g, w) in got.iter().zip(&want.logprobs) {
+        assert_eq!(
+            (g.token, g.top.iter().map(|t| t.0).collect::<Vec<_>>()),
+            (w.token, w.top.iter().map(|t| t.0).collect())
+        );
+        assert!((g.logprob - w.logprob).abs() < 1e-3, "{g:?} vs {w:?}");
+    }
+    // Without them, nothing is attached.
+    let mut h = engine.submit(EngineRequest { prompt, params: greedy(2) }).unwrap();
+    assert!(matches!(h.recv(), Some(EngineEvent::Token { logprobs: None, .. })));
+}

@@ -140,7 +140,7 @@ fn sampling_is_reproducible_per_seed() {
     let config = |seed| SamplingGenerationConfig {
         max_new_tokens: 8,
         eos_token_ids: vec![],
-        sampling: SamplingConfig { temperature: 1.5, top_k: 0, top_p: 1.0, seed: Some(seed) },
+        sampling: SamplingConfig { temperature: 1.5, top_k: 0, top_p: 1.0, seed: Some(seed), min_p: 0.0 },
     };
     let a = p.generate_text_sampled("Hello", config(7), false, true).unwrap();
     let b = p.generate_text_sampled("Hello", config(7), false, true).unwrap();
@@ -362,4 +362,99 @@ fn presence_frequency_penalties_and_logit_bias_move_the_greedy_pick() {
     let bad = GenerateParams { logit_bias: vec![(vocab as u32 + 3, 1.0)], ..greedy(2) };
     let e = p.generate_from_ids(&prompt, &bad, true, |_, _| StreamControl::Continue).unwrap_err().to_string();
     assert!(e.contains("outside the vocabulary"), "{e}");
+}
+
+/// A host log-softmax in f64 of one row.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f64::NEG_INFINITY, |m, &z| m.max(z as f64));
+    let lse = m + row.iter().map(|&z| (z as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&z| z as f64 - lse).collect()
+}
+
+#[test]
+fn logprobs_are_the_log_softmax_of_the_raw_logits() {
+    let p = pipeline("qwen2-tied");
+    let prompt = p.encode("The quick brown fox", true).unwrap();
+    let vocab = p.model().config().vocab_size;
+    let off = p.generate_from_ids(&prompt, &greedy(5), true, |_, _| StreamControl::Continue).unwrap();
+    assert!(off.logprobs.is_empty(), "no logprobs unless asked");
+    // Greedy, and sampled with penalties: the values are the raw logits' either way.
+    let sampled = GenerateParams {
+        sampling: Some(SamplingConfig { temperature: 0.7, seed: Some(3), ..Default::default() }),
+        repetition_penalty: 1.3,
+        logit_bias: vec![(7, 5.0)],
+        logprobs: Some(5),
+        ..greedy(5)
+    };
+    for (params, is_greedy) in [(GenerateParams { logprobs: Some(20), ..greedy(5) }, true), (sampled, false)] {
+        let got = p.generate_from_ids(&prompt, &params, true, |_, _| StreamControl::Continue).unwrap();
+        let n = params.logprobs.unwrap();
+        assert_eq!(got.logprobs.len(), got.generated_token_ids.len());
+        let mut history = prompt.clone();
+        for (step, (lp, &id)) in got.logprobs.iter().zip(&got.generated_token_ids).enumerate() {
+            let logits = p.logits(&history, 64).unwrap();
+            let want = log_softmax(&logits[logits.len() - vocab..]);
+            let close = |g: f32, w: f64| (g as f64 - w).abs() < 1e-3;
+            assert_eq!(lp.token, id);
+            assert!(close(lp.logprob, want[id as usize]), "step {step}: {} vs {}", lp.logprob, want[id as usize]);
+            assert_eq!(lp.top.len(), n);
+            for w in lp.top.windows(2) {
+                assert!(w[0].1 >= w[1].1, "step {step}: top sorted: {:?}", lp.top);
+            }
+            for &(t, v) in &lp.top {
+                assert!(close(v, want[t as usize]) && v <= 0.0, "step {step}: token {t}: {v} vs {}", want[t as usize]);
+            }
+            let mass: f64 = lp.top.iter().map(|&(_, v)| (v as f64).exp()).sum();
+            assert!(mass <= 1.0 + 1e-5, "step {step}: {mass}");
+            // The top token is the host's argmax (margins of the tiny model are wide enough).
+            let best = (0..vocab).max_by(|&a, &b| want[a].total_cmp(&want[b]).then(b.cmp(&a))).unwrap() as u32;
+            assert_eq!(lp.top[0].0, best, "step {step}");
+            if is_greedy {
+                assert_eq!((lp.top[0].0, lp.top[0].1), (id, lp.logprob), "step {step}: greedy picks the top-1");
+            }
+            history.push(id);
+        }
+    }
+    let e = p
+        .generate_from_ids(&prompt, &GenerateParams { logprobs: Some(21), ..greedy(2) }, true, |_, _| {
+            StreamControl::Continue
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("logprobs"), "{e}");
+}
+
+#[test]
+fn min_p_filters_relative_to_the_most_likely_token() {
+    let p = pipeline("qwen2-tied");
+    let prompt = p.encode("Once upon a time", true).unwrap();
+    let run = |min_p: f32, seed: u64| {
+        let sampling = SamplingConfig { temperature: 1.5, seed: Some(seed), min_p, ..Default::default() };
+        let params = GenerateParams { sampling: Some(sampling), logprobs: Some(0), ..greedy(8) };
+        p.generate_from_ids(&prompt, &params, true, |_, _| StreamControl::Continue).unwrap()
+    };
+    let greedy_ids = p.generate_from_ids(&prompt, &greedy(8), true, |_, _| StreamControl::Continue).unwrap();
+    // min_p = 1 keeps only the maximum: greedy, whatever the seed.
+    for seed in [1, 2, 3] {
+        assert_eq!(run(1.0, seed).generated_token_ids, greedy_ids.generated_token_ids, "seed {seed}");
+    }
+    // min_p = 0.2 never draws a token below 0.2 × the top probability (at temperature 1.5,
+    // ln(p_token / p_max) × 1/1.5 ≥ ln 0.2 on the raw logprobs).
+    let mut varied = false;
+    for seed in 0..6 {
+        let got = run(0.2, seed);
+        varied |= got.generated_token_ids != greedy_ids.generated_token_ids;
+        let mut history = prompt.clone();
+        let vocab = p.model().config().vocab_size;
+        for (step, &id) in got.generated_token_ids.iter().enumerate() {
+            let logits = p.logits(&history, 64).unwrap();
+            let row = &logits[logits.len() - vocab..];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z));
+            let ratio = ((row[id as usize] - max) as f64 / 1.5).exp();
+            assert!(ratio >= 0.2 - 1e-4, "seed {seed} step {step}: token {id} at {ratio} of the top");
+            assert_eq!(got.logprobs[step].top.len(), 0);
+            history.push(id);
+        }
+    }
+    assert!(varied, "min_p 0.2 at temperature 1.5 still samples");
 }

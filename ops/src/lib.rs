@@ -1,7 +1,7 @@
 //! `ruda-ops`: RUDA's kernel library, written once in the IR.
 //!
 //! One folder per op family ([`elementwise`], [`rows`], [`norm`] (with [`norm::fused`]), [`gemv`],
-//! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`moe`], [`penalty`], [`swiglu`],
+//! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`logprobs`], [`moe`], [`penalty`], [`swiglu`],
 //! [`attention`], [`paged_attention`], [`gated_delta`], and around it [`conv1d`], [`delta_gates`], [`row_norm`],
 //! [`attn_gate`]), each holding its kernel builders (`kernel`), host
 //! entry points (`api`) and, where it is tuned, its tuning (`tune`). Shared pieces:
@@ -40,6 +40,7 @@ pub mod embedding;
 pub mod gated_delta;
 pub mod gemm;
 pub mod gemv;
+pub mod logprobs;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;

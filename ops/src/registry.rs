@@ -30,7 +30,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],
     &[&crate::swiglu::Swiglu, &crate::embedding::Embedding],
-    &[&crate::argmax::Argmax, &crate::sampling::Sampling],
+    &[&crate::argmax::Argmax, &crate::sampling::Sampling, &crate::logprobs::Logprobs],
     &[&crate::moe::Moe],
     &[&crate::moe::MoeRouterTraining],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],

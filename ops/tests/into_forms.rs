@@ -153,7 +153,7 @@ fn into_forms_match_their_wrappers_and_check_out() {
             check(&dev, c);
         }
         // Sampling writes u32 tokens.
-        let params = SamplingParams { temperature: 0.8, top_k: 5, top_p: 0.9, seed: 7 };
+        let params = SamplingParams { temperature: 0.8, top_k: 5, top_p: 0.9, seed: 7, min_p: 0.05 };
         let offsets = Tensor::from_slice(&dev, &[0u64, 1, 2], &[rows]).unwrap();
         let want = api::sample(&a, &params, &offsets).unwrap();
         check(

@@ -18,6 +18,7 @@ mod gemv;
 mod into_forms;
 mod ir_roundtrip;
 mod linear;
+mod logprobs;
 mod moe_experts;
 mod moe_routing;
 mod moe_training;

@@ -1,5 +1,5 @@
 //! Argmax (ties, NaN, signed zeros, vocabulary-sized rows, split or not) and sampling
-//! (temperature, top-k, top-p) against host references: the sampled token is recomputed on the
+//! (temperature, top-k, top-p, min-p) against host references: the sampled token is recomputed on the
 //! host from the same documented algorithm, thresholds found by sorting instead of a radix
 //! select; determinism per seed; greedy limits; a chi-square check of the distribution.
 
@@ -111,13 +111,8 @@ fn sample_reference(row: &[f32], p: &SamplingParams, offset: u64) -> Reference {
     let z: Vec<f32> = row.iter().map(|v| if v.is_nan() { f32::NEG_INFINITY } else { *v }).collect();
     let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let scale = (std::f64::consts::LOG2_E / p.temperature as f64) as f32;
-    let w: Vec<u64> = z
-        .iter()
-        .map(|&v| {
-            let e = if v == m { 1.0 } else { (((v - m) * scale) as f64).exp2() as f32 };
-            (e * 1_099_511_627_776.0) as u64
-        })
-        .collect();
+    let e: Vec<f32> = z.iter().map(|&v| if v == m { 1.0 } else { (((v - m) * scale) as f64).exp2() as f32 }).collect();
+    let w: Vec<u64> = e.iter().map(|&e| (e * 1_099_511_627_776.0) as u64).collect();
     let keys: Vec<u32> = row.iter().map(|v| key(*v)).collect();
     let n = keys.len();
     let mut sorted = keys.clone();
@@ -138,7 +133,8 @@ fn sample_reference(row: &[f32], p: &SamplingParams, offset: u64) -> Reference {
             }
         }
     }
-    let kept: Vec<bool> = keys.iter().map(|&kv| kv >= t).collect();
+    // min-p last: `e` is the probability over the largest one's.
+    let kept: Vec<bool> = keys.iter().zip(&e).map(|(&kv, &e)| kv >= t && e >= p.min_p).collect();
     let mut prefix = Vec::with_capacity(n);
     let mut s = 0u64;
     for i in 0..n {
@@ -180,11 +176,16 @@ fn sampling_matches_the_documented_algorithm() {
     let dev = device();
     let mut rng = Rng::new(43);
     let params = [
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 },
-        SamplingParams { temperature: 0.7, top_k: 40, top_p: 1.0, seed: 2 },
-        SamplingParams { temperature: 1.3, top_k: 0, top_p: 0.9, seed: 3 },
-        SamplingParams { temperature: 0.5, top_k: 20, top_p: 0.8, seed: 4 },
-        SamplingParams { temperature: 2.0, top_k: 5000, top_p: 0.5, seed: 5 },
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1, min_p: 0.0 },
+        SamplingParams { temperature: 0.7, top_k: 40, top_p: 1.0, seed: 2, min_p: 0.0 },
+        SamplingParams { temperature: 1.3, top_k: 0, top_p: 0.9, seed: 3, min_p: 0.0 },
+        SamplingParams { temperature: 0.5, top_k: 20, top_p: 0.8, seed: 4, min_p: 0.0 },
+        SamplingParams { temperature: 2.0, top_k: 5000, top_p: 0.5, seed: 5, min_p: 0.0 },
+        // min-p alone, after top-k, after top-p, and one that keeps only the maximum's ties.
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 6, min_p: 0.05 },
+        SamplingParams { temperature: 0.8, top_k: 30, top_p: 1.0, seed: 7, min_p: 0.3 },
+        SamplingParams { temperature: 1.5, top_k: 0, top_p: 0.95, seed: 8, min_p: 0.1 },
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 9, min_p: 1.0 },
     ];
     for dtype in FLOAT_DTYPES {
         for cols in [1, 17, 1000, 4097] {
@@ -305,6 +306,14 @@ fn sampled_frequencies_follow_the_filtered_softmax() {
         (SamplingParams { temperature: 0.8, seed: 11, ..SamplingParams::default() }, softmax(0.8, &|_| true)),
         (SamplingParams { top_k: 3, seed: 12, ..SamplingParams::default() }, softmax(1.0, &top3)),
         (SamplingParams { top_p: 0.7, seed: 13, ..SamplingParams::default() }, softmax(1.0, &top3)),
+        // min-p 0.3 keeps probabilities of at least 0.3 × the largest's: e^(z - 2) ≥ 0.3, i.e.
+        // z ≥ 2 + ln 0.3 ≈ 0.796: the logits 2.0, 1.5 and 1.0 again.
+        (SamplingParams { min_p: 0.3, seed: 14, ..SamplingParams::default() }, softmax(1.0, &top3)),
+        // After top-p 0.9 (six tokens: 2 down to 0), min-p 0.2 (z ≥ 2 + ln 0.2 ≈ 0.39) keeps four.
+        (
+            SamplingParams { top_p: 0.9, min_p: 0.2, seed: 15, ..SamplingParams::default() },
+            softmax(1.0, &|i| [4, 7, 0, 1].contains(&i)),
+        ),
     ];
     let full = softmax(1.0, &|_| true);
     assert!(full[4] + full[7] < 0.7 && full[4] + full[7] + full[0] >= 0.7, "the top-p case keeps three tokens");
@@ -332,6 +341,9 @@ fn argmax_and_sampling_errors() {
         (SamplingParams { temperature: f32::NAN, ..SamplingParams::default() }, "temperature"),
         (SamplingParams { top_p: 0.0, ..SamplingParams::default() }, "top_p"),
         (SamplingParams { top_p: 1.5, ..SamplingParams::default() }, "top_p"),
+        (SamplingParams { min_p: -0.1, ..SamplingParams::default() }, "min_p"),
+        (SamplingParams { min_p: 1.5, ..SamplingParams::default() }, "min_p"),
+        (SamplingParams { min_p: f32::NAN, ..SamplingParams::default() }, "min_p"),
     ] {
         let err = api::sample(&x, &p, &offs).unwrap_err();
         assert!(err.to_string().contains(what), "{err}");

@@ -10,8 +10,10 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ruda_llm::{Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, StopReason};
-use serde_json::{json, Value};
+use ruda_llm::{
+    Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, StopReason, TokenLogprobs, Tokenizer,
+};
+use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
@@ -143,7 +145,8 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bo
             let mut f = read_body(&s, &headers, body).await?;
             f.model(&s.options().served_model_name)?;
             let prompts = request::prompts(&mut f)?;
-            let common = request::common(&mut f, &["max_tokens"])?;
+            let mut common = request::common(&mut f, &["max_tokens"])?;
+            common.params.logprobs = request::completion_logprobs(&mut f)?;
             f.finish()?;
             let ids = s.with_engine(|e| {
                 prompts
@@ -173,7 +176,8 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
             let mut f = read_body(&s, &headers, body).await?;
             f.model(&s.options().served_model_name)?;
             let messages = request::messages(&mut f)?;
-            let common = request::common(&mut f, &["max_completion_tokens", "max_tokens"])?;
+            let mut common = request::common(&mut f, &["max_completion_tokens", "max_tokens"])?;
+            common.params.logprobs = request::chat_logprobs(&mut f)?;
             let tools = tools::tools(&mut f)?;
             let extra = request::template_variables(&mut f, &tools)?;
             f.finish()?;
@@ -270,7 +274,12 @@ async fn generate(s: &AppState, g: Generation) -> Result<Response> {
     }
     // Usage counts each prompt once, however many choices it has (as OpenAI does).
     let prompt_tokens: usize = g.prompts.iter().map(Vec::len).sum();
+    let mut tokenizer = None;
     let handles = s.with_engine(|e| {
+        // The reply's own copy: token strings are needed even after a shutdown took the engine.
+        if g.common.params.logprobs.is_some() {
+            tokenizer = Some(e.tokenizer().clone());
+        }
         requests
             .into_iter()
             .map(|r| {
@@ -294,6 +303,7 @@ async fn generate(s: &AppState, g: Generation) -> Result<Response> {
         choices: handles.len(),
         format: g.format,
         parallel_tool_calls: g.parallel_tool_calls,
+        tokenizer,
     };
     if g.common.stream {
         Ok(stream(reply, handles, g.common.include_usage))
@@ -312,9 +322,66 @@ struct Reply {
     choices: usize,
     format: ReplyFormat,
     parallel_tool_calls: bool,
+    /// With logprobs requested: the tokenizer for their token strings.
+    tokenizer: Option<Tokenizer>,
+}
+
+/// A logprob as JSON, which has no infinities: at least -9999 as vLLM (NaN as null).
+fn logprob_value(v: f32) -> Value {
+    if v.is_nan() {
+        Value::Null
+    } else {
+        json!(v.max(-9999.0))
+    }
+}
+
+/// A token's text for logprobs and its raw bytes: a token holding part of a multi-byte
+/// character has those bytes, and its text is them decoded lossily.
+fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer.token_bytes(id).unwrap_or_default();
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
 impl Reply {
+    /// Chat's `logprobs` of some tokens: `{"content": [...]}`, or null when not requested.
+    fn chat_logprobs(&self, tokens: &[TokenLogprobs]) -> Value {
+        let Some(tokenizer) = &self.tokenizer else { return Value::Null };
+        let entry = |id: u32, v: f32| {
+            let (token, bytes) = token_text(tokenizer, id);
+            json!({"token": token, "logprob": logprob_value(v), "bytes": bytes})
+        };
+        let content: Vec<Value> = tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.token, t.logprob);
+                e["top_logprobs"] = t.top.iter().map(|&(id, v)| entry(id, v)).collect();
+                e
+            })
+            .collect();
+        json!({"content": content})
+    }
+
+    /// Completions' `logprobs` of some tokens, `text_offset` counting characters of the reply
+    /// from `offset` on (advanced past them); null when not requested.
+    fn completion_logprobs(&self, tokens: &[TokenLogprobs], offset: &mut usize) -> Value {
+        let Some(tokenizer) = &self.tokenizer else { return Value::Null };
+        let (mut strings, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        for t in tokens {
+            let (text, _) = token_text(tokenizer, t.token);
+            offsets.push(*offset);
+            *offset += text.chars().count();
+            strings.push(text);
+            values.push(logprob_value(t.logprob));
+            let mut top = Map::new();
+            for &(id, v) in &t.top {
+                // Two ids may share a string (partial characters): the likelier one stays.
+                top.entry(token_text(tokenizer, id).0).or_insert_with(|| logprob_value(v));
+            }
+            tops.push(Value::Object(top));
+        }
+        json!({"tokens": strings, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+    }
+
     fn object(&self, streaming: bool) -> &'static str {
         match (self.kind, streaming) {
             (Kind::Completion, _) => "text_completion",
@@ -359,7 +426,8 @@ impl Reply {
 
 /// One step of a request, as the driver hands it on.
 enum Piece {
-    Text(String),
+    /// Text and the logprobs of the tokens it completes (when requested).
+    Text(String, Vec<TokenLogprobs>),
     Done(Box<EngineOutput>),
     Failed(String),
 }
@@ -369,6 +437,8 @@ enum Piece {
 /// `closed()` turns true. Blocking: runs on a blocking thread.
 fn drive(handles: Vec<RequestHandle>, sink: &mut dyn FnMut(usize, Piece) -> bool, closed: &dyn Fn() -> bool) {
     let mut live: Vec<Option<RequestHandle>> = handles.into_iter().map(Some).collect();
+    // Logprobs of tokens whose text is held back, until the text that covers them comes.
+    let mut held: Vec<Vec<TokenLogprobs>> = vec![Vec::new(); live.len()];
     loop {
         let n_live = live.iter().filter(|h| h.is_some()).count();
         if n_live == 0 || closed() {
@@ -386,15 +456,20 @@ fn drive(handles: Vec<RequestHandle>, sink: &mut dyn FnMut(usize, Piece) -> bool
                 };
                 progressed = true;
                 let (pieces, ended) = match event {
-                    Some(EngineEvent::Token { text, .. }) => (vec![Piece::Text(text)], false),
+                    Some(EngineEvent::Token { text, logprobs, .. }) => {
+                        held[i].extend(logprobs);
+                        let logprobs = if text.is_empty() { Vec::new() } else { std::mem::take(&mut held[i]) };
+                        (vec![Piece::Text(text, logprobs)], false)
+                    }
                     Some(EngineEvent::Finished { text, output }) => {
-                        (vec![Piece::Text(text), Piece::Done(Box::new(output))], true)
+                        let logprobs = std::mem::take(&mut held[i]);
+                        (vec![Piece::Text(text, logprobs), Piece::Done(Box::new(output))], true)
                     }
                     Some(EngineEvent::Failed(m)) => (vec![Piece::Failed(m)], true),
                     None => (vec![Piece::Failed("The request was cancelled: the engine stopped".into())], true),
                 };
                 for piece in pieces {
-                    if matches!(&piece, Piece::Text(t) if t.is_empty()) {
+                    if matches!(&piece, Piece::Text(t, l) if t.is_empty() && l.is_empty()) {
                         continue;
                     }
                     if !sink(i, piece) {
@@ -424,15 +499,17 @@ fn failed(message: &str) -> ApiError {
 
 /// The non-streamed answer.
 async fn whole(reply: Reply, handles: Vec<RequestHandle>) -> Result<Response> {
-    let (tx, rx) = oneshot::channel::<Result<Vec<(String, EngineOutput)>>>();
+    let (tx, rx) = oneshot::channel::<Result<Vec<(String, Vec<TokenLogprobs>, EngineOutput)>>>();
     let n = handles.len();
     tokio::task::spawn_blocking(move || {
         let mut texts = vec![String::new(); n];
+        let mut logprobs = vec![Vec::new(); n];
         let mut outputs: Vec<Option<EngineOutput>> = vec![None; n];
         let mut failure = None;
         let mut sink = |i: usize, piece: Piece| match piece {
-            Piece::Text(t) => {
+            Piece::Text(t, l) => {
                 texts[i].push_str(&t);
+                logprobs[i].extend(l);
                 true
             }
             Piece::Done(o) => {
@@ -449,21 +526,25 @@ async fn whole(reply: Reply, handles: Vec<RequestHandle>) -> Result<Response> {
             Some(m) => Err(failed(&m)),
             None => texts
                 .into_iter()
+                .zip(logprobs)
                 .zip(outputs)
-                .map(|(t, o)| o.map(|o| (t, o)).ok_or_else(|| failed("The request ended without a reply")))
+                .map(|((t, l), o)| o.map(|o| (t, l, o)).ok_or_else(|| failed("The request ended without a reply")))
                 .collect(),
         };
         let _ = tx.send(result);
     });
     let results = rx.await.map_err(|_| ApiError::internal("The request ended without a reply"))??;
-    let completion_tokens: usize = results.iter().map(|(_, o)| o.generated_token_ids.len()).sum();
+    let completion_tokens: usize = results.iter().map(|(_, _, o)| o.generated_token_ids.len()).sum();
     let choices: Vec<Value> = results
         .into_iter()
         .enumerate()
-        .map(|(index, (text, o))| {
+        .map(|(index, (text, logprobs, o))| {
             let reason = finish_reason(o.stop_reason);
             match reply.kind {
-                Kind::Completion => json!({"index": index, "text": text, "finish_reason": reason, "logprobs": null}),
+                Kind::Completion => {
+                    let logprobs = reply.completion_logprobs(&logprobs, &mut 0);
+                    json!({"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs})
+                }
                 Kind::Chat => {
                     let mut parser = ReplyParser::new(reply.format);
                     let mut deltas = parser.push(&text);
@@ -493,7 +574,7 @@ async fn whole(reply: Reply, handles: Vec<RequestHandle>) -> Result<Response> {
                         "index": index,
                         "message": message,
                         "finish_reason": reply.finish_reason(o.stop_reason, !calls.is_empty()),
-                        "logprobs": null,
+                        "logprobs": reply.chat_logprobs(&logprobs),
                     })
                 }
             }
@@ -531,22 +612,33 @@ fn stream(reply: Reply, handles: Vec<RequestHandle>, include_usage: bool) -> Res
         let mut failure = None;
         let mut parsers: Vec<Option<ReplyParser>> =
             (0..reply.choices).map(|_| Some(ReplyParser::new(reply.format))).collect();
-        let chat_delta = |i: usize, d: Delta| {
+        // Each choice's `text_offset` so far, and (chat) the logprobs of text the parser holds
+        // back, sent with the next chunk it releases.
+        let mut offsets = vec![0; reply.choices];
+        let mut held: Vec<Vec<TokenLogprobs>> = vec![Vec::new(); reply.choices];
+        let chat_delta = |i: usize, d: Delta, logprobs: Value| {
             let delta = match d {
                 Delta::Content(t) => json!({"content": t}),
                 Delta::Reasoning(t) => json!({"reasoning_content": t}),
             };
-            json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null})
+            json!({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": null})
         };
         let mut sink = |i: usize, piece: Piece| {
             let choices: Vec<Value> = match (piece, reply.kind) {
-                (Piece::Text(t), Kind::Completion) => {
-                    vec![json!({"index": i, "text": t, "logprobs": null, "finish_reason": null})]
+                (Piece::Text(t, l), Kind::Completion) => {
+                    let logprobs = reply.completion_logprobs(&l, &mut offsets[i]);
+                    vec![json!({"index": i, "text": t, "logprobs": logprobs, "finish_reason": null})]
                 }
-                (Piece::Text(t), Kind::Chat) => match parsers[i].as_mut() {
-                    Some(p) => p.push(&t).into_iter().map(|d| chat_delta(i, d)).collect(),
-                    None => Vec::new(),
-                },
+                (Piece::Text(t, l), Kind::Chat) => {
+                    held[i].extend(l);
+                    let deltas = parsers[i].as_mut().map(|p| p.push(&t)).unwrap_or_default();
+                    let mut out = Vec::with_capacity(deltas.len());
+                    for d in deltas {
+                        let logprobs = reply.chat_logprobs(&std::mem::take(&mut held[i]));
+                        out.push(chat_delta(i, d, logprobs));
+                    }
+                    out
+                }
                 (Piece::Done(o), Kind::Completion) => {
                     completion_tokens += o.generated_token_ids.len();
                     let reason = finish_reason(o.stop_reason);
@@ -555,7 +647,11 @@ fn stream(reply: Reply, handles: Vec<RequestHandle>, include_usage: bool) -> Res
                 (Piece::Done(o), Kind::Chat) => {
                     completion_tokens += o.generated_token_ids.len();
                     let end = parsers[i].take().map(ReplyParser::finish).unwrap_or_default();
-                    let mut choices: Vec<Value> = end.deltas.into_iter().map(|d| chat_delta(i, d)).collect();
+                    let mut choices = Vec::new();
+                    for d in end.deltas {
+                        let logprobs = reply.chat_logprobs(&std::mem::take(&mut held[i]));
+                        choices.push(chat_delta(i, d, logprobs));
+                    }
                     let calls = reply.keep_calls(end.tool_calls);
                     if !calls.is_empty() {
                         let calls: Vec<Value> = calls
@@ -566,7 +662,9 @@ fn stream(reply: Reply, handles: Vec<RequestHandle>, include_usage: bool) -> Res
                         choices.push(json!({"index": i, "delta": {"tool_calls": calls}, "logprobs": null, "finish_reason": null}));
                     }
                     let reason = reply.finish_reason(o.stop_reason, !calls.is_empty());
-                    choices.push(json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason}));
+                    // Tokens whose text became tool calls (or nothing) report here.
+                    let logprobs = reply.chat_logprobs(&std::mem::take(&mut held[i]));
+                    choices.push(json!({"index": i, "delta": {}, "logprobs": logprobs, "finish_reason": reason}));
                     choices
                 }
                 (Piece::Failed(m), _) => {

@@ -1,7 +1,7 @@
 //! Parsing and validating OpenAI request bodies by hand, so every error names its field:
 //! wrong types and values, fields not supported yet, and unknown fields are all 400s.
 
-use ruda_llm::{ChatMessage, GenerateParams, SamplingConfig};
+use ruda_llm::{ChatMessage, GenerateParams, SamplingConfig, MAX_TOP_LOGPROBS};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -74,10 +74,7 @@ impl Fields {
         for name in IGNORED {
             self.map.remove(*name);
         }
-        let unsupported: [Unsupported; 7] = [
-            ("logprobs", "other than false or 0", |v| v == &Value::Bool(false) || v.as_f64() == Some(0.0)),
-            ("top_logprobs", "other than 0", |v| v.as_f64() == Some(0.0)),
-            ("min_p", "other than 0", |v| v.as_f64() == Some(0.0)),
+        let unsupported: [Unsupported; 4] = [
             ("response_format", "other than {\"type\": \"text\"}", |v| {
                 v.as_object().is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("text")))
             }),
@@ -142,6 +139,10 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
     let top_p = f.f64("top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::param("top_p", format!("'top_p' must be in (0, 1], got {top_p}")));
+    }
+    let min_p = f.f64("min_p")?.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::param("min_p", format!("'min_p' must be in [0, 1], got {min_p}")));
     }
     let top_k = f.i64("top_k")?.unwrap_or(-1);
     if top_k < -1 || top_k > i64::from(u32::MAX) {
@@ -235,6 +236,7 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
         top_k: top_k.max(0) as usize,
         top_p: top_p as f32,
         seed,
+        min_p: min_p as f32,
     });
     Ok(Common {
         max_tokens,
@@ -247,12 +249,44 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
             presence_penalty,
             frequency_penalty,
             logit_bias,
+            logprobs: None,
         },
         ignore_eos,
         stream,
         include_usage,
         n,
     })
+}
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, only with `logprobs`): how many
+/// top tokens each generated token reports, `None` when off.
+pub fn chat_logprobs(f: &mut Fields) -> Result<Option<usize>, ApiError> {
+    let on = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.i64("top_logprobs")?;
+    match top {
+        Some(n) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&n) => {
+            Err(ApiError::param("top_logprobs", format!("'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}], got {n}")))
+        }
+        Some(n) if n > 0 && !on => {
+            Err(ApiError::param("top_logprobs", "'top_logprobs' is only allowed when 'logprobs' is true"))
+        }
+        _ => Ok(on.then_some(top.unwrap_or(0) as usize)),
+    }
+}
+
+/// The most top tokens `/v1/completions`' `logprobs` asks for (OpenAI's limit).
+pub const MAX_COMPLETION_LOGPROBS: i64 = 5;
+
+/// Completions' `logprobs`: an integer 0 to 5 (the top tokens per generated token), `None`
+/// when absent.
+pub fn completion_logprobs(f: &mut Fields) -> Result<Option<usize>, ApiError> {
+    match f.i64("logprobs")? {
+        None => Ok(None),
+        Some(n) if (0..=MAX_COMPLETION_LOGPROBS).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => {
+            Err(ApiError::param("logprobs", format!("'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {n}")))
+        }
+    }
 }
 
 /// A prompt as given: text, or token ids.
@@ -475,7 +509,10 @@ mod tests {
         let c = common(&mut f, &["max_tokens"]).unwrap();
         f.finish().unwrap();
         assert_eq!(c.max_tokens, Some(3));
-        assert_eq!(c.params.sampling, Some(SamplingConfig { temperature: 0.5, top_k: 0, top_p: 0.9, seed: Some(7) }));
+        assert_eq!(
+            c.params.sampling,
+            Some(SamplingConfig { temperature: 0.5, top_k: 0, top_p: 0.9, seed: Some(7), min_p: 0.0 })
+        );
         assert_eq!(c.params.stop_sequences, vec!["a", "b"]);
         let mut f = fields(r#"{"temperature":0}"#);
         assert_eq!(common(&mut f, &["max_tokens"]).unwrap().params.sampling, None);
@@ -498,6 +535,9 @@ mod tests {
             (r#"{"logit_bias":{"x":1}}"#, "logit_bias"),
             (r#"{"logit_bias":{"1":101}}"#, "logit_bias"),
             (r#"{"logit_bias":[1]}"#, "logit_bias"),
+            (r#"{"min_p":-0.1}"#, "min_p"),
+            (r#"{"min_p":1.5}"#, "min_p"),
+            (r#"{"min_p":"x"}"#, "min_p"),
         ] {
             let mut f = fields(body);
             let e = common(&mut f, &["max_tokens"]).unwrap_err();
@@ -509,8 +549,33 @@ mod tests {
         let mut bias = c.params.logit_bias.clone();
         bias.sort_by_key(|b| b.0);
         assert_eq!(bias, [(5, -100.0), (7, 2.5)]);
+        let c = common(&mut fields(r#"{"min_p":0.25}"#), &["max_tokens"]).unwrap();
+        assert_eq!(c.params.sampling.map(|s| s.min_p), Some(0.25));
+        for (body, want) in [
+            (r#"{}"#, None),
+            (r#"{"logprobs":false}"#, None),
+            (r#"{"logprobs":false,"top_logprobs":0}"#, None),
+            (r#"{"logprobs":true}"#, Some(0)),
+            (r#"{"logprobs":true,"top_logprobs":20}"#, Some(20)),
+        ] {
+            assert_eq!(chat_logprobs(&mut fields(body)).unwrap(), want, "{body}");
+        }
         for (body, param) in [
-            (r#"{"logprobs":true}"#, "logprobs"),
+            (r#"{"logprobs":1}"#, "logprobs"),
+            (r#"{"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
+            (r#"{"logprobs":true,"top_logprobs":-1}"#, "top_logprobs"),
+            (r#"{"top_logprobs":3}"#, "top_logprobs"),
+            (r#"{"logprobs":false,"top_logprobs":3}"#, "top_logprobs"),
+        ] {
+            assert_eq!(chat_logprobs(&mut fields(body)).unwrap_err().param.as_deref(), Some(param), "{body}");
+        }
+        assert_eq!(completion_logprobs(&mut fields(r#"{"logprobs":5}"#)).unwrap(), Some(5));
+        assert_eq!(completion_logprobs(&mut fields(r#"{"logprobs":0}"#)).unwrap(), Some(0));
+        for body in [r#"{"logprobs":6}"#, r#"{"logprobs":-1}"#, r#"{"logprobs":true}"#] {
+            let e = completion_logprobs(&mut fields(body)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logprobs"), "{body}");
+        }
+        for (body, param) in [
             (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
             (r#"{"tools":[{"type":"function"}]}"#, "tools"),
             (r#"{"tool_choice":"none"}"#, "tool_choice"),
@@ -522,7 +587,7 @@ mod tests {
             let e = fields(body).finish().unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
-        fields(r#"{"logprobs":false,"response_format":{"type":"text"},"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
+        fields(r#"{"response_format":{"type":"text"},"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
             .finish()
             .unwrap();
     }

@@ -474,12 +474,15 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         ("/v1/completions", with("n", json!(129)), 400, Some("n")),
         ("/v1/completions", with("n", json!(0)), 400, Some("n")),
         ("/v1/completions", with("stop", json!(["a", "b", "c", "d", "e"])), 400, Some("stop")),
-        ("/v1/completions", with("logprobs", json!(2)), 400, Some("logprobs")),
+        ("/v1/completions", with("logprobs", json!(6)), 400, Some("logprobs")),
+        ("/v1/completions", with("logprobs", json!(-1)), 400, Some("logprobs")),
+        ("/v1/completions", with("logprobs", json!(true)), 400, Some("logprobs")),
         ("/v1/completions", with("presence_penalty", json!(2.5)), 400, Some("presence_penalty")),
         ("/v1/completions", with("frequency_penalty", json!("1")), 400, Some("frequency_penalty")),
         ("/v1/completions", with("logit_bias", json!({"five": 1})), 400, Some("logit_bias")),
         ("/v1/completions", with("logit_bias", json!({"5": 101})), 400, Some("logit_bias")),
-        ("/v1/completions", with("min_p", json!(0.1)), 400, Some("min_p")),
+        ("/v1/completions", with("min_p", json!(1.5)), 400, Some("min_p")),
+        ("/v1/completions", with("min_p", json!(-0.1)), 400, Some("min_p")),
         ("/v1/completions", with("echo", json!(true)), 400, Some("echo")),
         ("/v1/completions", with("best_of", json!(3)), 400, Some("best_of")),
         ("/v1/completions", with("suffix", json!("end")), 400, Some("suffix")),
@@ -538,6 +541,18 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
             400,
             Some("top_logprobs"),
         ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}),
+            400,
+            Some("logprobs"),
+        ),
         ("/tokenize", json!({"prompt": 5}), 400, Some("prompt")),
         ("/detokenize", json!({"tokens": "abc"}), 400, Some("tokens")),
     ];
@@ -579,6 +594,7 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         ("metadata", json!({"a": "b"})),
         ("service_tier", json!("auto")),
         ("logprobs", json!(null)),
+        ("min_p", json!(0.05)),
         ("presence_penalty", json!(0.5)),
         ("frequency_penalty", json!(-0.5)),
         ("logit_bias", json!({"5": -100, "7": 2})),
@@ -963,5 +979,148 @@ async fn sixty_four_streaming_clients_get_the_replies_they_would_get_alone() {
         assert_eq!((text.as_str(), reason.as_deref()), (want.as_str(), Some("length")), "client {i}");
     }
     wait_idle(&server).await;
+    server.shutdown().await;
+}
+
+/// A host log-softmax (f64) of the pipeline's logits after `history`.
+fn host_logprobs(p: &Pipeline, history: &[u32]) -> Vec<f64> {
+    let vocab = p.model().config().vocab_size;
+    let logits = p.logits(history, 64).unwrap();
+    let row = &logits[logits.len() - vocab..];
+    let m = row.iter().fold(f64::NEG_INFINITY, |m, &z| m.max(z as f64));
+    let lse = m + row.iter().map(|&z| (z as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&z| z as f64 - lse).collect()
+}
+
+/// Checks one chat `logprobs.content` entry against the host values: greedy is the top-1, the
+/// top list is sorted, values are ≤ 0 and their probabilities sum to at most 1.
+fn check_chat_entry(what: &str, e: &Value, want: &[f64], id: u32, top: usize) {
+    let close = |g: f64, w: f64| (g - w).abs() < 1e-3;
+    let lp = e["logprob"].as_f64().unwrap();
+    assert!(lp <= 0.0 && close(lp, want[id as usize]), "{what}: {e}");
+    let token = e["token"].as_str().unwrap();
+    let bytes: Vec<u8> = e["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+    assert_eq!(String::from_utf8_lossy(&bytes), token, "{what}");
+    let tops = e["top_logprobs"].as_array().unwrap();
+    assert_eq!(tops.len(), top, "{what}");
+    let values: Vec<f64> = tops.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+    assert!(values.windows(2).all(|w| w[0] >= w[1]), "{what}: sorted: {values:?}");
+    assert_eq!((tops[0]["token"].as_str(), values[0]), (Some(token), lp), "{what}: greedy is the top-1");
+    assert!(values.iter().map(|v| v.exp()).sum::<f64>() <= 1.0 + 1e-5, "{what}");
+    let mut host: Vec<f64> = want.to_vec();
+    host.sort_by(|a, b| b.total_cmp(a));
+    for (k, (&g, &w)) in values.iter().zip(&host).enumerate() {
+        assert!(close(g, w), "{what}: top {k}: {g} vs host {w}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_in_openai_shapes_match_a_host_log_softmax() {
+    let alone = pipeline();
+    let server = start(Setup::default()).await;
+    let n = 6;
+    // Completions: logprobs 5, whole and streamed.
+    let prompt = "The cat sat on the";
+    let mut body = completion(prompt, n, false);
+    body["logprobs"] = json!(5);
+    body["ignore_eos"] = json!(true);
+    let whole = server.post("/v1/completions", &body).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    let choice = &whole["choices"][0];
+    let lp = &choice["logprobs"];
+    let prompt_ids = alone.encode(prompt, true).unwrap();
+    let greedy = GenerateParams { max_new_tokens: n, ..Default::default() };
+    let want = alone.generate_from_ids(&prompt_ids, &greedy, true, |_, _| StreamControl::Continue).unwrap();
+    let tokens: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.len(), n);
+    assert_eq!(tokens.concat(), choice["text"].as_str().unwrap(), "the tokens spell the text");
+    let mut offset = 0;
+    let mut history = prompt_ids.clone();
+    for (k, &id) in want.generated_token_ids.iter().enumerate() {
+        assert_eq!(lp["text_offset"][k].as_u64(), Some(offset as u64));
+        offset += tokens[k].chars().count();
+        let host = host_logprobs(&alone, &history);
+        let got = lp["token_logprobs"][k].as_f64().unwrap();
+        assert!(got <= 0.0 && (got - host[id as usize]).abs() < 1e-3, "step {k}: {got} vs {}", host[id as usize]);
+        let top = lp["top_logprobs"][k].as_object().unwrap();
+        assert!(top.len() <= 5 && !top.is_empty());
+        let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(
+            (top.get(tokens[k]).and_then(Value::as_f64), best),
+            (Some(got), got),
+            "step {k}: greedy is the top-1"
+        );
+        history.push(id);
+    }
+    body["stream"] = json!(true);
+    let (text, _, chunks) = streamed(&server.post("/v1/completions", &body).await);
+    assert_eq!(text, choice["text"].as_str().unwrap());
+    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for c in &chunks {
+        let l = &c["choices"][0]["logprobs"];
+        if l.is_null() {
+            continue;
+        }
+        for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            joined[key].as_array_mut().unwrap().extend(l[key].as_array().unwrap().iter().cloned());
+        }
+    }
+    assert_eq!(joined["tokens"], lp["tokens"]);
+    assert_eq!(joined["text_offset"], lp["text_offset"]);
+    for (g, w) in joined["token_logprobs"].as_array().unwrap().iter().zip(lp["token_logprobs"].as_array().unwrap()) {
+        assert!((g.as_f64().unwrap() - w.as_f64().unwrap()).abs() < 1e-4, "{g} vs {w}");
+    }
+
+    // Chat: logprobs with the top 20, whole and streamed, against the host on the templated
+    // prompt (from /tokenize).
+    let messages = json!([{"role": "user", "content": "Say hello"}]);
+    let ids = server.post("/tokenize", &json!({"messages": messages})).await.json()["tokens"].clone();
+    let chat_ids: Vec<u32> = ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let want = alone.generate_from_ids(&chat_ids, &greedy, true, |_, _| StreamControl::Continue).unwrap();
+    let mut body = json!({"messages": messages, "max_tokens": n, "temperature": 0, "ignore_eos": true,
+        "logprobs": true, "top_logprobs": 20});
+    let whole = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    let content = whole["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len(), n);
+    let mut history = chat_ids.clone();
+    for (k, (e, &id)) in content.iter().zip(&want.generated_token_ids).enumerate() {
+        check_chat_entry(&format!("chat step {k}"), e, &host_logprobs(&alone, &history), id, 20);
+        history.push(id);
+    }
+    body["stream"] = json!(true);
+    let (text, _, chunks) = streamed(&server.post("/v1/chat/completions", &body).await);
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    let mut streamed_content = Vec::new();
+    for c in &chunks {
+        let choice = &c["choices"][0];
+        if let Some(l) = choice["logprobs"]["content"].as_array() {
+            // A chunk's entries spell its text.
+            let spelled: String = l.iter().map(|e| e["token"].as_str().unwrap()).collect();
+            assert_eq!(spelled, choice["delta"]["content"].as_str().unwrap_or(""), "{c}");
+            streamed_content.extend(l.iter().cloned());
+        }
+    }
+    assert_eq!(streamed_content.len(), n);
+    for (g, w) in streamed_content.iter().zip(&content) {
+        assert_eq!(g["token"], w["token"]);
+        assert!((g["logprob"].as_f64().unwrap() - w["logprob"].as_f64().unwrap()).abs() < 1e-4);
+    }
+    // Not asked for: null; `logprobs` without `top_logprobs`: no top entries.
+    body["stream"] = json!(false);
+    body["top_logprobs"] = json!(null);
+    let r = server.post("/v1/chat/completions", &body).await.json();
+    let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert!(content.iter().all(|e| e["top_logprobs"].as_array().is_some_and(Vec::is_empty)), "{r}");
+    body["logprobs"] = json!(false);
+    let r = server.post("/v1/chat/completions", &body).await.json();
+    assert!(r["choices"][0]["logprobs"].is_null(), "{r}");
+    // min_p 1 keeps only the most likely token: a sampled reply equals the greedy one.
+    let sampled = json!({"messages": messages, "max_tokens": n, "temperature": 1.5, "seed": 4, "min_p": 1.0,
+        "ignore_eos": true});
+    let r = server.post("/v1/chat/completions", &sampled).await.json();
+    assert_eq!(r["choices"][0]["message"]["content"], whole["choices"][0]["message"]["content"], "{r}");
     server.shutdown().await;
 }

@@ -27,6 +27,7 @@ struct PromptLine {
     temperature: Option<f32>,
     top_k: Option<usize>,
     top_p: Option<f32>,
+    min_p: Option<f32>,
     seed: Option<u64>,
     repetition_penalty: Option<f32>,
     #[serde(default)]
@@ -35,7 +36,7 @@ struct PromptLine {
 
 /// Parses a JSONL prompt file. `defaults` gives each line's settings where the line leaves them
 /// out (its `max_new_tokens` and `eos_token_ids` in particular). A line is greedy unless it sets
-/// `temperature`; `top_k`, `top_p` and `seed` without it are an error rather than ignored. Blank
+/// `temperature`; `top_k`, `top_p`, `min_p` and `seed` without it are an error rather than ignored. Blank
 /// lines are skipped but still counted, so `index` is the line number minus one. Errors name
 /// `source` (the file) and the 1-based line.
 pub fn parse_prompt_lines(text: &str, source: &str, defaults: &GenerateParams) -> Result<Vec<BatchRequest>, LlmError> {
@@ -67,12 +68,23 @@ pub fn parse_prompt_lines(text: &str, source: &str, defaults: &GenerateParams) -
                 if !(top_p > 0.0 && top_p <= 1.0) {
                     return Err(at(format!("top_p must be in (0, 1], got {top_p}")));
                 }
-                params.sampling =
-                    Some(SamplingConfig { temperature, top_k: parsed.top_k.unwrap_or(0), top_p, seed: parsed.seed });
+                let min_p = parsed.min_p.unwrap_or(0.0);
+                if !(0.0..=1.0).contains(&min_p) {
+                    return Err(at(format!("min_p must be in [0, 1], got {min_p}")));
+                }
+                params.sampling = Some(SamplingConfig {
+                    temperature,
+                    top_k: parsed.top_k.unwrap_or(0),
+                    top_p,
+                    seed: parsed.seed,
+                    min_p,
+                });
             }
             None => {
-                if parsed.top_k.is_some() || parsed.top_p.is_some() || parsed.seed.is_some() {
-                    return Err(at("top_k, top_p and seed need a temperature (without one the line is greedy)".into()));
+                if parsed.top_k.is_some() || parsed.top_p.is_some() || parsed.min_p.is_some() || parsed.seed.is_some() {
+                    return Err(at(
+                        "top_k, top_p, min_p and seed need a temperature (without one the line is greedy)".into()
+                    ));
                 }
             }
         }
@@ -174,7 +186,7 @@ mod tests {
     #[test]
     fn lines_take_their_own_settings_and_count_blank_lines() {
         let defaults = GenerateParams { max_new_tokens: 7, eos_token_ids: vec![2], ..Default::default() };
-        let text = "{\"prompt\": \"a\"}\n\n{\"prompt\": \"b\", \"max_new_tokens\": 3, \"temperature\": 0.5, \"top_k\": 4, \"seed\": 9, \"stop\": [\"\\n\"]}\n";
+        let text = "{\"prompt\": \"a\"}\n\n{\"prompt\": \"b\", \"max_new_tokens\": 3, \"temperature\": 0.5, \"top_k\": 4, \"min_p\": 0.1, \"seed\": 9, \"stop\": [\"\\n\"]}\n";
         let requests = parse_prompt_lines(text, "p.jsonl", &defaults).unwrap();
         assert_eq!(requests.len(), 2);
         assert_eq!((requests[0].index, requests[0].prompt.as_str()), (0, "a"));
@@ -184,7 +196,7 @@ mod tests {
         assert_eq!(requests[1].params.eos_token_ids, vec![2]);
         assert_eq!(
             requests[1].params.sampling,
-            Some(SamplingConfig { temperature: 0.5, top_k: 4, top_p: 1.0, seed: Some(9) })
+            Some(SamplingConfig { temperature: 0.5, top_k: 4, top_p: 1.0, seed: Some(9), min_p: 0.1 })
         );
         assert_eq!(requests[1].params.stop_sequences, vec!["\n".to_string()]);
     }

@@ -15,7 +15,7 @@ use super::scheduler::{
     ContinuousBatchConfig, ContinuousBatchScheduler, PagedKvCacheConfig, RequestId, ScheduledBatch, SchedulerStats,
 };
 use crate::error::LlmError;
-use crate::generate::{GenerateParams, StopReason, TextStream};
+use crate::generate::{GenerateParams, StopReason, TextStream, TokenLogprobs};
 use crate::models::{BatchCache, CausalLm};
 use crate::pipeline::{Pipeline, TokenPicker};
 
@@ -109,8 +109,9 @@ pub enum BatchEvent<'a> {
 /// What one [`BatchRunner::step`] reports, request by request.
 pub enum RunnerEvent<'a> {
     /// Request `id` (tagged `tag`) generated `token`; `text` is the reply's new streamable text
-    /// (empty while a character or a possible stop sequence is incomplete).
-    Token { id: RequestId, tag: usize, token: u32, text: &'a str },
+    /// (empty while a character or a possible stop sequence is incomplete; it may cover earlier
+    /// tokens held back until then); `logprobs` when the request asked for them.
+    Token { id: RequestId, tag: usize, token: u32, text: &'a str, logprobs: Option<&'a TokenLogprobs> },
     /// Request `id` finished; `text` is what its reply had not streamed yet.
     Finished { id: RequestId, output: &'a BatchOutput, text: &'a str },
     /// Request `id` was cancelled ([`BatchRunner::cancel`]); its pages and slot are free.
@@ -231,8 +232,8 @@ impl<'p> BatchRunner<'p> {
             self.report_finished(&mut on_event)?;
             return Ok(false);
         };
-        let tokens = match self.run_batch(&batch) {
-            Ok(tokens) => tokens,
+        let (tokens, logprobs) = match self.run_batch(&batch) {
+            Ok(picked) => picked,
             Err(e) => {
                 self.scheduler.fail_batch(batch.id)?;
                 return Err(e);
@@ -241,7 +242,8 @@ impl<'p> BatchRunner<'p> {
         self.batches += 1;
         self.scheduler.complete_batch(batch.id, &tokens)?;
         let tokenizer = self.pipeline.tokenizer();
-        for (row, &token) in batch.sequences.iter().zip(&tokens) {
+        for ((row, &token), logprobs) in batch.sequences.iter().zip(&tokens).zip(&logprobs) {
+            let logprobs = logprobs.as_ref();
             let Some(a) = self.active.get_mut(&row.request_id).filter(|_| row.samples) else { continue };
             a.history.push(token);
             a.generated += 1;
@@ -258,9 +260,9 @@ impl<'p> BatchRunner<'p> {
                 let mut stream = TextStream::resuming(&a.stops, a.streamed);
                 let piece = stream.next(reply, false);
                 a.streamed += piece.len();
-                on_event(RunnerEvent::Token { id: row.request_id, tag: a.tag, token, text: piece });
+                on_event(RunnerEvent::Token { id: row.request_id, tag: a.tag, token, text: piece, logprobs });
             } else {
-                on_event(RunnerEvent::Token { id: row.request_id, tag: a.tag, token, text: "" });
+                on_event(RunnerEvent::Token { id: row.request_id, tag: a.tag, token, text: "", logprobs });
             }
         }
         self.report_finished(&mut on_event)?;
@@ -303,8 +305,10 @@ impl<'p> BatchRunner<'p> {
         Ok(())
     }
 
-    /// Runs `batch` and picks each sampling row's next token (0 for the others).
-    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Vec<u32>, LlmError> {
+    /// Runs `batch` and picks each sampling row's next token (0 for the others), with its
+    /// logprobs where the request asked for them.
+    #[allow(clippy::type_complexity)]
+    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>), LlmError> {
         let model: &dyn CausalLm = self.pipeline.model();
         let logits = model.forward_batch(batch, &mut self.cache)?;
         let rows = &batch.sequences;
@@ -318,16 +322,33 @@ impl<'p> BatchRunner<'p> {
             api::argmax_into(&device.default_stream(), &logits, &chosen, None)
                 .map_err(|e| LlmError::op("argmax", e))?;
             let ids = chosen.to_vec::<u32>()?;
-            return Ok(rows.iter().zip(ids).map(|(r, id)| if r.samples { id } else { 0 }).collect());
+            let tokens: Vec<u32> = rows.iter().zip(ids).map(|(r, id)| if r.samples { id } else { 0 }).collect();
+            let mut logprobs = Vec::with_capacity(rows.len());
+            for (i, (row, &id)) in rows.iter().zip(&tokens).enumerate() {
+                logprobs.push(match active.get_mut(&row.request_id).filter(|_| row.samples) {
+                    Some(a) => a.picker.logprobs(&logits.narrow(0, i, 1)?, id)?,
+                    None => None,
+                });
+            }
+            return Ok((tokens, logprobs));
         }
         let mut tokens = Vec::with_capacity(rows.len());
+        let mut logprobs = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {
             match active.get_mut(&row.request_id).filter(|_| row.samples) {
-                Some(a) => tokens.push(a.picker.pick(&logits.narrow(0, i, 1)?, &a.history, a.generated)?),
-                None => tokens.push(0),
+                Some(a) => {
+                    let row_logits = logits.narrow(0, i, 1)?;
+                    let id = a.picker.pick(&row_logits, &a.history, a.generated)?;
+                    tokens.push(id);
+                    logprobs.push(a.picker.logprobs(&row_logits, id)?);
+                }
+                None => {
+                    tokens.push(0);
+                    logprobs.push(None);
+                }
             }
         }
-        Ok(tokens)
+        Ok((tokens, logprobs))
     }
 }
 

@@ -157,7 +157,7 @@ struct BatchArgs {
     /// A Hugging Face model folder (config.json, safetensors, tokenizer.json)
     model_dir: PathBuf,
     /// One JSON object per line: {"prompt": "..."}, optionally with its own max_new_tokens,
-    /// temperature, top_k, top_p, seed, repetition_penalty and stop (a list of strings); greedy
+    /// temperature, top_k, top_p, min_p, seed, repetition_penalty and stop (a list of strings); greedy
     /// unless it sets a temperature
     #[arg(long, value_name = "FILE")]
     prompts: PathBuf,

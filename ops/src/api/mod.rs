@@ -21,6 +21,7 @@ pub use crate::gemm::api::*;
 pub use crate::gemm::tile::*;
 pub use crate::gemv::api::*;
 pub(crate) use crate::host::*;
+pub use crate::logprobs::api::*;
 pub use crate::moe::api::*;
 pub use crate::moe::experts::*;
 pub use crate::moe::training::*;

@@ -9,9 +9,9 @@
 //! does not depend on the order of combination. One block per (row, split); with more than one
 //! split, [`argmax_reduce`] combines the per-split words.
 
-use ruda_ir::{CmpOp, Constant, Kernel, KernelBuilder, ScalarType, ShflMode, Value, VerifyError};
+use ruda_ir::{Constant, Kernel, KernelBuilder, ScalarType, VerifyError};
 
-use crate::blocks::{block_reduce_with, load_f32, low32, order_key, pack, row_ptr, shfl_u64};
+use crate::blocks::{argmax_key, block_reduce_with, load_f32, low32, pack, row_ptr, warp_max_u64};
 
 /// Threads per argmax block.
 pub const ARGMAX_THREADS: u32 = 256;
@@ -36,26 +36,6 @@ impl ArgmaxConfig {
     pub fn reduce_id() -> String {
         "argmax.u64.reduce".into()
     }
-}
-
-/// The argmax order key: NaN above everything.
-#[track_caller]
-fn argmax_key(b: &mut KernelBuilder, v: Value) -> Value {
-    let key = order_key(b, v);
-    let nan = b.cmp(CmpOp::Nan, v, v);
-    let top = b.const_u32(u32::MAX);
-    b.select(nan, top, key)
-}
-
-/// The maximum of a `u64` across the warp; every lane gets it.
-#[track_caller]
-fn warp_max_u64(b: &mut KernelBuilder, mut v: Value) -> Value {
-    for mask in [16, 8, 4, 2, 1] {
-        let m = b.const_u32(mask);
-        let other = shfl_u64(b, ShflMode::Bfly, v, m);
-        v = b.max(v, other);
-    }
-    v
 }
 
 crate::kernel_params! {

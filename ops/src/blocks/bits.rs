@@ -1,7 +1,7 @@
 //! Bit packing: 16-bit floats unpacked from a word, order-preserving `f32` keys, `u64`s as two
 //! `u32`s (packed, split, shuffled).
 
-use ruda_ir::{KernelBuilder, ScalarType, ShflMode, Value};
+use ruda_ir::{CmpOp, KernelBuilder, ScalarType, ShflMode, Value};
 
 /// The two 16-bit floats of a little-endian word, widened to `f32` (exactly).
 #[track_caller]
@@ -66,4 +66,24 @@ pub(crate) fn shfl_u64(b: &mut KernelBuilder, mode: ShflMode, v: Value, lane: Va
     let lo = b.shfl(mode, lo, lane);
     let hi = b.shfl(mode, hi, lane);
     pack(b, hi, lo)
+}
+
+/// [`order_key`] with NaN above everything (`torch.argmax`'s and `torch.topk`'s order).
+#[track_caller]
+pub(crate) fn argmax_key(b: &mut KernelBuilder, v: Value) -> Value {
+    let key = order_key(b, v);
+    let nan = b.cmp(CmpOp::Nan, v, v);
+    let top = b.const_u32(u32::MAX);
+    b.select(nan, top, key)
+}
+
+/// The maximum of a `u64` across the warp; every lane gets it.
+#[track_caller]
+pub(crate) fn warp_max_u64(b: &mut KernelBuilder, mut v: Value) -> Value {
+    for mask in [16, 8, 4, 2, 1] {
+        let m = b.const_u32(mask);
+        let other = shfl_u64(b, ShflMode::Bfly, v, m);
+        v = b.max(v, other);
+    }
+    v
 }

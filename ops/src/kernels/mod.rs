@@ -11,6 +11,7 @@ pub use crate::gated_delta::kernel as gated_delta;
 pub use crate::gemm::kernels::simt as gemm;
 pub use crate::gemm::kernels::tc as gemm_tc;
 pub use crate::gemv::kernel as gemv;
+pub use crate::logprobs::kernel as logprobs;
 pub use crate::norm::fused::kernel as fused_norm;
 pub use crate::norm::kernel as norm;
 pub use crate::paged_attention::kernel as paged_attention;

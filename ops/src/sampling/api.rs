@@ -1,4 +1,4 @@
-//! Sampling a token per row: temperature, top-k, top-p, reproducible per seed. The exact
+//! Sampling a token per row: temperature, top-k, top-p, min-p, reproducible per seed. The exact
 //! algorithm is documented in [`crate::kernels::sampling`].
 
 use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
@@ -24,11 +24,14 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// The random stream; each row's draw is [`sampling_draw`]`(seed, offsets[row])`.
     pub seed: u64,
+    /// After top-p, drop tokens whose probability is below `min_p` × the largest one's (in
+    /// `[0, 1]`; `0` keeps all).
+    pub min_p: f32,
 }
 
 impl Default for SamplingParams {
     fn default() -> SamplingParams {
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 }
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0, min_p: 0.0 }
     }
 }
 
@@ -71,7 +74,7 @@ pub fn sample_into(
     expect_dtype(name, "out", out, DType::U32)?;
     expect_shape(name, "out", out, &[rows])?;
     same_device(name, stream, &[("logits", logits), ("offsets", offsets), ("out", out)])?;
-    let SamplingParams { temperature, top_k, top_p, seed } = *params;
+    let SamplingParams { temperature, top_k, top_p, seed, min_p } = *params;
     if !(temperature.is_finite() && temperature >= 0.0) {
         return Err(OpError::InvalidArgument {
             op: name,
@@ -80,6 +83,9 @@ pub fn sample_into(
     }
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(OpError::InvalidArgument { op: name, message: format!("top_p must be in (0, 1], got {top_p}") });
+    }
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(OpError::InvalidArgument { op: name, message: format!("min_p must be in [0, 1], got {min_p}") });
     }
     if cols > i32::MAX as usize {
         return Err(OpError::Shape { op: name, message: format!("vocabulary of {cols} exceeds 2^31 - 1") });
@@ -90,7 +96,7 @@ pub fn sample_into(
     let scale = (std::f64::consts::LOG2_E / temperature as f64) as f32;
     let cfg = SamplingConfig { dtype };
     let k = kernel(cfg.id(), || crate::kernels::sampling::sampling(&cfg))?;
-    let args = SamplingKernelParams { logits, out, offsets, cols: cols as u32, scale, top_k, top_p, seed };
+    let args = SamplingKernelParams { logits, out, offsets, cols: cols as u32, scale, top_k, top_p, seed, min_p };
     params::launch(stream, &k, LaunchConfig::linear(to_u32(name, "rows", rows)?, SAMPLING_THREADS), &args.args())?;
     Ok(())
 }

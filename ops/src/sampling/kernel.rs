@@ -1,4 +1,4 @@
-//! Sampling one token per row of logits with temperature, top-k and top-p, reproducibly: every
+//! Sampling one token per row of logits with temperature, top-k, top-p and min-p, reproducibly: every
 //! step below is integer arithmetic or a correctly rounded float operation except one `ex2`
 //! (PTX's `ex2.approx`), so a host reference given the same `ex2` results picks the same token.
 //!
@@ -14,7 +14,10 @@
 //!    `Σ_{key_i ≥ t_p, key_i ≥ t_k} w_i ≥ P`: a token is kept when the mass of strictly larger
 //!    keys is below `p` of the top-k mass (Hugging Face's rule, ties kept together). Else `t_p =
 //!    t_k`.
-//! 5. Kept: `key_i ≥ t_p`; `S = Σ_kept w_i`. The draw `u` (24 bits, [`draw`]) gives `target =
+//! 5. min-p (vLLM's, after top-p): `e_i` is exactly token `i`'s probability over the largest
+//!    one's, so `e_i < min_p` (f32 compare) drops a token below `min_p` × the largest
+//!    probability; the maximum (`e = 1`) always stays, and `min_p = 0` drops nothing. Kept:
+//!    `key_i ≥ t_p` and `e_i ≥ min_p`; `S = Σ_kept w_i`. The draw `u` (24 bits, [`draw`]) gives `target =
 //!    floor(S · u / 2^24)`; the token is the first index (in index order) whose inclusive prefix
 //!    sum of kept weights exceeds `target`.
 //!
@@ -93,6 +96,13 @@ impl Row {
     /// `(key, weight)` of element `j`.
     #[track_caller]
     fn element(&self, b: &mut KernelBuilder, j: Value) -> (Value, Value) {
+        let (key, _, w) = self.element_ratio(b, j);
+        (key, w)
+    }
+
+    /// `(key, e, weight)` of element `j`: `e` is its probability over the largest one's.
+    #[track_caller]
+    fn element_ratio(&self, b: &mut KernelBuilder, j: Value) -> (Value, Value, Value) {
         let z = load_f32(b, self.row, j);
         let nan = b.cmp(CmpOp::Nan, z, z);
         let ninf = b.const_f32(f32::NEG_INFINITY);
@@ -106,7 +116,7 @@ impl Row {
         let e = b.select(at_max, one, e);
         let scale = b.const_f32(WEIGHT_SCALE);
         let fixed = b.mul(e, scale);
-        (key, b.cvt(fixed, ScalarType::U64))
+        (key, e, b.cvt(fixed, ScalarType::U64))
     }
 }
 
@@ -257,15 +267,16 @@ crate::kernel_params! {
         top_k: scalar(u32),
         top_p: scalar(f32),
         seed: scalar(u64),
+        min_p: scalar(f32),
     }
 }
 
 /// Parameters: logits `[rows, cols]`, out (`u32 [rows]`), offsets (`u64 [rows]`), cols (`u32`),
 /// scale (`f32`, `log2(e) / temperature`), top_k (`u32`, 0 = off), top_p (`f32`, ≥ 1 = off),
-/// seed (`u64`). Grid: `rows` blocks of [`SAMPLING_THREADS`].
+/// seed (`u64`), min_p (`f32`, 0 = off). Grid: `rows` blocks of [`SAMPLING_THREADS`].
 pub fn sampling(cfg: &SamplingConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let SamplingValues { logits, out, offsets, cols, scale, top_k, top_p, seed } =
+    let SamplingValues { logits, out, offsets, cols, scale, top_k, top_p, seed, min_p } =
         SamplingKernelParams::declare(&mut b, cfg);
     b.launch_bounds(SAMPLING_THREADS, None);
     let max_scratch = b.shared_array("max_partials", ScalarType::F32, SAMPLING_THREADS / 32);
@@ -332,7 +343,8 @@ pub fn sampling(cfg: &SamplingConfig) -> Result<Kernel, VerifyError> {
         |_| vec![t_k],
     )[0];
 
-    // 5. Chunk sums of kept weights, their block scan, the draw, and the chosen chunk's rescan.
+    // 5. (min-p needs no pass: a threshold on `e`, which is relative to the row maximum.)
+    // Chunk sums of kept weights, their block scan, the draw, and the chosen chunk's rescan.
     let chunk_size = {
         let last = b.const_u32(SAMPLING_THREADS - 1);
         let c = b.add(cols, last);
@@ -343,8 +355,10 @@ pub fn sampling(cfg: &SamplingConfig) -> Result<Kernel, VerifyError> {
     let end = b.add(begin, chunk_size);
     let end = b.min(end, cols);
     let kept_weight = |b: &mut KernelBuilder, j: Value| {
-        let (key, w) = r.element(b, j);
+        let (key, e, w) = r.element_ratio(b, j);
         let kept = b.ge(key, t);
+        let above_min = b.ge(e, min_p);
+        let kept = b.and(kept, above_min);
         let zero64 = b.constant(Constant::u64(0));
         b.select(kept, w, zero64)
     };

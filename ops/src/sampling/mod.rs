@@ -1,4 +1,4 @@
-//! Sampling one token per row with temperature, top-k and top-p, reproducibly per seed (the
+//! Sampling one token per row with temperature, top-k, top-p and min-p, reproducibly per seed (the
 //! algorithm is documented in [`kernel`]). Entry points in [`api`].
 
 pub mod api;
@@ -36,6 +36,7 @@ impl Family for Sampling {
             ("top_k", 50),
             ("top_p", f32_bits(0.9)),
             ("seed", 1234),
+            ("min_p", f32_bits(0.05)),
         ]);
         Some(c)
     }

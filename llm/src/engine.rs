@@ -18,6 +18,7 @@ use crate::batch::{
     BatchOptions, BatchOutput, BatchRunner, PagedKvCacheConfig, RequestId, RunnerEvent, SchedulerStats,
 };
 use crate::chat::ChatTemplate;
+use crate::constraint::ConstraintCompiler;
 use crate::error::LlmError;
 use crate::generate::{GenerateParams, StopReason};
 use crate::pipeline::Pipeline;
@@ -202,6 +203,9 @@ pub struct Engine {
     info: EngineInfo,
     tokenizer: Tokenizer,
     chat: ChatTemplate,
+    /// Compiles response formats on the caller's side, so a bad one never reaches the worker;
+    /// why not, for a tokenizer it cannot serve.
+    constraints: Result<Arc<ConstraintCompiler>, String>,
 }
 
 /// One submitted request: its events, and cancellation (also on drop).
@@ -294,6 +298,11 @@ impl Engine {
         };
         let tokenizer = Tokenizer::load(&dir)?;
         let chat = ChatTemplate::load(&dir)?;
+        // Built once (the token trie); a tokenizer it cannot serve fails constrained requests
+        // only.
+        let constraints = ConstraintCompiler::new(&tokenizer, &info.eos_token_ids, info.vocab_size)
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
         let shared = Arc::new(Shared {
             in_flight: AtomicUsize::new(0),
             cancelled: Mutex::new(HashSet::new()),
@@ -330,6 +339,7 @@ impl Engine {
             info,
             tokenizer,
             chat,
+            constraints,
         })
     }
 
@@ -340,6 +350,12 @@ impl Engine {
     /// The model's tokenizer, for the caller's side (encoding prompts, `/tokenize`).
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The compiler of response formats ([`GenerateParams::constraint`]) for this model's
+    /// tokenizer and vocabulary, shared by the caller's threads.
+    pub fn constraints(&self) -> Result<Arc<ConstraintCompiler>, LlmError> {
+        self.constraints.clone().map_err(LlmError::Constraint)
     }
 
     /// The model's chat template, for the caller's side.
@@ -548,6 +564,14 @@ fn worker_main(
                         m.requests_finished += 1;
                     }
                     let _ = r.events.try_send(EngineEvent::Finished { text: text.to_string(), output: out });
+                    end(&shared);
+                }
+            }
+            RunnerEvent::Failed { id, error, .. } => {
+                if let Some(r) = running.remove(&id) {
+                    by_client.remove(&r.client);
+                    let _ = r.events.try_send(EngineEvent::Failed(error.to_string()));
+                    lock(&shared.metrics).requests_failed += 1;
                     end(&shared);
                 }
             }

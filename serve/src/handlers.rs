@@ -182,7 +182,7 @@ fn unix_now() -> u64 {
 fn finish_reason(r: StopReason) -> &'static str {
     match r {
         StopReason::Length => "length",
-        StopReason::Eos | StopReason::StopSequence | StopReason::Callback => "stop",
+        StopReason::Eos | StopReason::StopSequence | StopReason::Callback | StopReason::Grammar => "stop",
     }
 }
 

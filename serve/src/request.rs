@@ -244,6 +244,7 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
             presence_penalty,
             frequency_penalty,
             logit_bias,
+            constraint: None,
         },
         ignore_eos,
         stream,

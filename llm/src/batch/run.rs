@@ -115,6 +115,9 @@ pub enum RunnerEvent<'a> {
     Finished { id: RequestId, output: &'a BatchOutput, text: &'a str },
     /// Request `id` was cancelled ([`BatchRunner::cancel`]); its pages and slot are free.
     Cancelled { id: RequestId, tag: usize },
+    /// Request `id` could not go on (its response format's grammar allowed no token, or
+    /// failed); its pages and slot are free, and the other requests run on.
+    Failed { id: RequestId, tag: usize, error: &'a LlmError },
 }
 
 /// A running request's host state.
@@ -141,6 +144,8 @@ pub struct BatchRunner<'p> {
     scheduler: ContinuousBatchScheduler,
     cache: BatchCache,
     active: HashMap<RequestId, Active>,
+    /// Requests ended by their own failure, reported as such instead of as cancelled.
+    failed: HashMap<RequestId, LlmError>,
     skip_special_tokens: bool,
     max_sequence_length: usize,
     batches: usize,
@@ -166,6 +171,7 @@ impl<'p> BatchRunner<'p> {
             scheduler,
             cache,
             active: HashMap::new(),
+            failed: HashMap::new(),
             skip_special_tokens: options.skip_special_tokens,
             max_sequence_length: kv.max_sequence_length,
             batches: 0,
@@ -231,17 +237,25 @@ impl<'p> BatchRunner<'p> {
             self.report_finished(&mut on_event)?;
             return Ok(false);
         };
-        let tokens = match self.run_batch(&batch) {
-            Ok(tokens) => tokens,
+        let (tokens, failures) = match self.run_batch(&batch) {
+            Ok(picked) => picked,
             Err(e) => {
                 self.scheduler.fail_batch(batch.id)?;
                 return Err(e);
             }
         };
         self.batches += 1;
+        // A row whose own constraint failed ends alone (its token is not recorded).
+        for (id, e) in failures {
+            self.scheduler.cancel(id)?;
+            self.failed.insert(id, e);
+        }
         self.scheduler.complete_batch(batch.id, &tokens)?;
         let tokenizer = self.pipeline.tokenizer();
         for (row, &token) in batch.sequences.iter().zip(&tokens) {
+            if self.failed.contains_key(&row.request_id) {
+                continue;
+            }
             let Some(a) = self.active.get_mut(&row.request_id).filter(|_| row.samples) else { continue };
             a.history.push(token);
             a.generated += 1;
@@ -253,6 +267,9 @@ impl<'p> BatchRunner<'p> {
                 if self.scheduler.is_active(row.request_id) {
                     self.scheduler.finish_request(row.request_id, StopReason::StopSequence)?;
                 }
+            }
+            if a.picker.grammar_finished() && self.scheduler.is_active(row.request_id) {
+                self.scheduler.finish_request(row.request_id, StopReason::Grammar)?;
             }
             if self.scheduler.is_active(row.request_id) {
                 let mut stream = TextStream::resuming(&a.stops, a.streamed);
@@ -278,7 +295,10 @@ impl<'p> BatchRunner<'p> {
         for f in self.scheduler.pop_finished() {
             let Some(mut a) = self.active.remove(&f.request_id) else { continue };
             let Some(reason) = f.stop_reason else {
-                on_event(RunnerEvent::Cancelled { id: f.request_id, tag: a.tag });
+                match self.failed.remove(&f.request_id) {
+                    Some(error) => on_event(RunnerEvent::Failed { id: f.request_id, tag: a.tag, error: &error }),
+                    None => on_event(RunnerEvent::Cancelled { id: f.request_id, tag: a.tag }),
+                }
                 continue;
             };
             let mut text = a.reply.finish(tokenizer)?.to_string();
@@ -288,6 +308,8 @@ impl<'p> BatchRunner<'p> {
                     text.truncate(cut);
                     StopReason::StopSequence
                 }
+                // The last token allowed may also complete the grammar: that is the reason.
+                None if reason == StopReason::Length && a.picker.grammar_finished() => StopReason::Grammar,
                 None => reason,
             };
             let rest = text.get(a.streamed..).unwrap_or("").to_string();
@@ -303,8 +325,10 @@ impl<'p> BatchRunner<'p> {
         Ok(())
     }
 
-    /// Runs `batch` and picks each sampling row's next token (0 for the others).
-    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Vec<u32>, LlmError> {
+    /// Runs `batch` and picks each sampling row's next token (0 for the others, and for rows
+    /// whose constraint failed: those come back with their error).
+    #[allow(clippy::type_complexity)]
+    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<(Vec<u32>, Vec<(RequestId, LlmError)>), LlmError> {
         let model: &dyn CausalLm = self.pipeline.model();
         let logits = model.forward_batch(batch, &mut self.cache)?;
         let rows = &batch.sequences;
@@ -318,16 +342,24 @@ impl<'p> BatchRunner<'p> {
             api::argmax_into(&device.default_stream(), &logits, &chosen, None)
                 .map_err(|e| LlmError::op("argmax", e))?;
             let ids = chosen.to_vec::<u32>()?;
-            return Ok(rows.iter().zip(ids).map(|(r, id)| if r.samples { id } else { 0 }).collect());
+            return Ok((rows.iter().zip(ids).map(|(r, id)| if r.samples { id } else { 0 }).collect(), Vec::new()));
         }
         let mut tokens = Vec::with_capacity(rows.len());
+        let mut failures = Vec::new();
         for (i, row) in rows.iter().enumerate() {
             match active.get_mut(&row.request_id).filter(|_| row.samples) {
-                Some(a) => tokens.push(a.picker.pick(&logits.narrow(0, i, 1)?, &a.history, a.generated)?),
+                Some(a) => match a.picker.pick(&logits.narrow(0, i, 1)?, &a.history, a.generated) {
+                    Ok(token) => tokens.push(token),
+                    Err(e @ LlmError::Constraint(_)) => {
+                        failures.push((row.request_id, e));
+                        tokens.push(0);
+                    }
+                    Err(e) => return Err(e),
+                },
                 None => tokens.push(0),
             }
         }
-        Ok(tokens)
+        Ok((tokens, failures))
     }
 }
 

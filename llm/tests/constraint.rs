@@ -326,6 +326,7 @@ fn formats_that_cannot_compile_are_errors() {
         (schema(json!({"type": "integer", "minimum": 5, "maximum": 1})), ""),
         (schema(json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})), ""),
         (schema(json!({"type": "frobnicate"})), ""),
+        (schema(json!({"type": "array", "uniqueItems": true})), ""),
         (lark("start: ("), ""),
         (lark("start: missing_rule"), ""),
     ] {

@@ -18,6 +18,7 @@ use crate::batch::{
     BatchOptions, BatchOutput, BatchRunner, PagedKvCacheConfig, RequestId, RunnerEvent, SchedulerStats,
 };
 use crate::chat::ChatTemplate;
+use crate::constraint::ConstraintCompiler;
 use crate::error::LlmError;
 use crate::generate::{GenerateParams, StopReason, TokenLogprobs};
 use crate::pipeline::Pipeline;
@@ -174,7 +175,8 @@ pub enum Shutdown {
 }
 
 enum Command {
-    Submit { id: u64, request: EngineRequest, events: SyncSender<EngineEvent> },
+    /// Boxed: a request with its parameters is far larger than the other commands.
+    Submit { id: u64, request: Box<EngineRequest>, events: SyncSender<EngineEvent> },
     Shutdown(Shutdown),
 }
 
@@ -204,6 +206,9 @@ pub struct Engine {
     info: EngineInfo,
     tokenizer: Tokenizer,
     chat: ChatTemplate,
+    /// Compiles response formats on the caller's side, so a bad one never reaches the worker;
+    /// why not, for a tokenizer it cannot serve.
+    constraints: Result<Arc<ConstraintCompiler>, String>,
 }
 
 /// One submitted request: its events, and cancellation (also on drop).
@@ -296,6 +301,11 @@ impl Engine {
         };
         let tokenizer = Tokenizer::load(&dir)?;
         let chat = ChatTemplate::load(&dir)?;
+        // Built once (the token trie); a tokenizer it cannot serve fails constrained requests
+        // only.
+        let constraints = ConstraintCompiler::new(&tokenizer, &info.eos_token_ids, info.vocab_size)
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
         let shared = Arc::new(Shared {
             in_flight: AtomicUsize::new(0),
             cancelled: Mutex::new(HashSet::new()),
@@ -332,6 +342,7 @@ impl Engine {
             info,
             tokenizer,
             chat,
+            constraints,
         })
     }
 
@@ -342,6 +353,12 @@ impl Engine {
     /// The model's tokenizer, for the caller's side (encoding prompts, `/tokenize`).
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The compiler of response formats ([`GenerateParams::constraint`]) for this model's
+    /// tokenizer and vocabulary, shared by the caller's threads.
+    pub fn constraints(&self) -> Result<Arc<ConstraintCompiler>, LlmError> {
+        self.constraints.clone().map_err(LlmError::Constraint)
     }
 
     /// The model's chat template, for the caller's side.
@@ -394,7 +411,7 @@ impl Engine {
         }
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (events_tx, events) = mpsc::sync_channel(EVENTS_PER_REQUEST);
-        match self.commands.try_send(Command::Submit { id, request, events: events_tx }) {
+        match self.commands.try_send(Command::Submit { id, request: Box::new(request), events: events_tx }) {
             Ok(()) => Ok(RequestHandle { id, events, shared: self.shared.clone(), ended: false }),
             Err(e) => {
                 self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -553,6 +570,14 @@ fn worker_main(
                         m.requests_finished += 1;
                     }
                     let _ = r.events.try_send(EngineEvent::Finished { text: text.to_string(), output: out });
+                    end(&shared);
+                }
+            }
+            RunnerEvent::Failed { id, error, .. } => {
+                if let Some(r) = running.remove(&id) {
+                    by_client.remove(&r.client);
+                    let _ = r.events.try_send(EngineEvent::Failed(error.to_string()));
+                    lock(&shared.metrics).requests_failed += 1;
                     end(&shared);
                 }
             }

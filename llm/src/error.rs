@@ -109,6 +109,10 @@ pub enum LlmError {
     },
     #[error(transparent)]
     Runtime(Box<RuntimeError>),
+    /// A response format that does not compile, or a constrained generation its grammar
+    /// cannot continue (see [`crate::constraint`]).
+    #[error("response format: {0}")]
+    Constraint(String),
     /// A bad argument from the caller: an empty prompt, zero runs, an invalid sampling value.
     #[error("{0}")]
     InvalidArgument(String),

@@ -2,6 +2,7 @@
 //! `SamplingGenerationConfig`, RuvLLM-style [`GenerateParams`] (stop sequences, repetition
 //! penalty), [`GeneratedText`], and the streaming text splitter.
 
+use crate::constraint::Constraint;
 use crate::error::LlmError;
 
 /// Greedy (maximum-logit) decoding.
@@ -65,6 +66,11 @@ pub struct GenerateParams {
     /// OpenAI's `logit_bias`: `(token id, bias in -100..=100)` added to that token's logit after
     /// the penalties, before temperature (-100 bans a token, 100 all but forces it).
     pub logit_bias: Vec<(u32, f32)>,
+    /// A compiled response format ([`crate::ConstraintCompiler::compile`]): every token is
+    /// chosen among those its grammar allows (after the penalties and bias, before sampling),
+    /// and generation ends when the grammar is complete ([`StopReason::Grammar`]). Each
+    /// generation runs its own matcher over the shared grammar.
+    pub constraint: Option<Constraint>,
     /// `Some(n)`: report each generated token's [`TokenLogprobs`] with the `n` most likely
     /// tokens (`n` ≤ [`MAX_TOP_LOGPROBS`]); `None` (the default) computes nothing.
     pub logprobs: Option<usize>,
@@ -97,6 +103,7 @@ impl Default for GenerateParams {
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -174,16 +181,20 @@ pub enum StopReason {
     StopSequence,
     /// The streaming callback asked to stop.
     Callback,
+    /// The response format's grammar is complete and allows nothing more (no EOS token was
+    /// generated).
+    Grammar,
 }
 
 impl StopReason {
-    /// `eos`, `length`, `stop_sequence` or `callback`.
+    /// `eos`, `length`, `stop_sequence`, `callback` or `grammar`.
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::Eos => "eos",
             StopReason::Length => "length",
             StopReason::StopSequence => "stop_sequence",
             StopReason::Callback => "callback",
+            StopReason::Grammar => "grammar",
         }
     }
 }

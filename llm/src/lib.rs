@@ -29,6 +29,7 @@ pub mod bench_serve;
 mod cache;
 mod chat;
 mod config;
+pub mod constraint;
 pub mod engine;
 mod error;
 pub mod example;
@@ -51,6 +52,7 @@ pub use batch::{
 pub use cache::{Cache, KvCache, LayerCache, LinearStatePool};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 pub use config::{load_config, parse_config, ModelConfig, ModelType};
+pub use constraint::{Constraint, ConstraintCompiler, ConstraintState, ResponseFormat};
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineEvent, EngineInfo, EngineMetrics, EngineOutput, EngineRequest,
     RequestHandle, Shutdown,

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use crate::cache::Cache;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::config::{load_config, ModelConfig, ModelType};
+use crate::constraint::{Constraint, ConstraintState};
 use crate::error::LlmError;
 use crate::generate::{
     GenerateParams, GeneratedText, GreedyGenerationConfig, SamplingConfig, SamplingGenerationConfig, StopReason,
@@ -389,6 +390,8 @@ impl Pipeline {
                 Some(StopReason::StopSequence)
             } else if params.eos_token_ids.contains(&id) {
                 Some(StopReason::Eos)
+            } else if picker.grammar_finished() {
+                Some(StopReason::Grammar)
             } else if generated.len() == params.max_new_tokens {
                 Some(StopReason::Length)
             } else {
@@ -459,9 +462,12 @@ pub(crate) struct TokenPicker {
     /// With a penalty or a bias, the logits in f32 (transformers penalises its f32 copy of bf16
     /// logits).
     penalised: Option<Tensor>,
-    /// With presence/frequency penalties or a logit bias: the dense f32 `[vocab]` adjustment of
-    /// this step, and the adjusted logits.
+    /// With presence/frequency penalties, a logit bias or a constraint: the dense f32 `[vocab]`
+    /// adjustment of this step, and the adjusted logits.
     adjustment: Option<(Tensor, Tensor)>,
+    /// The response format's matcher: its mask is `-inf` in the adjustment, and it consumes
+    /// each token picked.
+    constraint: Option<ConstraintState>,
     chosen: Tensor,
     offsets: Tensor,
     argmax_workspace: Option<Tensor>,
@@ -476,9 +482,15 @@ impl TokenPicker {
         self.sampling.is_none() && self.penalty == 1.0 && !self.adjusts()
     }
 
-    /// Whether presence/frequency penalties or a logit bias change the logits.
+    /// Whether presence/frequency penalties, a logit bias or a constraint change the logits.
     fn adjusts(&self) -> bool {
-        self.presence != 0.0 || self.frequency != 0.0 || !self.logit_bias.is_empty()
+        self.presence != 0.0 || self.frequency != 0.0 || !self.logit_bias.is_empty() || self.constraint.is_some()
+    }
+
+    /// Whether the constraint's grammar is complete: the generation must end after the token
+    /// just picked.
+    pub(crate) fn grammar_finished(&self) -> bool {
+        self.constraint.as_ref().is_some_and(ConstraintState::is_finished)
     }
 
     pub(crate) fn new(device: &Device, params: &GenerateParams) -> Result<TokenPicker, LlmError> {
@@ -497,6 +509,7 @@ impl TokenPicker {
             logit_bias: params.logit_bias.clone(),
             penalised: None,
             adjustment: None,
+            constraint: params.constraint.as_ref().map(Constraint::start).transpose()?,
             chosen: Tensor::zeros(device, DType::U32, &[1])?,
             offsets: Tensor::zeros(device, DType::U64, &[1])?,
             argmax_workspace: None,
@@ -574,6 +587,9 @@ impl TokenPicker {
                     })?;
                     *d += bias;
                 }
+                if let Some(c) = &mut self.constraint {
+                    c.apply_mask(&mut delta)?;
+                }
                 if self.adjustment.as_ref().is_none_or(|(d, _)| d.numel() != vocab) {
                     self.adjustment = Some((
                         Tensor::zeros(&device, DType::F32, &[vocab])?,
@@ -609,8 +625,11 @@ impl TokenPicker {
                     .map_err(|e| LlmError::op("argmax", e))?;
             }
         }
-        let id = self.chosen.to_vec::<u32>()?;
-        Ok(id[0])
+        let id = self.chosen.to_vec::<u32>()?[0];
+        if let Some(c) = &mut self.constraint {
+            c.consume(id)?;
+        }
+        Ok(id)
     }
 }
 

@@ -8,6 +8,7 @@ mod bench_serve;
 mod chat_goldens;
 mod cli;
 mod common;
+mod constraint;
 mod decode_graph;
 mod decode_plan;
 mod engine;

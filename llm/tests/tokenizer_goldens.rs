@@ -39,7 +39,7 @@ fn real_goldens() -> &'static Value {
 /// The real tokenizer of a variant (`qwen2.5`: the committed file; `qwen3`: the same with
 /// Qwen3's four extra added tokens appended), written once per test process to a temporary
 /// folder because `Tokenizer` loads from a path.
-fn real_tokenizer(variant: &str) -> &'static Tokenizer {
+pub fn real_tokenizer(variant: &str) -> &'static Tokenizer {
     static QWEN25: OnceLock<Tokenizer> = OnceLock::new();
     static QWEN3: OnceLock<Tokenizer> = OnceLock::new();
     let cell = match variant {

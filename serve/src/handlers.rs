@@ -11,7 +11,8 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ruda_llm::{
-    Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, StopReason, TokenLogprobs, Tokenizer,
+    Constraint, Engine, EngineError, EngineEvent, EngineOutput, EngineRequest, RequestHandle, ResponseFormat,
+    StopReason, TokenLogprobs, Tokenizer,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -217,12 +218,32 @@ fn unix_now() -> u64 {
 fn finish_reason(r: StopReason) -> &'static str {
     match r {
         StopReason::Length => "length",
-        StopReason::Eos | StopReason::StopSequence | StopReason::Callback => "stop",
+        StopReason::Eos | StopReason::StopSequence | StopReason::Callback | StopReason::Grammar => "stop",
     }
 }
 
+/// Compile `format` off the async threads (a large schema takes a while); a format that does not
+/// compile is a 400, so it never reaches the engine.
+async fn compile(s: &AppState, format: ResponseFormat) -> Result<Constraint> {
+    let refuse = |e: ruda_llm::LlmError| {
+        let why = match e {
+            ruda_llm::LlmError::Constraint(m) => m,
+            other => other.to_string(),
+        };
+        ApiError::param("response_format", format!("'response_format' cannot be enforced: {why}"))
+    };
+    let compiler = s.with_engine(|e| e.constraints().map_err(refuse))?;
+    tokio::task::spawn_blocking(move || compiler.compile(&format))
+        .await
+        .map_err(|_| ApiError::internal("Compiling the response_format failed"))?
+        .map_err(refuse)
+}
+
 /// Check the lengths, submit every prompt (all or none), and answer in one body or a stream.
-async fn generate(s: &AppState, g: Generation) -> Result<Response> {
+async fn generate(s: &AppState, mut g: Generation) -> Result<Response> {
+    if let Some(format) = g.common.response_format.take() {
+        g.common.params.constraint = Some(compile(s, format).await?);
+    }
     let max_model_len = s.info().max_model_len;
     let prompt_param = if g.kind == Kind::Chat { "messages" } else { "prompt" };
     let max_param = if g.kind == Kind::Chat { "max_completion_tokens" } else { "max_tokens" };

@@ -1,7 +1,7 @@
 //! Parsing and validating OpenAI request bodies by hand, so every error names its field:
 //! wrong types and values, fields not supported yet, and unknown fields are all 400s.
 
-use ruda_llm::{ChatMessage, GenerateParams, SamplingConfig, MAX_TOP_LOGPROBS};
+use ruda_llm::{ChatMessage, GenerateParams, ResponseFormat, SamplingConfig, MAX_TOP_LOGPROBS};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -74,10 +74,7 @@ impl Fields {
         for name in IGNORED {
             self.map.remove(*name);
         }
-        let unsupported: [Unsupported; 4] = [
-            ("response_format", "other than {\"type\": \"text\"}", |v| {
-                v.as_object().is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("text")))
-            }),
+        let unsupported: [Unsupported; 3] = [
             ("echo", "", |v| v == &Value::Bool(false)),
             ("best_of", "above 1", |v| v.as_f64() == Some(1.0)),
             ("suffix", "", |v| v.as_str() == Some("")),
@@ -115,6 +112,8 @@ pub struct Common {
     pub include_usage: bool,
     /// `n`: choices per prompt.
     pub n: usize,
+    /// `response_format` other than `text`, compiled into `params.constraint` before admission.
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// The most choices per prompt (each is a request of its own in the engine).
@@ -231,6 +230,10 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
     if include_usage && !stream {
         return Err(ApiError::param("stream_options", "'stream_options' is only allowed when 'stream' is true"));
     }
+    let response_format = match f.take("response_format") {
+        None => None,
+        Some(v) => response_format(v)?,
+    };
     let sampling = (temperature > 0.0).then(|| SamplingConfig {
         temperature: temperature as f32,
         top_k: top_k.max(0) as usize,
@@ -250,11 +253,13 @@ pub fn common(f: &mut Fields, max_token_fields: &[&str]) -> Result<Common, ApiEr
             frequency_penalty,
             logit_bias,
             logprobs: None,
+            constraint: None,
         },
         ignore_eos,
         stream,
         include_usage,
         n,
+        response_format,
     })
 }
 
@@ -287,6 +292,66 @@ pub fn completion_logprobs(f: &mut Fields) -> Result<Option<usize>, ApiError> {
             Err(ApiError::param("logprobs", format!("'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {n}")))
         }
     }
+}
+
+/// `response_format` in OpenAI's shapes: `{"type": "text"}` (no constraint), `{"type":
+/// "json_object"}`, `{"type": "json_schema", "json_schema": {"name", "schema", "strict",
+/// "description"}}` (`name` required; no `schema` means any JSON).
+fn response_format(v: Value) -> Result<Option<ResponseFormat>, ApiError> {
+    let bad = |m: String| ApiError::param("response_format", m);
+    let Value::Object(mut o) = v else {
+        return Err(bad("'response_format' must be an object with a 'type'".into()));
+    };
+    let kind = match o.remove("type") {
+        Some(Value::String(t)) => t,
+        _ => return Err(bad("'response_format.type' is required and must be a string".into())),
+    };
+    let format = match kind.as_str() {
+        "text" => None,
+        "json_object" => Some(ResponseFormat::JsonObject),
+        "json_schema" => {
+            let Some(Value::Object(mut js)) = o.remove("json_schema") else {
+                return Err(bad("'response_format.json_schema' is required and must be an object".into()));
+            };
+            match js.remove("name") {
+                Some(Value::String(n))
+                    if !n.is_empty()
+                        && n.len() <= 64
+                        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') => {}
+                _ => {
+                    return Err(bad(
+                        "'response_format.json_schema.name' is required: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'".into(),
+                    ))
+                }
+            }
+            if !matches!(js.remove("description"), None | Some(Value::Null) | Some(Value::String(_))) {
+                return Err(bad("'response_format.json_schema.description' must be a string".into()));
+            }
+            let strict = match js.remove("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => b,
+                Some(_) => return Err(bad("'response_format.json_schema.strict' must be a boolean".into())),
+            };
+            let schema = match js.remove("schema") {
+                None | Some(Value::Null) => Value::Object(Map::new()),
+                Some(s @ Value::Object(_)) => s,
+                Some(_) => return Err(bad("'response_format.json_schema.schema' must be a JSON Schema object".into())),
+            };
+            if let Some(k) = js.keys().next() {
+                return Err(bad(format!("Unrecognized field 'response_format.json_schema.{k}'")));
+            }
+            Some(ResponseFormat::JsonSchema { schema, strict })
+        }
+        other => {
+            return Err(bad(format!(
+                "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '{other}'"
+            )))
+        }
+    };
+    if let Some(k) = o.keys().next() {
+        return Err(bad(format!("Unrecognized field 'response_format.{k}' for type '{kind}'")));
+    }
+    Ok(format)
 }
 
 /// A prompt as given: text, or token ids.
@@ -576,7 +641,6 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some("logprobs"), "{body}");
         }
         for (body, param) in [
-            (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
             (r#"{"tools":[{"type":"function"}]}"#, "tools"),
             (r#"{"tool_choice":"none"}"#, "tool_choice"),
             (r#"{"echo":true}"#, "echo"),
@@ -587,9 +651,40 @@ mod tests {
             let e = fields(body).finish().unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
-        fields(r#"{"response_format":{"type":"text"},"echo":false,"best_of":1,"store":false,"metadata":{}}"#)
-            .finish()
-            .unwrap();
+        fields(r#"{"echo":false,"best_of":1,"store":false,"metadata":{}}"#).finish().unwrap();
+    }
+
+    #[test]
+    fn response_formats() {
+        let format = |body: &str| common(&mut fields(body), &["max_tokens"]).map(|c| c.response_format);
+        assert_eq!(format(r#"{"response_format":{"type":"text"}}"#).unwrap(), None);
+        assert_eq!(format(r#"{"response_format":{"type":"json_object"}}"#).unwrap(), Some(ResponseFormat::JsonObject));
+        let schema = r#"{"response_format":{"type":"json_schema","json_schema":{"name":"a-b_1","description":"d","strict":true,"schema":{"type":"object"}}}}"#;
+        assert_eq!(
+            format(schema).unwrap(),
+            Some(ResponseFormat::JsonSchema { schema: serde_json::json!({"type": "object"}), strict: true })
+        );
+        let any = r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x"}}}"#;
+        assert_eq!(
+            format(any).unwrap(),
+            Some(ResponseFormat::JsonSchema { schema: serde_json::json!({}), strict: false })
+        );
+        for body in [
+            r#"{"response_format":"json"}"#,
+            r#"{"response_format":{}}"#,
+            r#"{"response_format":{"type":"xml"}}"#,
+            r#"{"response_format":{"type":"text","json_schema":{}}}"#,
+            r#"{"response_format":{"type":"json_schema"}}"#,
+            r#"{"response_format":{"type":"json_schema","json_schema":{"schema":{}}}}"#,
+            r#"{"response_format":{"type":"json_schema","json_schema":{"name":"a b"}}}"#,
+            r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":"yes"}}}"#,
+            r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":[1]}}}"#,
+            r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","extra":1}}}"#,
+        ] {
+            let e = format(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("response_format"), "{body}");
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        }
     }
 
     #[test]

@@ -501,7 +501,7 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         ),
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+            json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}),
             400,
             Some("response_format"),
         ),
@@ -1122,5 +1122,105 @@ async fn logprobs_in_openai_shapes_match_a_host_log_softmax() {
         "ignore_eos": true});
     let r = server.post("/v1/chat/completions", &sampled).await.json();
     assert_eq!(r["choices"][0]["message"]["content"], whole["choices"][0]["message"]["content"], "{r}");
+    server.shutdown().await;
+}
+
+/// The schema of the `response_format` tests: bounded, so a reply completes within 100 tokens
+/// however the model spells it.
+fn pet_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 4},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            "kind": {"enum": ["cat", "dog"]}
+        },
+        "required": ["name", "age", "kind"],
+        "additionalProperties": false
+    })
+}
+
+/// A hand-written check of [`pet_schema`].
+fn check_pet(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+    assert_eq!(o.len(), 3, "{text}");
+    assert!(o["name"].as_str().is_some_and(|n| n.chars().count() <= 4), "{text}");
+    assert!(o["age"].as_i64().is_some_and(|a| o["age"].is_i64() && (0..=99).contains(&a)), "{text}");
+    assert!(matches!(o["kind"].as_str(), Some("cat" | "dog")), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_format_constrains_replies_streamed_and_not() {
+    // The chat prompt is 78 tokens: room for 100 more.
+    let server = start(Setup { max_model_len: 256, ..Setup::default() }).await;
+    let schema_format =
+        json!({"type": "json_schema", "json_schema": {"name": "pet", "schema": pet_schema(), "strict": true}});
+    let chat = |stream: bool, format: &Value| {
+        json!({
+            "model": NAME, "messages": [{"role": "user", "content": "A pet as JSON"}], "max_tokens": 100,
+            "temperature": 0, "stream": stream, "response_format": format,
+        })
+    };
+    // json_schema on chat: the reply completes ("stop") and validates, streamed the same.
+    let r = server.post("/v1/chat/completions", &chat(false, &schema_format)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    let whole = body["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+    check_pet(&whole);
+    let (text, reason, _) = streamed(&server.post("/v1/chat/completions", &chat(true, &schema_format)).await);
+    assert_eq!((text.as_str(), reason.as_deref()), (whole.as_str(), Some("stop")));
+
+    // json_object on completions: an object, or (16 tokens of a random model) its prefix.
+    let completion = |stream: bool, format: Value| json!({"model": NAME, "prompt": "A pet:", "max_tokens": 16, "temperature": 0, "stream": stream, "response_format": format});
+    let object = json!({"type": "json_object"});
+    let r = server.post("/v1/completions", &completion(false, object.clone())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    let whole = body["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(whole.starts_with('{'), "{whole:?}");
+    match body["choices"][0]["finish_reason"].as_str() {
+        Some("stop") => assert!(serde_json::from_str::<Value>(&whole).unwrap().is_object()),
+        Some("length") => assert!(serde_json::from_str::<Value>(&whole).is_err_and(|e| e.is_eof()), "{whole:?}"),
+        other => panic!("{other:?}"),
+    }
+    let (text, reason, _) = streamed(&server.post("/v1/completions", &completion(true, object)).await);
+    assert_eq!((text.as_str(), reason.as_deref()), (whole.as_str(), body["choices"][0]["finish_reason"].as_str()));
+    // json_schema on completions, sampled.
+    let mut sampled = completion(false, schema_format.clone());
+    sampled["max_tokens"] = json!(100);
+    sampled["temperature"] = json!(0.8);
+    sampled["seed"] = json!(11);
+    let r = server.post("/v1/completions", &sampled).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+    check_pet(r.json()["choices"][0]["text"].as_str().unwrap());
+
+    // Formats that cannot be enforced are 400s naming the field, before any request runs; the
+    // server keeps serving.
+    for format in [
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}),
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}),
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "https://example.com/s.json"}}}),
+        json!({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}),
+        json!({"type": "json_object", "schema": {}}),
+        json!({"type": "grammar"}),
+        json!("json_object"),
+    ] {
+        for (path, body) in
+            [("/v1/chat/completions", chat(true, &format)), ("/v1/completions", completion(false, format.clone()))]
+        {
+            let r = server.post(path, &body).await;
+            assert_eq!(r.status, 400, "{format}: {}", r.text());
+            let e = r.json();
+            assert_eq!(e["error"]["param"], "response_format", "{e}");
+            assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+        }
+    }
+    let r = server.post("/v1/chat/completions", &chat(false, &schema_format)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    check_pet(r.json()["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(server.state.with_engine(|e| Ok(e.metrics().requests_failed)).unwrap(), 0);
     server.shutdown().await;
 }

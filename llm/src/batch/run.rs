@@ -116,6 +116,9 @@ pub enum RunnerEvent<'a> {
     Finished { id: RequestId, output: &'a BatchOutput, text: &'a str },
     /// Request `id` was cancelled ([`BatchRunner::cancel`]); its pages and slot are free.
     Cancelled { id: RequestId, tag: usize },
+    /// Request `id` could not go on (its response format's grammar allowed no token, or
+    /// failed); its pages and slot are free, and the other requests run on.
+    Failed { id: RequestId, tag: usize, error: &'a LlmError },
 }
 
 /// A running request's host state.
@@ -135,6 +138,10 @@ struct Active {
     cut: Option<usize>,
 }
 
+/// A batch's picks: each row's token, its logprobs where asked for, and the rows whose
+/// constraint failed with their errors.
+type Picked = (Vec<u32>, Vec<Option<TokenLogprobs>>, Vec<(RequestId, LlmError)>);
+
 /// Continuous batching one step at a time over a pipeline's model: submit and cancel requests
 /// at any point, call [`BatchRunner::step`] while [`BatchRunner::has_work`].
 pub struct BatchRunner<'p> {
@@ -142,6 +149,8 @@ pub struct BatchRunner<'p> {
     scheduler: ContinuousBatchScheduler,
     cache: BatchCache,
     active: HashMap<RequestId, Active>,
+    /// Requests ended by their own failure, reported as such instead of as cancelled.
+    failed: HashMap<RequestId, LlmError>,
     skip_special_tokens: bool,
     max_sequence_length: usize,
     batches: usize,
@@ -167,6 +176,7 @@ impl<'p> BatchRunner<'p> {
             scheduler,
             cache,
             active: HashMap::new(),
+            failed: HashMap::new(),
             skip_special_tokens: options.skip_special_tokens,
             max_sequence_length: kv.max_sequence_length,
             batches: 0,
@@ -232,7 +242,7 @@ impl<'p> BatchRunner<'p> {
             self.report_finished(&mut on_event)?;
             return Ok(false);
         };
-        let (tokens, logprobs) = match self.run_batch(&batch) {
+        let (tokens, logprobs, failures) = match self.run_batch(&batch) {
             Ok(picked) => picked,
             Err(e) => {
                 self.scheduler.fail_batch(batch.id)?;
@@ -240,9 +250,17 @@ impl<'p> BatchRunner<'p> {
             }
         };
         self.batches += 1;
+        // A row whose own constraint failed ends alone (its token is not recorded).
+        for (id, e) in failures {
+            self.scheduler.cancel(id)?;
+            self.failed.insert(id, e);
+        }
         self.scheduler.complete_batch(batch.id, &tokens)?;
         let tokenizer = self.pipeline.tokenizer();
         for ((row, &token), logprobs) in batch.sequences.iter().zip(&tokens).zip(&logprobs) {
+            if self.failed.contains_key(&row.request_id) {
+                continue;
+            }
             let logprobs = logprobs.as_ref();
             let Some(a) = self.active.get_mut(&row.request_id).filter(|_| row.samples) else { continue };
             a.history.push(token);
@@ -255,6 +273,9 @@ impl<'p> BatchRunner<'p> {
                 if self.scheduler.is_active(row.request_id) {
                     self.scheduler.finish_request(row.request_id, StopReason::StopSequence)?;
                 }
+            }
+            if a.picker.grammar_finished() && self.scheduler.is_active(row.request_id) {
+                self.scheduler.finish_request(row.request_id, StopReason::Grammar)?;
             }
             if self.scheduler.is_active(row.request_id) {
                 let mut stream = TextStream::resuming(&a.stops, a.streamed);
@@ -280,7 +301,10 @@ impl<'p> BatchRunner<'p> {
         for f in self.scheduler.pop_finished() {
             let Some(mut a) = self.active.remove(&f.request_id) else { continue };
             let Some(reason) = f.stop_reason else {
-                on_event(RunnerEvent::Cancelled { id: f.request_id, tag: a.tag });
+                match self.failed.remove(&f.request_id) {
+                    Some(error) => on_event(RunnerEvent::Failed { id: f.request_id, tag: a.tag, error: &error }),
+                    None => on_event(RunnerEvent::Cancelled { id: f.request_id, tag: a.tag }),
+                }
                 continue;
             };
             let mut text = a.reply.finish(tokenizer)?.to_string();
@@ -290,6 +314,8 @@ impl<'p> BatchRunner<'p> {
                     text.truncate(cut);
                     StopReason::StopSequence
                 }
+                // The last token allowed may also complete the grammar: that is the reason.
+                None if reason == StopReason::Length && a.picker.grammar_finished() => StopReason::Grammar,
                 None => reason,
             };
             let rest = text.get(a.streamed..).unwrap_or("").to_string();
@@ -305,10 +331,10 @@ impl<'p> BatchRunner<'p> {
         Ok(())
     }
 
-    /// Runs `batch` and picks each sampling row's next token (0 for the others), with its
-    /// logprobs where the request asked for them.
-    #[allow(clippy::type_complexity)]
-    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>), LlmError> {
+    /// Runs `batch` and picks each sampling row's next token (0 for the others, and for rows
+    /// whose constraint failed: those come back with their error), with its logprobs where the
+    /// request asked for them.
+    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Picked, LlmError> {
         let model: &dyn CausalLm = self.pipeline.model();
         let logits = model.forward_batch(batch, &mut self.cache)?;
         let rows = &batch.sequences;
@@ -330,17 +356,27 @@ impl<'p> BatchRunner<'p> {
                     None => None,
                 });
             }
-            return Ok((tokens, logprobs));
+            return Ok((tokens, logprobs, Vec::new()));
         }
         let mut tokens = Vec::with_capacity(rows.len());
         let mut logprobs = Vec::with_capacity(rows.len());
+        let mut failures = Vec::new();
         for (i, row) in rows.iter().enumerate() {
             match active.get_mut(&row.request_id).filter(|_| row.samples) {
                 Some(a) => {
                     let row_logits = logits.narrow(0, i, 1)?;
-                    let id = a.picker.pick(&row_logits, &a.history, a.generated)?;
-                    tokens.push(id);
-                    logprobs.push(a.picker.logprobs(&row_logits, id)?);
+                    match a.picker.pick(&row_logits, &a.history, a.generated) {
+                        Ok(id) => {
+                            tokens.push(id);
+                            logprobs.push(a.picker.logprobs(&row_logits, id)?);
+                        }
+                        Err(e @ LlmError::Constraint(_)) => {
+                            failures.push((row.request_id, e));
+                            tokens.push(0);
+                            logprobs.push(None);
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 None => {
                     tokens.push(0);
@@ -348,7 +384,7 @@ impl<'p> BatchRunner<'p> {
                 }
             }
         }
-        Ok((tokens, logprobs))
+        Ok((tokens, logprobs, failures))
     }
 }
 

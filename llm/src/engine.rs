@@ -176,7 +176,11 @@ pub enum Shutdown {
 
 enum Command {
     /// Boxed: a request with its parameters is far larger than the other commands.
-    Submit { id: u64, request: Box<EngineRequest>, events: SyncSender<EngineEvent> },
+    Submit {
+        id: u64,
+        request: Box<EngineRequest>,
+        events: SyncSender<EngineEvent>,
+    },
     Shutdown(Shutdown),
 }
 

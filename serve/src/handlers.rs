@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::ApiError;
 use crate::reply::{Delta, ReplyFormat, ReplyParser, ToolCall};
 use crate::request::{self, Common, Fields, Prompt, TokenizeInput};
-use crate::tools::{self, ToolChoice};
+use crate::tools;
 use crate::AppState;
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -138,6 +138,8 @@ struct Generation {
     format: ReplyFormat,
     /// Whether a reply may hold more than one tool call.
     parallel_tool_calls: bool,
+    /// The request field a constraint that cannot be compiled is blamed on.
+    constraint_field: &'static str,
 }
 
 pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -164,6 +166,7 @@ pub async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bo
                 common,
                 format: ReplyFormat::default(),
                 parallel_tool_calls: true,
+                constraint_field: "response_format",
             };
             generate(&s, g).await
         }
@@ -182,8 +185,17 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
             let tools = tools::tools(&mut f)?;
             let extra = request::template_variables(&mut f, &tools)?;
             f.finish()?;
-            if matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
-                return Err(ApiError::unsupported("tool_choice", "\"required\" or a named function"));
+            // `required` or a named function: decoding follows the call's grammar.
+            let mut constraint_field = "response_format";
+            if let Some(grammar) = tools.forced_call_grammar() {
+                if common.response_format.is_some() {
+                    return Err(ApiError::param(
+                        "tool_choice",
+                        "'tool_choice' \"required\" or a named function cannot be combined with a 'response_format'",
+                    ));
+                }
+                common.response_format = Some(ResponseFormat::Lark(grammar));
+                constraint_field = "tool_choice";
             }
             let (ids, format) = s.with_engine(|e| {
                 let template = e.chat_template();
@@ -199,6 +211,7 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
                 common,
                 format,
                 parallel_tool_calls: tools.parallel,
+                constraint_field,
             };
             generate(&s, g).await
         }
@@ -224,25 +237,25 @@ fn finish_reason(r: StopReason) -> &'static str {
 
 /// Compile `format` off the async threads (a large schema takes a while); a format that does not
 /// compile is a 400, so it never reaches the engine.
-async fn compile(s: &AppState, format: ResponseFormat) -> Result<Constraint> {
-    let refuse = |e: ruda_llm::LlmError| {
+async fn compile(s: &AppState, format: ResponseFormat, field: &'static str) -> Result<Constraint> {
+    let refuse = move |e: ruda_llm::LlmError| {
         let why = match e {
             ruda_llm::LlmError::Constraint(m) => m,
             other => other.to_string(),
         };
-        ApiError::param("response_format", format!("'response_format' cannot be enforced: {why}"))
+        ApiError::param(field, format!("'{field}' cannot be enforced: {why}"))
     };
     let compiler = s.with_engine(|e| e.constraints().map_err(refuse))?;
     tokio::task::spawn_blocking(move || compiler.compile(&format))
         .await
-        .map_err(|_| ApiError::internal("Compiling the response_format failed"))?
+        .map_err(|_| ApiError::internal(format!("Compiling the {field} grammar failed")))?
         .map_err(refuse)
 }
 
 /// Check the lengths, submit every prompt (all or none), and answer in one body or a stream.
 async fn generate(s: &AppState, mut g: Generation) -> Result<Response> {
     if let Some(format) = g.common.response_format.take() {
-        g.common.params.constraint = Some(compile(s, format).await?);
+        g.common.params.constraint = Some(compile(s, format, g.constraint_field).await?);
     }
     let max_model_len = s.info().max_model_len;
     let prompt_param = if g.kind == Kind::Chat { "messages" } else { "prompt" };

@@ -1,5 +1,6 @@
 //! `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
 
+use ruda_llm::constraint::{lark_json, lark_literal};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -55,6 +56,23 @@ impl Tools {
             ToolChoice::Required => Some(json!({"anyOf": self.tools.iter().map(call).collect::<Vec<_>>()})),
             ToolChoice::Function(name) => self.tools.iter().find(|t| t["function"]["name"] == name.as_str()).map(call),
         }
+    }
+}
+
+impl Tools {
+    /// With `required` or a named function: the Lark grammar the reply must follow, Qwen's
+    /// `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` (one call, or with
+    /// `parallel_tool_calls` one or more separated by newlines, as Qwen's template writes them).
+    pub fn forced_call_grammar(&self) -> Option<String> {
+        let schema = self.forced_call_schema()?;
+        let call =
+            format!("{} {} {}", lark_literal("<tool_call>\n"), lark_json(&schema), lark_literal("\n</tool_call>"));
+        let more = matches!(self.choice, ToolChoice::Required) && self.parallel;
+        Some(if more {
+            format!("start: call ({} call)*\ncall: {call}", lark_literal("\n"))
+        } else {
+            format!("start: {call}")
+        })
     }
 }
 

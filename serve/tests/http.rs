@@ -29,10 +29,11 @@ fn pipeline_of(dir: &Path) -> Pipeline {
 }
 
 /// The bundled tiny Qwen3 with 1024 positions instead of 256 (RoPE takes any position), in a
-/// folder of this process: Qwen3's tool preamble alone is some 300 tokens of its tiny vocabulary.
-fn long_context_qwen3() -> PathBuf {
+/// folder of this process and test (`test`): Qwen3's tool preamble alone is some 300 tokens of its
+/// tiny vocabulary.
+fn long_context_qwen3(test: &str) -> PathBuf {
     let from = example::bundled_model(ModelType::Qwen3);
-    let to = std::env::temp_dir().join(format!("ruda-serve-long-qwen3-{}", std::process::id()));
+    let to = std::env::temp_dir().join(format!("ruda-serve-long-qwen3-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&to).unwrap();
     for entry in std::fs::read_dir(&from).unwrap() {
         let path = entry.unwrap().path();
@@ -840,7 +841,7 @@ async fn n_choices_sample_from_successive_seeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_and_thinking_reach_the_template_and_the_reply() {
-    let dir = long_context_qwen3();
+    let dir = long_context_qwen3("tools");
     let server = start(Setup { model: dir.clone(), max_model_len: 1024, ..Setup::default() }).await;
     let weather = json!({"type": "function", "function": {
         "name": "get_weather",
@@ -1223,4 +1224,61 @@ async fn response_format_constrains_replies_streamed_and_not() {
     check_pet(r.json()["choices"][0]["message"]["content"].as_str().unwrap());
     assert_eq!(server.state.with_engine(|e| Ok(e.metrics().requests_failed)).unwrap(), 0);
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_tool_calls_come_back_as_tool_calls() {
+    let dir = long_context_qwen3("forced");
+    let server = start(Setup { model: dir.clone(), max_model_len: 1024, ..Setup::default() }).await;
+    // Bounded arguments, so a call completes within max_tokens however the model spells it.
+    let clock = json!({"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+        "required": ["hour"], "additionalProperties": false}}});
+    let light = json!({"type": "function", "function": {"name": "set_light", "parameters": {
+        "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": false}}});
+    let ask = |choice: Value, stream: bool| {
+        json!({"messages": [{"role": "user", "content": "What time is it?"}], "tools": [clock, light],
+               "tool_choice": choice, "parallel_tool_calls": false, "max_tokens": 120, "temperature": 0, "stream": stream})
+    };
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    let r = server.post("/v1/chat/completions", &ask(named.clone(), false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = r.json();
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+    assert_eq!(choice["message"]["content"], Value::Null, "{r}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{r}");
+    assert_eq!((&calls[0]["type"], &calls[0]["function"]["name"]), (&json!("function"), &json!("get_time")));
+    assert!(calls[0]["id"].as_str().is_some_and(|id| !id.is_empty()));
+    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["hour"].as_i64().is_some_and(|h| (0..=23).contains(&h)), "{args}");
+    assert_eq!(args.as_object().unwrap().len(), 1);
+
+    // Streamed: the same call, whole, in one delta, then finish_reason tool_calls.
+    let (content, reason, chunks) = streamed(&server.post("/v1/chat/completions", &ask(named, true)).await);
+    assert_eq!((content.as_str(), reason.as_deref()), ("", Some("tool_calls")));
+    let streamed_calls: Vec<&Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    assert_eq!(streamed_calls.len(), 1, "{chunks:?}");
+    assert_eq!(streamed_calls[0][0]["index"], 0);
+    assert_eq!(streamed_calls[0][0]["function"], calls[0]["function"]);
+
+    // required: a call of one of the tools.
+    let r = server.post("/v1/chat/completions", &ask(json!("required"), false)).await.json();
+    let call = &r["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert!(["get_time", "set_light"].contains(&call["name"].as_str().unwrap()), "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls");
+
+    // A tool whose parameters cannot be enforced, and a forced call with a response_format.
+    let mut bad = ask(json!("required"), false);
+    bad["tools"] = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "frobnicate"}}}]);
+    let r = server.post("/v1/chat/completions", &bad).await;
+    assert_eq!((r.status, r.json()["error"]["param"].clone()), (400, json!("tool_choice")), "{}", r.text());
+    let mut both = ask(json!("required"), false);
+    both["response_format"] = json!({"type": "json_object"});
+    let r = server.post("/v1/chat/completions", &both).await;
+    assert_eq!((r.status, r.json()["error"]["param"].clone()), (400, json!("tool_choice")), "{}", r.text());
+    server.shutdown().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -186,8 +186,9 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
             let extra = request::template_variables(&mut f, &tools)?;
             f.finish()?;
             // `required` or a named function: decoding follows the call's grammar.
-            let mut constraint_field = "response_format";
-            if let Some(grammar) = tools.forced_call_grammar() {
+            let forced_grammar = tools.forced_call_grammar();
+            let forced = forced_grammar.is_some();
+            if let Some(grammar) = forced_grammar {
                 if common.response_format.is_some() {
                     return Err(ApiError::param(
                         "tool_choice",
@@ -195,7 +196,6 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
                     ));
                 }
                 common.response_format = Some(ResponseFormat::Lark(grammar));
-                constraint_field = "tool_choice";
             }
             let (ids, format) = s.with_engine(|e| {
                 let template = e.chat_template();
@@ -203,7 +203,10 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
                     .render(&messages, true, &extra)
                     .map_err(|err| ApiError::param("messages", format!("The chat template failed: {err}")))?;
                 let thinking = template.source().contains("<think>");
-                Ok((encode(e, &text, false, "messages")?, ReplyFormat::for_prompt(&text, thinking, tools.active())))
+                let mut format = ReplyFormat::for_prompt(&text, thinking, tools.active());
+                // A forced call is the reply from its first token, even after an opened <think>.
+                format.starts_in_reasoning &= !forced;
+                Ok((encode(e, &text, false, "messages")?, format))
             })?;
             let g = Generation {
                 kind: Kind::Chat,
@@ -211,7 +214,7 @@ pub async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, bod
                 common,
                 format,
                 parallel_tool_calls: tools.parallel,
-                constraint_field,
+                constraint_field: if forced { "tool_choice" } else { "response_format" },
             };
             generate(&s, g).await
         }

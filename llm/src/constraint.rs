@@ -71,29 +71,11 @@ impl TokenizerEnv for Env {
     }
 }
 
-/// GPT-2's byte-level alphabet: the character each byte is written as in a byte-level BPE
-/// vocabulary, inverted (character → byte).
-fn byte_level_chars() -> std::collections::HashMap<char, u8> {
-    let mut map = std::collections::HashMap::with_capacity(256);
-    let mut next = 256u32;
-    for b in 0..=255u8 {
-        let printable = matches!(b, 33..=126 | 161..=172 | 174..=255);
-        let c = if printable {
-            char::from(b)
-        } else {
-            next += 1;
-            char::from_u32(next - 1).unwrap_or('\u{fffd}')
-        };
-        map.insert(c, b);
-    }
-    map
-}
-
 /// Every token id's raw bytes, for `vocab_size` ids (the model's logits width): special added
 /// tokens as llguidance's marker byte 0xFF then their text (so only a grammar's `<|name|>`
-/// matches them, never text), other added tokens as their text, vocabulary tokens through the
-/// byte-level alphabet; ids without a token (padding past the tokenizer) and tokens outside the
-/// alphabet get no bytes, which no grammar allows.
+/// matches them, never text), other tokens as [`Tokenizer::token_bytes`] gives them (added
+/// tokens' text, vocabulary tokens through the byte-level alphabet); ids without a token
+/// (padding past the tokenizer) get no bytes, which no grammar allows.
 fn token_bytes(tokenizer: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>, LlmError> {
     let inner = tokenizer.inner();
     if !matches!(inner.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_))) {
@@ -102,22 +84,17 @@ fn token_bytes(tokenizer: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>,
                 .into(),
         ));
     }
-    let chars = byte_level_chars();
     let added = inner.get_added_tokens_decoder();
     let mut words = Vec::with_capacity(vocab_size);
     for id in 0..vocab_size as u32 {
-        let bytes = if let Some(token) = added.get(&id) {
-            let mut bytes = Vec::with_capacity(token.content.len() + 1);
-            if token.special {
+        let bytes = match added.get(&id) {
+            Some(token) if token.special => {
+                let mut bytes = Vec::with_capacity(token.content.len() + 1);
                 bytes.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                bytes.extend_from_slice(token.content.as_bytes());
+                bytes
             }
-            bytes.extend_from_slice(token.content.as_bytes());
-            bytes
-        } else {
-            match inner.id_to_token(id) {
-                Some(t) => t.chars().map(|c| chars.get(&c).copied()).collect::<Option<Vec<u8>>>().unwrap_or_default(),
-                None => Vec::new(),
-            }
+            _ => tokenizer.token_bytes(id).unwrap_or_default(),
         };
         words.push(bytes);
     }

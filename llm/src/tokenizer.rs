@@ -106,13 +106,24 @@ impl Tokenizer {
 
 /// The byte a character of GPT-2's byte-level alphabet stands for: printable bytes (`!`..=`~`,
 /// `¡`..=`¬`, `®`..=`ÿ`) stand for themselves, the other 68 bytes for U+0100 onwards in order.
-fn byte_level_byte(c: char) -> Option<u8> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let c = c as u32;
-    if c < 256 {
-        return printable(c).then_some(c as u8);
-    }
-    (0u32..256).filter(|&b| !printable(b)).nth(c.checked_sub(256)? as usize).map(|b| b as u8)
+pub(crate) fn byte_level_byte(c: char) -> Option<u8> {
+    static ALPHABET: std::sync::OnceLock<std::collections::HashMap<char, u8>> = std::sync::OnceLock::new();
+    let alphabet = ALPHABET.get_or_init(|| {
+        let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let mut next = 256;
+        (0u32..256)
+            .map(|b| {
+                let c = if printable(b) {
+                    b
+                } else {
+                    next += 1;
+                    next - 1
+                };
+                (char::from_u32(c).unwrap_or('\u{fffd}'), b as u8)
+            })
+            .collect()
+    });
+    alphabet.get(&c).copied()
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::argmax::Argmax, &crate::sampling::Sampling, &crate::logprobs::Logprobs],
     &[&crate::moe::Moe],
     &[&crate::moe::MoeRouterTraining],
+    &[&crate::moe::MoeExpertTraining],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
     &[&crate::gated_delta::GatedDelta],
     &[&crate::conv1d::Conv1d],

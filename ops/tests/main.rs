@@ -19,6 +19,7 @@ mod into_forms;
 mod ir_roundtrip;
 mod linear;
 mod logprobs;
+mod moe_expert_training;
 mod moe_experts;
 mod moe_routing;
 mod moe_training;

@@ -23,6 +23,7 @@ pub use crate::gemv::api::*;
 pub(crate) use crate::host::*;
 pub use crate::logprobs::api::*;
 pub use crate::moe::api::*;
+pub use crate::moe::expert_training::*;
 pub use crate::moe::experts::*;
 pub use crate::moe::training::*;
 pub use crate::norm::api::*;

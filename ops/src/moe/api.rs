@@ -84,6 +84,33 @@ impl RoutingPlan {
         (self.indices, self.weights)
     }
 
+    /// A plan from a selection made elsewhere: `indices` (`u32 [T, top_k]`, ids below
+    /// `experts`; an id may repeat within a token, each slot then dispatching its own row) and
+    /// `weights` (`[T, top_k]`, a float dtype), contiguous, on one device, `1 ≤ top_k ≤ experts
+    /// ≤ 1024`. The ids are not read here; the dispatch clamps an id past the last expert to it.
+    pub fn from_selection(indices: Tensor, weights: Tensor, experts: usize) -> Result<RoutingPlan> {
+        let op = "moe_routing_plan";
+        contiguous_nonempty(op, "indices", &indices)?;
+        contiguous_nonempty(op, "weights", &weights)?;
+        expect_dtype(op, "indices", &indices, DType::U32)?;
+        float_dtype(op, &weights)?;
+        let &[t, k] = indices.shape() else {
+            return Err(OpError::Shape {
+                op,
+                message: format!("`indices` must be [tokens, top_k], is {:?}", indices.shape()),
+            });
+        };
+        expect_shape(op, "weights", &weights, &[t, k])?;
+        same_device(op, &indices.device().default_stream(), &[("indices", &indices), ("weights", &weights)])?;
+        if !(1..=MAX_EXPERTS as usize).contains(&experts) || !(1..=experts).contains(&k) {
+            return Err(OpError::InvalidArgument {
+                op,
+                message: format!("top_k = {k} of {experts} experts: need 1 <= top_k <= experts <= {MAX_EXPERTS}"),
+            });
+        }
+        Ok(RoutingPlan::from_parts(indices, weights, experts))
+    }
+
     /// A plan of `indices` (`u32 [T, top_k]`) and `weights` (`[T, top_k]`) over `experts`.
     pub(super) fn from_parts(indices: Tensor, weights: Tensor, experts: usize) -> RoutingPlan {
         let top_k = indices.shape()[1];

@@ -46,11 +46,11 @@ pub enum GroupedStrategy {
 /// `T · top_k` rows.
 #[derive(Debug)]
 pub struct DispatchedTokens {
-    rows: Tensor,
-    offsets: Tensor,
-    slot_rows: Tensor,
+    pub(super) rows: Tensor,
+    pub(super) offsets: Tensor,
+    pub(super) slot_rows: Tensor,
     row_slots: Tensor,
-    weights: Tensor,
+    pub(super) weights: Tensor,
     /// Per chunk of entries and expert (the count and scan kernels' workspace).
     counts: Tensor,
     tokens: usize,
@@ -318,8 +318,8 @@ impl RoutingPlan {
 
 /// The gate and up projections: separate `[E, I, H]` tensors or one fused `[E, 2I, H]` (gate
 /// rows first, Hugging Face's `gate_up_proj`).
-#[derive(Debug)]
-enum Projections {
+#[derive(Clone, Debug)]
+pub(super) enum Projections {
     Split { gate: Tensor, up: Tensor },
     Fused(Tensor),
 }
@@ -328,19 +328,19 @@ enum Projections {
 /// `down[e] · (silu(gate[e] · x) ⊙ (up[e] · x))`. Made once and reused across batches.
 #[derive(Debug)]
 pub struct SwiGluExperts {
-    proj: Projections,
-    down: Tensor,
-    experts: usize,
-    hidden: usize,
-    inter: usize,
+    pub(super) proj: Projections,
+    pub(super) down: Tensor,
+    pub(super) experts: usize,
+    pub(super) hidden: usize,
+    pub(super) inter: usize,
 }
 
 /// The intermediate buffers of [`SwiGluExperts::forward_dispatched_into`] for `rows`
 /// dispatched rows: the gate/up projections `[rows, 2I]` and the activation `[rows, I]`.
 #[derive(Debug)]
 pub struct ExpertsWorkspace {
-    gate_up: Tensor,
-    act: Tensor,
+    pub(super) gate_up: Tensor,
+    pub(super) act: Tensor,
 }
 
 impl ExpertsWorkspace {
@@ -463,7 +463,7 @@ impl SwiGluExperts {
         self.down.device()
     }
 
-    fn weights(&self) -> Vec<&Tensor> {
+    pub(super) fn weights(&self) -> Vec<&Tensor> {
         let mut all = vec![&self.down];
         match &self.proj {
             Projections::Split { gate, up } => all.extend([gate, up]),
@@ -473,7 +473,7 @@ impl SwiGluExperts {
     }
 
     /// Why the tensor-core path cannot take these experts on `device`, if it cannot.
-    fn tensor_core_obstacle(&self, device: &Device) -> Option<MoeError> {
+    pub(super) fn tensor_core_obstacle(&self, device: &Device) -> Option<MoeError> {
         let op = "moe_experts";
         if GemmTcConfig::mma_type(self.dtype().scalar_type()).is_none() {
             return Some(MoeError::DType {
@@ -575,7 +575,7 @@ impl SwiGluExperts {
         }
     }
 
-    fn check_dispatched(&self, op: &'static str, d: &DispatchedTokens) -> Result<()> {
+    pub(super) fn check_dispatched(&self, op: &'static str, d: &DispatchedTokens) -> Result<()> {
         if d.experts != self.experts || d.hidden != self.hidden {
             return Err(MoeError::Shape {
                 op,

@@ -21,6 +21,8 @@
 
 pub mod api;
 pub mod dispatch;
+pub mod expert_training;
+pub mod expert_training_kernel;
 pub mod experts;
 pub mod grouped;
 pub mod kernel;
@@ -35,8 +37,13 @@ use dispatch::{
     moe_combine, moe_dispatch_count, moe_dispatch_scan, moe_dispatch_scatter, CombineConfig, DispatchCountConfig,
     DispatchScanConfig, DispatchScatterConfig,
 };
+use expert_training_kernel::{
+    moe_combine_grad_rows, moe_combine_grad_weights, moe_expert_grad_act, moe_expert_grad_input,
+    moe_expert_grad_weight, CombineGradWeightsConfig, ExpertGradConfig, ExpertGradInputConfig, ExpertGradWeightConfig,
+};
 use grouped::{moe_grouped_simt, moe_grouped_tc, registered_tc_configs, GroupedSimtConfig};
 use kernel::{moe_route, moe_route_grouped, GroupedRouteConfig, RouteConfig};
+use ruda_ir::ScalarType;
 use training_kernel::{moe_router_backward, moe_router_weights, RouterTrainConfig, INDEX_DTYPES};
 
 /// The routing kernels in every float dtype: softmax top-k (family `moe_route`) and grouped
@@ -227,4 +234,139 @@ impl Family for MoeRouterTraining {
         c.scalars.extend([("experts", 60), ("top_k", 8), ("sigmoid", 0), ("renormalize", 1), ("scale", f32_bits(2.5))]);
         Some(c)
     }
+}
+
+/// The experts' training kernels in every float dtype (ruDNN section 12): the combine's
+/// backward (`moe_combine_grad_rows`, `moe_combine_grad_weights` serial and plane), the SwiGLU
+/// experts' data gradients (`moe_expert_grad_act`, `moe_expert_grad_input` for split and fused
+/// gate/up) and weight
+/// gradients (`moe_expert_grad_weight`, an `f32` or dtype left operand times a dtype right one).
+pub struct MoeExpertTraining;
+
+impl Family for MoeExpertTraining {
+    fn names(&self) -> &'static [&'static str] {
+        &[
+            "moe_combine_grad_rows",
+            "moe_combine_grad_weights",
+            "moe_expert_grad_act",
+            "moe_expert_grad_input",
+            "moe_expert_grad_weight",
+        ]
+    }
+
+    fn configs(&self) -> Vec<Registered> {
+        let mut out = Vec::new();
+        for dtype in FLOAT_DTYPES {
+            let cfg = ExpertGradConfig { dtype };
+            out.push(Registered::new(cfg.rows_id(), "moe_combine_grad_rows", Some(dtype), move || {
+                moe_combine_grad_rows(&cfg)
+            }));
+            for plane in [false, true] {
+                let cfg = CombineGradWeightsConfig { dtype, plane };
+                out.push(Registered::new(cfg.id(), "moe_combine_grad_weights", Some(dtype), move || {
+                    moe_combine_grad_weights(&cfg)
+                }));
+            }
+            out.push(Registered::new(cfg.act_id(), "moe_expert_grad_act", Some(dtype), move || {
+                moe_expert_grad_act(&cfg)
+            }));
+            for fused in [false, true] {
+                let cfg = ExpertGradInputConfig { dtype, fused };
+                out.push(Registered::new(cfg.id(), "moe_expert_grad_input", Some(dtype), move || {
+                    moe_expert_grad_input(&cfg)
+                }));
+            }
+            let mut lefts = vec![ScalarType::F32];
+            if dtype != ScalarType::F32 {
+                lefts.push(dtype);
+            }
+            for a in lefts {
+                let cfg = ExpertGradWeightConfig { a, b: dtype };
+                out.push(Registered::new(cfg.id(), "moe_expert_grad_weight", Some(dtype), move || {
+                    moe_expert_grad_weight(&cfg)
+                }));
+            }
+        }
+        out
+    }
+
+    fn sample(&self, name: &str, _: &str) -> Option<Case> {
+        expert_training_sample(name)
+    }
+}
+
+/// The sample problems of the experts' training kernels: 70 tokens routed to 2 of 5 experts
+/// (140 rows; entry `i` goes to `(3i + i / 7) mod 5`, so the rows of an expert are uneven),
+/// hidden size 40, intermediate 24; the weight gradient over the rows of 3 experts, the middle
+/// one empty.
+fn expert_training_sample(name: &str) -> Option<Case> {
+    const TOKENS: u32 = 70;
+    const TOP_K: u32 = 2;
+    const EXPERTS: u32 = 5;
+    const ROWS: u32 = TOKENS * TOP_K;
+    const HIDDEN: u32 = 40;
+    const INTER: u32 = 24;
+    let ids: Vec<u32> = (0..ROWS).map(|i| (3 * i + i / 7) % EXPERTS).collect();
+    let mut counts = vec![0u32; EXPERTS as usize];
+    for &e in &ids {
+        counts[e as usize] += 1;
+    }
+    let offsets: Vec<u32> = std::iter::once(0)
+        .chain(counts.iter().scan(0, |acc, &n| {
+            *acc += n;
+            Some(*acc)
+        }))
+        .collect();
+    // The stable counting sort's entry → row map.
+    let mut next = offsets.clone();
+    let slot_rows: Vec<u32> = ids
+        .iter()
+        .map(|&e| {
+            let r = next[e as usize];
+            next[e as usize] += 1;
+            r
+        })
+        .collect();
+    let mut c = Case::new([1, 1, 1]);
+    match name {
+        "moe_combine_grad_rows" => {
+            c.grid = [HIDDEN.div_ceil(expert_training_kernel::GRAD_THREADS), ROWS, 1];
+            c.indices.insert("slot_rows", slot_rows);
+            c.scalars.extend([("entries", ROWS as u64), ("top_k", TOP_K as u64), ("hidden", HIDDEN as u64)]);
+        }
+        "moe_combine_grad_weights" => {
+            // Enough blocks for the plane form (a warp per entry); the serial one's extra
+            // blocks find no entries.
+            c.grid = [ROWS.div_ceil(expert_training_kernel::PLANE_WARPS), 1, 1];
+            c.indices.insert("slot_rows", slot_rows);
+            c.scalars.extend([("entries", ROWS as u64), ("top_k", TOP_K as u64), ("hidden", HIDDEN as u64)]);
+        }
+        "moe_expert_grad_act" | "moe_expert_grad_input" => {
+            let cols = if name == "moe_expert_grad_act" { INTER } else { HIDDEN };
+            c.grid = [cols.div_ceil(expert_training_kernel::GRAD_THREADS), 64, 1];
+            c.indices.insert("offsets", offsets);
+            c.scalars.extend([
+                ("rows", ROWS as u64),
+                ("experts", EXPERTS as u64),
+                ("hidden", HIDDEN as u64),
+                ("inter", INTER as u64),
+                ("w_stride", (2 * INTER * HIDDEN) as u64),
+                ("up_offset", (INTER * HIDDEN) as u64),
+            ]);
+        }
+        "moe_expert_grad_weight" => {
+            c.grid = [HIDDEN.div_ceil(expert_training_kernel::GRAD_THREADS), INTER, 3];
+            c.indices.insert("offsets", vec![0, 70, 70, ROWS]);
+            c.scalars.extend([
+                ("p", INTER as u64),
+                ("q", HIDDEN as u64),
+                ("lda", (2 * INTER) as u64),
+                ("ldb", HIDDEN as u64),
+                ("a_offset", INTER as u64),
+                ("b_offset", 0),
+            ]);
+        }
+        _ => return None,
+    }
+    Some(c)
 }

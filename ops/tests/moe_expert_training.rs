@@ -42,6 +42,9 @@ struct Params {
     down: Vec<f64>,
 }
 
+/// Which parameter tensor a finite difference perturbs.
+type Field = fn(&mut Params) -> &mut Vec<f64>;
+
 fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
@@ -106,7 +109,7 @@ impl Problem {
     }
 
     /// `∂L/∂field[j]` by central differences for the sampled `js`.
-    fn numeric(&self, field: fn(&mut Params) -> &mut Vec<f64>, js: &[usize]) -> Vec<f64> {
+    fn numeric(&self, field: Field, js: &[usize]) -> Vec<f64> {
         let base = self.params();
         js.iter()
             .map(|&j| {
@@ -190,7 +193,7 @@ fn check(
     assert_eq!((dx.dtype(), dx.shape()), (dtype, &[p.t, p.h][..]), "{label}");
 
     let most = 48;
-    let cases: [(&str, &Tensor, fn(&mut Params) -> &mut Vec<f64>, usize); 5] = [
+    let cases: [(&str, &Tensor, Field, usize); 5] = [
         ("input", &dx, |q| &mut q.x, p.x.len()),
         ("weights", &dweights, |q| &mut q.w, p.w.len()),
         ("gate", &grads.gate, |q| &mut q.gate, p.gate.len()),

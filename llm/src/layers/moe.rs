@@ -11,7 +11,9 @@
 //! (`experts.{e}.{gate,up,down}_proj.weight`, stacked at load in one host copy) or fused
 //! (`experts.gate_up_proj`, `experts.down_proj`, uploaded as stored).
 
-use ruda_ops::api::{self, DispatchedTokens, ExpertsWorkspace, GroupedStrategy, RoutingOptions, SwiGluExperts};
+use ruda_ops::api::{
+    self, DispatchedTokens, ExpertsWorkspace, GroupedStrategy, RoutingOptions, RoutingPlan, SwiGluExperts,
+};
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
 use super::plan::{launch, DecodeStep, PlannedLaunch};
@@ -120,9 +122,11 @@ impl MoeSpec {
             k * h * el + 8 * k,
             k * h,
         ));
-        // The tensor cores take f16/bf16 with hidden and intermediate sizes multiples of 8.
+        // `GroupedStrategy::Auto`: the tensor cores take f16/bf16 with hidden and intermediate
+        // sizes multiples of 8; a decode step's `top_k` rows (at most one per expert) take their
+        // 64 × 64 tile, at the deepest pipeline (3 stages).
         let tc = step.dtype != DType::F32 && h % 8 == 0 && i % 8 == 0;
-        let grouped = if tc { format!("moe_grouped_tc.{dt}") } else { format!("moe_grouped_simt.{dt}") };
+        let grouped = if tc { format!("moe_grouped_tc.{dt}.tc64x64.s3") } else { format!("moe_grouped_simt.{dt}") };
         let gate_up = k * 2 * i * h * el;
         out.push(PlannedLaunch {
             weight_bytes: gate_up,
@@ -199,6 +203,8 @@ pub struct Moe {
 /// same shapes, so one serves them all).
 pub struct MoeScratch {
     logits: Tensor,
+    /// The routing's indices and weights `[tokens, top_k]`, which `route_into` fills.
+    routing: RoutingPlan,
     dispatched: DispatchedTokens,
     experts: ExpertsWorkspace,
     expert_out: Tensor,
@@ -214,14 +220,20 @@ impl Moe {
         let op = |e| LlmError::op("the MoE buffers", e);
         Ok(MoeScratch {
             logits: Tensor::empty(device, dtype, &[tokens, e])?,
+            routing: RoutingPlan::from_buffers(
+                Tensor::empty(device, DType::U32, &[tokens, k])?,
+                Tensor::empty(device, dtype, &[tokens, k])?,
+                e,
+            )
+            .map_err(op)?,
             dispatched: DispatchedTokens::new(device, dtype, tokens, k, e, h).map_err(op)?,
             experts: ExpertsWorkspace::new(&self.experts, tokens * k).map_err(op)?,
             expert_out: Tensor::empty(device, dtype, &[tokens * k, h])?,
         })
     }
 
-    /// `out = moe(x)` for `x` `[T, H]` (`T` the scratch's rows). Routing allocates its indices
-    /// and weights (`[T, top_k]`); the rest runs in `a`.
+    /// `out = moe(x)` for `x` `[T, H]` (`T` the scratch's rows), in `a`'s buffers: allocates
+    /// nothing and waits for nothing (so a decode step can be captured).
     pub fn forward(
         &self,
         s: &Stream,
@@ -233,8 +245,9 @@ impl Moe {
         let p = &self.prefix;
         let op = |what: &'static str| move |e| LlmError::op(format!("{p} {what}"), e);
         self.router.forward(s, plan, x, &a.logits, &a.logits).map_err(op("router"))?;
-        let routing = api::route(&a.logits, self.routing).map_err(op("routing"))?;
-        routing.dispatch_into(s, x, &a.dispatched).map_err(op("dispatch"))?;
+        let r = &a.routing;
+        api::route_into(s, &a.logits, &self.routing, r.indices(), r.weights()).map_err(op("routing"))?;
+        r.dispatch_into(s, x, &a.dispatched).map_err(op("dispatch"))?;
         self.experts
             .forward_dispatched_into(s, &a.dispatched, GroupedStrategy::Auto, &a.experts, &a.expert_out)
             .map_err(op("experts"))?;

@@ -84,6 +84,33 @@ impl RoutingPlan {
         (self.indices, self.weights)
     }
 
+    /// A plan over buffers that [`route_into`] (or [`route_sigmoid_grouped_into`]) fills:
+    /// `indices` `u32 [T, top_k]` and `weights` `[T, top_k]` (a float dtype), contiguous, on one
+    /// device, `top_k ≤ experts ≤ 1024`. Nothing is allocated or launched, so a model can make
+    /// it once with its buffers and route into them every step (under graph capture too).
+    pub fn from_buffers(indices: Tensor, weights: Tensor, experts: usize) -> Result<RoutingPlan> {
+        let op = "moe_routing_plan";
+        contiguous_nonempty(op, "indices", &indices)?;
+        contiguous_nonempty(op, "weights", &weights)?;
+        expect_dtype(op, "indices", &indices, DType::U32)?;
+        float_dtype(op, &weights)?;
+        let &[_, top_k] = indices.shape() else {
+            return Err(OpError::Shape {
+                op,
+                message: format!("`indices` must be [tokens, top_k], is {:?}", indices.shape()),
+            });
+        };
+        expect_shape(op, "weights", &weights, indices.shape())?;
+        if !(1..=MAX_EXPERTS as usize).contains(&experts) || top_k > experts {
+            return Err(invalid(
+                op,
+                format!("{experts} experts for top_k = {top_k} (top_k ≤ experts ≤ {MAX_EXPERTS})"),
+            ));
+        }
+        same_device(op, &indices.device().default_stream(), &[("indices", &indices), ("weights", &weights)])?;
+        Ok(RoutingPlan::from_parts(indices, weights, experts))
+    }
+
     /// A plan of `indices` (`u32 [T, top_k]`) and `weights` (`[T, top_k]`) over `experts`.
     pub(super) fn from_parts(indices: Tensor, weights: Tensor, experts: usize) -> RoutingPlan {
         let top_k = indices.shape()[1];

@@ -21,6 +21,9 @@ pub enum ModelType {
     /// Qwen3.5 (`qwen3_5_text`, and the text of `qwen3_5`): gated DeltaNet and gated full
     /// attention layers ([`ModelConfig::layer_types`]), zero-centred RMS norms, partial RoPE.
     Qwen35,
+    /// Qwen3-MoE (`qwen3_moe`): Qwen3's attention, with routed SwiGLU experts in place of the
+    /// MLP in its sparse layers ([`ModelConfig::moe`]).
+    Qwen3Moe,
 }
 
 impl ModelType {
@@ -36,7 +39,7 @@ impl ModelType {
     pub fn default_max_new_tokens(self) -> usize {
         match self {
             ModelType::Qwen35 => 8,
-            ModelType::Qwen2 | ModelType::Qwen3 => 32,
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe => 32,
         }
     }
 
@@ -45,6 +48,7 @@ impl ModelType {
             ModelType::Qwen2 => "qwen2",
             ModelType::Qwen3 => "qwen3",
             ModelType::Qwen35 => "qwen35",
+            ModelType::Qwen3Moe => "qwen3-moe",
         }
     }
 
@@ -54,6 +58,7 @@ impl ModelType {
             ModelType::Qwen2 => "qwen2",
             ModelType::Qwen3 => "qwen3",
             ModelType::Qwen35 => "qwen3_5_text",
+            ModelType::Qwen3Moe => "qwen3_moe",
         }
     }
 }
@@ -104,7 +109,39 @@ impl LinearAttentionConfig {
     }
 }
 
-/// The hyper-parameters of a dense Qwen decoder, validated.
+/// How a checkpoint stores its routed experts' weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertsLayout {
+    /// `mlp.experts.{e}.{gate,up,down}_proj.weight`, one tensor per expert and projection
+    /// (`[I, H]`, `[I, H]`, `[H, I]`).
+    PerExpert,
+    /// `mlp.experts.gate_up_proj [E, 2I, H]` (each expert's gate rows first) and
+    /// `mlp.experts.down_proj [E, H, I]`.
+    Fused,
+}
+
+/// The mixture-of-experts fields of a Qwen3-MoE config, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Routed experts per sparse layer (`num_experts`, or `num_local_experts`).
+    pub num_experts: usize,
+    /// Experts each token goes to (`num_experts_per_tok`), `1..=num_experts`.
+    pub top_k: usize,
+    /// Each expert's intermediate size (`moe_intermediate_size`).
+    pub intermediate_size: usize,
+    /// Divide the selected routing weights by their sum (`norm_topk_prob`, false when absent).
+    pub norm_topk_prob: bool,
+    /// Per layer, whether it is sparse: `layer ∉ mlp_only_layers` and `(layer + 1) %
+    /// decoder_sparse_step == 0`, as transformers decides it. The others use the dense MLP of
+    /// `intermediate_size`.
+    pub sparse_layers: Vec<bool>,
+    /// The layout [`crate::expected_tensors`] declares: per expert, the layout transformers
+    /// writes for Qwen3-MoE. A checkpoint in the other layout loads too
+    /// ([`ModelConfig::with_experts_layout`]).
+    pub experts_layout: ExpertsLayout,
+}
+
+/// The hyper-parameters of a Qwen decoder, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub model_type: ModelType,
@@ -142,6 +179,8 @@ pub struct ModelConfig {
     /// The prefix of the text model's tensors: `model.`, or `model.language_model.` in the
     /// composite `qwen3_5` (whose `lm_head.weight` stays at the top level).
     pub text_prefix: &'static str,
+    /// The routed experts (`None` for dense models).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -154,6 +193,24 @@ impl ModelConfig {
     /// multi-token-prediction head (`mtp.*`) and the composite's vision tower (`model.visual.*`).
     pub fn ignores_tensor(&self, name: &str) -> bool {
         self.model_type == ModelType::Qwen35 && (name.starts_with("mtp.") || name.starts_with("model.visual."))
+    }
+
+    /// This config with its routed experts declared in `layout` (unchanged for dense models).
+    pub fn with_experts_layout(&self, layout: ExpertsLayout) -> ModelConfig {
+        let mut c = self.clone();
+        if let Some(moe) = &mut c.moe {
+            moe.experts_layout = layout;
+        }
+        c
+    }
+
+    /// The experts' layout of a checkpoint that `has` says holds which tensors: fused when it
+    /// holds a `mlp.experts.gate_up_proj`, else per expert (`None` for dense models).
+    pub fn checkpoint_experts_layout(&self, mut has: impl FnMut(&str) -> bool) -> Option<ExpertsLayout> {
+        let moe = self.moe.as_ref()?;
+        let first = moe.sparse_layers.iter().position(|&s| s)?;
+        let fused = format!("{}layers.{first}.mlp.experts.gate_up_proj", self.text_prefix);
+        Some(if has(&fused) { ExpertsLayout::Fused } else { ExpertsLayout::PerExpert })
     }
 }
 
@@ -172,6 +229,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         Some("qwen2") => (ModelType::Qwen2, top, "model."),
         Some("qwen3") => (ModelType::Qwen3, top, "model."),
         Some("qwen3_5_text") => (ModelType::Qwen35, top, "model."),
+        Some("qwen3_moe") => (ModelType::Qwen3Moe, top, "model."),
         Some("qwen3_5") => {
             let text = top.get("text_config").filter(|v| !v.is_null());
             let text =
@@ -184,7 +242,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
             return Err(LoadError::unsupported(
                 path,
                 format!(
-                "model_type \"{other}\" (only \"qwen2\", \"qwen3\", \"qwen3_5_text\" and \"qwen3_5\" are implemented)"
+                "model_type \"{other}\" (only \"qwen2\", \"qwen3\", \"qwen3_moe\", \"qwen3_5_text\" and \"qwen3_5\" are implemented)"
             ),
             ))
         }
@@ -208,7 +266,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         // transformers' Qwen3Config and Qwen3_5TextConfig defaults.
         (None, ModelType::Qwen3) => 128,
         (None, ModelType::Qwen35) => 256,
-        (None, ModelType::Qwen2) => {
+        (None, ModelType::Qwen2 | ModelType::Qwen3Moe) => {
             if hidden_size % num_attention_heads.max(1) != 0 {
                 return Err(LoadError::invalid(path, format!("hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads} and no head_dim is given")));
             }
@@ -221,7 +279,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     let attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_proj_bias, qk_norm) = match model_type {
         ModelType::Qwen2 => (true, false, false),
-        ModelType::Qwen3 | ModelType::Qwen35 => (attention_bias, attention_bias, true),
+        ModelType::Qwen3 | ModelType::Qwen35 | ModelType::Qwen3Moe => (attention_bias, attention_bias, true),
     };
     // The composite model ties (or not) by its own field, as transformers reads it: the text
     // config's is not consulted (both default to false).
@@ -286,6 +344,10 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         layer_types,
         linear_attention,
         text_prefix,
+        moe: match model_type {
+            ModelType::Qwen3Moe => Some(moe_config(&f, num_hidden_layers)?),
+            _ => None,
+        },
     };
     for (name, v) in [
         ("vocab_size", config.vocab_size),
@@ -338,6 +400,73 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         reject_sliding_window(&f, num_hidden_layers)?;
     }
     Ok(config)
+}
+
+/// The MoE fields of a Qwen3-MoE config: `num_experts` (or `num_local_experts`),
+/// `num_experts_per_tok` and `moe_intermediate_size` are required; `norm_topk_prob` (false),
+/// `decoder_sparse_step` (1) and `mlp_only_layers` (none) take transformers' defaults.
+fn moe_config(f: &Fields, layers: usize) -> Result<MoeConfig, LoadError> {
+    let path = f.path;
+    let num_experts = match (f.usize("num_experts")?, f.usize("num_local_experts")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(LoadError::invalid(
+                path,
+                format!("num_experts {a} and num_local_experts {b} disagree (they name the same field)"),
+            ))
+        }
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => {
+            return Err(LoadError::invalid(
+                path,
+                "a qwen3_moe config without \"num_experts\" (or \"num_local_experts\")",
+            ))
+        }
+    };
+    let top_k = f.required_usize("num_experts_per_tok")?;
+    let intermediate_size = f.required_usize("moe_intermediate_size")?;
+    // The routing kernel's limit.
+    const MAX_EXPERTS: usize = 1024;
+    if !(1..=MAX_EXPERTS).contains(&num_experts) {
+        return Err(LoadError::unsupported(
+            path,
+            format!("num_experts {num_experts} (1 to {MAX_EXPERTS} are supported)"),
+        ));
+    }
+    if !(1..=num_experts).contains(&top_k) {
+        return Err(LoadError::invalid(
+            path,
+            format!("num_experts_per_tok {top_k} must be in 1..={num_experts} (num_experts)"),
+        ));
+    }
+    if intermediate_size == 0 {
+        return Err(LoadError::invalid(path, "moe_intermediate_size is 0"));
+    }
+    let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(LoadError::invalid(path, "decoder_sparse_step is 0"));
+    }
+    let mut dense = vec![false; layers];
+    if let Some(v) = f.get("mlp_only_layers").filter(|v| !v.is_null()) {
+        let list = v.as_array().ok_or_else(|| LoadError::invalid(path, "mlp_only_layers is not a list"))?;
+        for item in list {
+            let i = item
+                .as_u64()
+                .ok_or_else(|| LoadError::invalid(path, format!("mlp_only_layers holds {item}, not a layer index")))?;
+            let slot = dense.get_mut(i as usize).ok_or_else(|| {
+                LoadError::invalid(path, format!("mlp_only_layers names layer {i} of a model of {layers} layers"))
+            })?;
+            *slot = true;
+        }
+    }
+    let sparse_layers = (0..layers).map(|l| !dense[l] && (l + 1) % step == 0).collect();
+    Ok(MoeConfig {
+        num_experts,
+        top_k,
+        intermediate_size,
+        norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
+        sparse_layers,
+        experts_layout: ExpertsLayout::PerExpert,
+    })
 }
 
 /// A `quantization_config` (at `where_` in the file) is refused: quantised weights are not

@@ -51,7 +51,7 @@ pub use batch::{
 };
 pub use cache::{Cache, KvCache, LayerCache, LinearStatePool};
 pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
-pub use config::{load_config, parse_config, ModelConfig, ModelType};
+pub use config::{load_config, parse_config, ExpertsLayout, ModelConfig, ModelType, MoeConfig};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintState, ResponseFormat};
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineEvent, EngineInfo, EngineMetrics, EngineOutput, EngineRequest,

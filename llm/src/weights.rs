@@ -88,7 +88,11 @@ impl Weights {
     }
 
     fn validate(&self, dir: &Path, config: &ModelConfig) -> Result<(), LoadError> {
-        let expected = expected_tensors(config);
+        // Routed experts are accepted in either layout: validated against the checkpoint's.
+        let expected = match config.checkpoint_experts_layout(|n| self.tensors.contains_key(n)) {
+            Some(layout) => expected_tensors(&config.with_experts_layout(layout)),
+            None => expected_tensors(config),
+        };
         let source = |name: &str| self.files[self.tensors[name].file].path().to_path_buf();
         let missing: Vec<&str> = expected
             .iter()

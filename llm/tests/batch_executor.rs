@@ -1,6 +1,6 @@
 //! The batched executor against one-at-a-time generation: mixed-length prompts with repeats and a
 //! shared prefix, few active slots, few pages (so prompts are chunked and sequences preempted
-//! and recomputed), for Qwen2, Qwen3 and the hybrid Qwen3.5, through both paged attention paths.
+//! and recomputed), for Qwen2, Qwen3, the hybrid Qwen3.5 and Qwen3-MoE, through both paged attention paths.
 //! Every sampled row's f32 logits agree with the single-sequence pipeline's at that step within
 //! 1e-4, and its greedy pick agrees wherever the single-sequence top-2 margin exceeds 1e-3 (the
 //! tokens fed back are the single-sequence ones, so every step stays comparable).
@@ -14,9 +14,12 @@ use ruda_llm::{
 use ruda_runtime::{DType, Device, GraphMode, PagedAttentionMode};
 
 fn load(model_type: ModelType, device: &Device) -> Box<dyn CausalLm> {
-    let dir = example::bundled_model(model_type);
-    let config = load_config(&dir).unwrap();
-    let weights = Weights::load(&dir, &config).unwrap();
+    load_dir(&example::bundled_model(model_type), device)
+}
+
+fn load_dir(dir: &std::path::Path, device: &Device) -> Box<dyn CausalLm> {
+    let config = load_config(dir).unwrap();
+    let weights = Weights::load(dir, &config).unwrap();
     architecture(config.model_type).load(&config, &weights, device, DType::F32).unwrap()
 }
 
@@ -164,8 +167,13 @@ fn batched_generation_agrees_with_one_at_a_time() {
     let device = Device::cpu();
     let steps = 6;
     let prompts = prompts();
-    for model_type in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
-        let model = load(model_type, &device);
+    // Qwen3-MoE from its fixture (routed experts in two of three layers; no bundled model).
+    let models = [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35]
+        .map(|t| (t, example::bundled_model(t)))
+        .into_iter()
+        .chain([(ModelType::Qwen3Moe, crate::common::fixture("qwen3-moe"))]);
+    for (model_type, dir) in models {
+        let model = load_dir(&dir, &device);
         let references: Vec<_> = prompts.iter().map(|p| one_at_a_time(model.as_ref(), p, steps)).collect();
         // Three slots, 7 tokens a batch (the 13-token prompt takes two chunks), pages of 4: the
         // longest requests need 5 pages, and 5 pages cannot hold two of them.
@@ -251,9 +259,13 @@ fn batched_decode_graphs_replay_the_launched_steps() {
         (ModelType::Qwen3, PagedAttentionMode::Fused),
         (ModelType::Qwen35, PagedAttentionMode::Legacy),
         (ModelType::Qwen35, PagedAttentionMode::Fused),
+        (ModelType::Qwen3Moe, PagedAttentionMode::Fused),
     ] {
         let device = Device::cpu();
-        let model = load(model_type, &device);
+        let model = match model_type {
+            ModelType::Qwen3Moe => load_dir(&crate::common::fixture("qwen3-moe"), &device),
+            _ => load(model_type, &device),
+        };
         let kv = PagedKvCacheConfig { block_size: 4, num_pages: 32, max_sequence_length: 32 };
         let config = ContinuousBatchConfig { max_active_sequences: 4, max_batch_tokens: 64 };
         let mut caches = [GraphMode::On, GraphMode::Off]

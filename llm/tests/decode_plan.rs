@@ -50,6 +50,8 @@ fn the_planned_decode_step_is_the_one_that_runs() {
         ("qwen2-untied", DType::F32, 2),
         ("qwen35-text", DType::BF16, 4),
         ("qwen35-vl", DType::F32, 3),
+        ("qwen3-moe", DType::F32, 4),
+        ("qwen3-moe", DType::BF16, 3),
     ];
     for (name, dtype, context) in cases {
         let (launched, planned) = launched_and_planned(name, dtype, context);

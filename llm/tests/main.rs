@@ -14,6 +14,7 @@ mod decode_plan;
 mod engine;
 mod loading;
 mod model_goldens;
+mod moe;
 mod pipeline;
 mod profile;
 mod text;

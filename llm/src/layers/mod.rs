@@ -9,6 +9,7 @@ mod embedding;
 mod gated_delta_net;
 mod linear;
 mod mlp;
+mod moe;
 mod norm;
 mod plan;
 mod rope;
@@ -20,6 +21,7 @@ pub use embedding::{Embedding, EmbeddingSpec, LmHeadSpec, EMBED_TOKENS, LM_HEAD}
 pub use gated_delta_net::{GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, LinearBatch};
 pub use linear::{Linear, LinearPlan, LinearShape, LinearSpec};
 pub use mlp::{Mlp, MlpScratch, MlpSpec};
+pub use moe::{Moe, MoeScratch, MoeSpec};
 pub use norm::{RmsNorm, RmsNormSpec};
 pub use plan::{DecodeChoices, DecodeStep, PlannedLaunch};
 pub use rope::{Rope, RopeSpec};

@@ -23,8 +23,8 @@ use crate::error::LlmError;
 use crate::layers::{
     Attention, AttentionScratch, AttentionShape, AttentionSpec, BatchRow, DecodeChoices, DecodeStep, Embedding,
     EmbeddingSpec, ExpectedTensor, GatedDeltaNet, GatedDeltaNetSpec, GatedDeltaScratch, KvTarget, Linear, LinearBatch,
-    LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, PlannedLaunch, RmsNorm, RmsNormSpec, Rope,
-    RopeSpec, StepInputs, TensorSource, WeightDType,
+    LinearPlan, LinearShape, LmHeadSpec, Loader, Mlp, MlpScratch, MlpSpec, Moe, MoeScratch, MoeSpec, PlannedLaunch,
+    RmsNorm, RmsNormSpec, Rope, RopeSpec, StepInputs, TensorSource, WeightDType,
 };
 use crate::models::{CausalLm, DecodeKernels};
 
@@ -41,6 +41,8 @@ pub enum MixerSpec {
 #[derive(Clone, Debug)]
 pub enum FfnSpec {
     Mlp(MlpSpec),
+    /// Routed SwiGLU experts (Qwen3-MoE's sparse layers).
+    Moe(MoeSpec),
 }
 
 /// One decoder layer: `input_layernorm`, the mixer, `post_attention_layernorm`, the ffn.
@@ -107,6 +109,7 @@ impl DecoderSpec {
             }
             match &layer.ffn {
                 FfnSpec::Mlp(m) => m.declare(&mut out),
+                FfnSpec::Moe(m) => m.declare(&mut out),
             }
         }
         out.extend([self.norm.weight.clone(), self.lm_head.weight.clone()]);
@@ -125,6 +128,7 @@ impl DecoderSpec {
             }
             match &layer.ffn {
                 FfnSpec::Mlp(m) => shapes.extend(m.linear_shapes(tokens)),
+                FfnSpec::Moe(m) => shapes.extend(m.linear_shapes(tokens)),
             }
             for s in shapes {
                 if !out.contains(&s) {
@@ -203,6 +207,7 @@ impl DecoderSpec {
             layer.post_norm.decode_launches(&step, 1, true, &mut out);
             match &layer.ffn {
                 FfnSpec::Mlp(m) => m.decode_launches(&step, &mut out),
+                FfnSpec::Moe(m) => m.decode_launches(&step, &mut out),
             }
             let next_norm = self.layers.get(l + 1).map_or(&self.norm, |n| &n.input_norm);
             next_norm.decode_launches(&step, 1, true, &mut out);
@@ -252,6 +257,7 @@ impl DecoderSpec {
                 post_norm: layer.post_norm.load(&ld)?,
                 ffn: match &layer.ffn {
                     FfnSpec::Mlp(m) => Ffn::Mlp(m.load(&ld)?),
+                    FfnSpec::Moe(m) => Ffn::Moe(m.load(&ld)?),
                 },
             });
         }
@@ -309,6 +315,7 @@ pub(super) enum Mixer {
 
 enum Ffn {
     Mlp(Mlp),
+    Moe(Moe),
 }
 
 pub(super) struct Layer {
@@ -320,12 +327,14 @@ pub(super) struct Layer {
 
 impl Layer {
     fn linears(&self) -> Vec<&Linear> {
-        let Ffn::Mlp(m) = &self.ffn;
         let mut out: Vec<&Linear> = match &self.mixer {
             Mixer::Attention(a) => a.linears().into_iter().collect(),
             Mixer::GatedDeltaNet(g) => g.linears().collect(),
         };
-        out.extend(m.linears());
+        match &self.ffn {
+            Ffn::Mlp(m) => out.extend(m.linears()),
+            Ffn::Moe(m) => out.extend(m.linears()),
+        }
         out
     }
 }
@@ -360,7 +369,10 @@ pub struct Workspace {
     attention: Option<AttentionScratch>,
     /// `None` without gated DeltaNet layers.
     linear: Option<GatedDeltaScratch>,
-    mlp: MlpScratch,
+    /// `None` without dense MLP layers.
+    mlp: Option<MlpScratch>,
+    /// `None` without MoE layers.
+    moe: Option<MoeScratch>,
     /// With more rows than sequences: each sequence's last row gathered `[sequences, hidden]`.
     last_normed: Option<Tensor>,
     /// Each sequence's last row's logits `[sequences, vocab]`.
@@ -417,9 +429,23 @@ impl Decoder {
         let c = &self.spec.config;
         let (dev, dt) = (&self.device, self.dtype);
         let empty = |shape: &[usize]| -> Result<Tensor, LlmError> { Ok(Tensor::empty(dev, dt, shape)?) };
-        let first =
-            self.spec.layers.first().ok_or_else(|| LlmError::InvalidArgument("a model without layers".into()))?;
-        let FfnSpec::Mlp(mlp) = &first.ffn;
+        if self.layers.is_empty() {
+            return Err(LlmError::InvalidArgument("a model without layers".into()));
+        }
+        let mlp = match self.spec.layers.iter().find_map(|l| match &l.ffn {
+            FfnSpec::Mlp(m) => Some(m),
+            FfnSpec::Moe(_) => None,
+        }) {
+            Some(m) => Some(MlpScratch::new(dev, dt, tokens, m.intermediate())?),
+            None => None,
+        };
+        let moe = match self.layers.iter().find_map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some(m),
+            Ffn::Mlp(_) => None,
+        }) {
+            Some(m) => Some(m.scratch(dev, dt, tokens)?),
+            None => None,
+        };
         let attention = match self.spec.attention_layers().next() {
             Some(a) => Some(AttentionScratch::new(dev, dt, tokens, c.hidden_size, a.shape, a.output_gate)?),
             None => None,
@@ -443,7 +469,8 @@ impl Decoder {
             normed: empty(&[tokens, c.hidden_size])?,
             block_out: empty(&[tokens, c.hidden_size])?,
             attention,
-            mlp: MlpScratch::new(dev, dt, tokens, mlp.intermediate())?,
+            mlp,
+            moe,
             last_normed: if tokens > sequences { Some(empty(&[sequences, c.hidden_size])?) } else { None },
             logits: empty(&[sequences, c.vocab_size])?,
             plan: LinearPlan::new(dev, dt, tokens, &shapes, linears)?,
@@ -542,7 +569,20 @@ impl Decoder {
                 .map_err(op("residual + post-attention norm"))?;
             cur = 1 - cur;
             match &layer.ffn {
-                Ffn::Mlp(m) => m.forward(s, &w.plan, &w.normed, &w.mlp, &w.block_out)?,
+                Ffn::Mlp(m) => {
+                    let scratch = w
+                        .mlp
+                        .as_ref()
+                        .ok_or_else(|| LlmError::InvalidArgument("an MLP without its workspace".into()))?;
+                    m.forward(s, &w.plan, &w.normed, scratch, &w.block_out)?
+                }
+                Ffn::Moe(m) => {
+                    let scratch = w
+                        .moe
+                        .as_ref()
+                        .ok_or_else(|| LlmError::InvalidArgument("an MoE block without its workspace".into()))?;
+                    m.forward(s, &w.plan, &w.normed, scratch, &w.block_out)?
+                }
             }
             let next_norm = self.layers.get(l + 1).map_or(&self.norm, |n| &n.input_norm);
             next_norm

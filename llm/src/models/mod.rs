@@ -12,6 +12,7 @@ mod decoder;
 mod qwen2;
 mod qwen3;
 mod qwen35;
+mod qwen3_moe;
 
 pub use batched::{decode_bucket, BatchCache, Qwen35BatchCache};
 pub use decoder::{DecoderSpec, LayerSpec, Workspace};
@@ -30,6 +31,7 @@ pub fn architecture(model_type: ModelType) -> &'static dyn Architecture {
         ModelType::Qwen2 => &qwen2::Qwen2,
         ModelType::Qwen3 => &qwen3::Qwen3,
         ModelType::Qwen35 => &qwen35::Qwen35,
+        ModelType::Qwen3Moe => &qwen3_moe::Qwen3Moe,
     }
 }
 
@@ -201,7 +203,7 @@ mod tests {
 
     #[test]
     fn every_model_type_has_its_own_architecture() {
-        for t in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35] {
+        for t in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35, ModelType::Qwen3Moe] {
             assert_eq!(architecture(t).model_type(), t);
         }
     }

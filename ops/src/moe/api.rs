@@ -88,6 +88,8 @@ impl RoutingPlan {
     /// `experts`; an id may repeat within a token, each slot then dispatching its own row) and
     /// `weights` (`[T, top_k]`, a float dtype), contiguous, on one device, `1 ≤ top_k ≤ experts
     /// ≤ 1024`. The ids are not read here; the dispatch clamps an id past the last expert to it.
+    /// Nothing is allocated or launched, so a model can make one over buffers that
+    /// [`route_into`] fills every step (under graph capture too).
     pub fn from_selection(indices: Tensor, weights: Tensor, experts: usize) -> Result<RoutingPlan> {
         let op = "moe_routing_plan";
         contiguous_nonempty(op, "indices", &indices)?;

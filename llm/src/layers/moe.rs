@@ -1,0 +1,256 @@
+//! The sparse mixture-of-experts block of Qwen3-MoE: a router `logits = x·Wgateᵀ` over `E`
+//! experts, softmax top-k routing (f32, renormalised with `norm_topk_prob`), each token's rows
+//! dispatched to its experts' SwiGLU, and the weighted sum of their outputs:
+//!
+//! ```text
+//! out[t] = Σ_{e ∈ topk(t)} w[t, e] · down_e(silu(gate_e · x[t]) ⊙ up_e · x[t])
+//! ```
+//!
+//! The experts are held as one `[E, 2I, H]` gate/up tensor (each expert's gate rows first) and
+//! one `[E, H, I]` down tensor, from either checkpoint layout: per expert
+//! (`experts.{e}.{gate,up,down}_proj.weight`, stacked at load in one host copy) or fused
+//! (`experts.gate_up_proj`, `experts.down_proj`, uploaded as stored).
+
+use ruda_ops::api::{
+    self, DispatchedTokens, ExpertsWorkspace, GroupedStrategy, RoutingOptions, RoutingPlan, SwiGluExperts,
+};
+use ruda_runtime::{DType, Device, Stream, Tensor};
+
+use super::plan::{launch, DecodeStep, PlannedLaunch};
+use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader};
+use crate::config::ExpertsLayout;
+use crate::error::LlmError;
+
+/// `{prefix}.gate` (the router) and `{prefix}.experts`.
+#[derive(Clone, Debug)]
+pub struct MoeSpec {
+    prefix: String,
+    pub router: LinearSpec,
+    pub experts: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub routing: RoutingOptions,
+    /// The layout [`MoeSpec::declare`] declares (loading takes whichever the checkpoint holds).
+    pub layout: ExpertsLayout,
+}
+
+impl MoeSpec {
+    pub fn new(
+        prefix: &str,
+        hidden: usize,
+        experts: usize,
+        intermediate: usize,
+        routing: RoutingOptions,
+        layout: ExpertsLayout,
+    ) -> MoeSpec {
+        MoeSpec {
+            prefix: prefix.to_string(),
+            router: LinearSpec::new("router", &format!("{prefix}.gate"), experts, hidden, false),
+            experts,
+            hidden,
+            intermediate,
+            routing,
+            layout,
+        }
+    }
+
+    /// The experts' tensors in `layout`, in the order transformers writes them.
+    fn expert_tensors(&self, layout: ExpertsLayout) -> Vec<ExpectedTensor> {
+        let (p, e, h, i) = (&self.prefix, self.experts, self.hidden, self.intermediate);
+        match layout {
+            ExpertsLayout::PerExpert => (0..e)
+                .flat_map(|x| {
+                    [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])].map(|(name, shape)| {
+                        ExpectedTensor::compute(format!("{p}.experts.{x}.{name}.weight"), shape.to_vec())
+                    })
+                })
+                .collect(),
+            ExpertsLayout::Fused => vec![
+                ExpectedTensor::compute(format!("{p}.experts.gate_up_proj"), vec![e, 2 * i, h]),
+                ExpectedTensor::compute(format!("{p}.experts.down_proj"), vec![e, h, i]),
+            ],
+        }
+    }
+
+    pub fn declare(&self, out: &mut Vec<ExpectedTensor>) {
+        out.extend(self.router.weights.iter().cloned());
+        out.extend(self.expert_tensors(self.layout));
+    }
+
+    /// The router's product (the experts run grouped GEMMs, which tuning does not measure).
+    pub fn linear_shapes(&self, tokens: usize) -> [LinearShape; 1] {
+        [self.router.linear_shape(tokens)]
+    }
+
+    /// The launches of [`Moe::forward`] for one row: the router, routing, the three dispatch
+    /// kernels, the grouped gate/up GEMM, SwiGLU, the grouped down GEMM and the combine.
+    pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
+        self.router.decode_launches(step, out);
+        let (e, k, h, i) =
+            (self.experts as u64, self.routing.top_k as u64, self.hidden as u64, self.intermediate as u64);
+        let (el, dt) = (step.elem(), step.dt());
+        let p = &self.prefix;
+        out.push(launch(
+            format!("{p}.route"),
+            format!("moe_route.{dt}"),
+            format!("[1, {e}] → top {k}"),
+            e * el,
+            k * (4 + el),
+            5 * e,
+        ));
+        out.push(launch(
+            format!("{p}.dispatch (count)"),
+            format!("moe_dispatch_count.{dt}"),
+            format!("{k} entries"),
+            k * (4 + el),
+            e * 4 + k * 4,
+            k,
+        ));
+        out.push(launch(
+            format!("{p}.dispatch (scan)"),
+            "moe_dispatch_scan".into(),
+            format!("{e} experts"),
+            e * 4,
+            (e + 1) * 4,
+            e,
+        ));
+        out.push(launch(
+            format!("{p}.dispatch (scatter)"),
+            format!("moe_dispatch_scatter.{dt}"),
+            format!("[1, {h}] → [{k}, {h}]"),
+            h * el + k * 4,
+            k * h * el + 8 * k,
+            k * h,
+        ));
+        // `GroupedStrategy::Auto`: the tensor cores take f16/bf16 with hidden and intermediate
+        // sizes multiples of 8; a decode step's `top_k` rows (at most one per expert) take their
+        // 64 × 64 tile, at the deepest pipeline (3 stages).
+        let tc = step.dtype != DType::F32 && h % 8 == 0 && i % 8 == 0;
+        let grouped = if tc { format!("moe_grouped_tc.{dt}.tc64x64.s3") } else { format!("moe_grouped_simt.{dt}") };
+        let gate_up = k * 2 * i * h * el;
+        out.push(PlannedLaunch {
+            weight_bytes: gate_up,
+            ..launch(
+                format!("{p}.experts.gate_up_proj"),
+                grouped.clone(),
+                format!("[{k}, {h}] · [{k} of {e}, {}, {h}]ᵀ", 2 * i),
+                gate_up + k * h * el,
+                k * 2 * i * el,
+                2 * k * 2 * i * h,
+            )
+        });
+        out.push(launch(
+            format!("{p}.experts.act (silu · up)"),
+            format!("swiglu.{dt}"),
+            format!("[{k}, {}] → [{k}, {i}]", 2 * i),
+            k * 2 * i * el,
+            k * i * el,
+            5 * k * i,
+        ));
+        let down = k * h * i * el;
+        out.push(PlannedLaunch {
+            weight_bytes: down,
+            ..launch(
+                format!("{p}.experts.down_proj"),
+                grouped,
+                format!("[{k}, {i}] · [{k} of {e}, {h}, {i}]ᵀ"),
+                down + k * i * el,
+                k * h * el,
+                2 * k * h * i,
+            )
+        });
+        out.push(launch(
+            format!("{p}.combine"),
+            format!("moe_combine.{dt}"),
+            format!("[{k}, {h}] → [1, {h}]"),
+            k * h * el + k * 8,
+            h * el,
+            2 * k * h,
+        ));
+    }
+
+    /// The router and the experts, from whichever layout the checkpoint holds.
+    pub fn load(&self, ld: &Loader) -> Result<Moe, LlmError> {
+        let router = self.router.load(ld)?;
+        let fused = &self.expert_tensors(ExpertsLayout::Fused);
+        let layout = if ld.source.stored(&fused[0].name).is_some() { ExpertsLayout::Fused } else { self.layout };
+        let (e, h, i) = (self.experts, self.hidden, self.intermediate);
+        let op = |e| LlmError::op(format!("the experts of {}", self.prefix), e);
+        let (gate_up, down) = match layout {
+            ExpertsLayout::Fused => (ld.tensor(&fused[0])?, ld.tensor(&fused[1])?),
+            ExpertsLayout::PerExpert => {
+                // [gate_0; up_0; gate_1; up_1; ...] is [E, 2I, H] with each expert's gate rows
+                // first; the downs stacked are [E, H, I].
+                let all = self.expert_tensors(ExpertsLayout::PerExpert);
+                let (gate_up, down): (Vec<_>, Vec<_>) =
+                    all.into_iter().partition(|t| !t.name.ends_with("down_proj.weight"));
+                (ld.stacked(&gate_up)?.reshape(&[e, 2 * i, h])?, ld.stacked(&down)?.reshape(&[e, h, i])?)
+            }
+        };
+        let experts = SwiGluExperts::from_fused(gate_up, down).map_err(op)?;
+        Ok(Moe { router, experts, routing: self.routing, prefix: self.prefix.clone() })
+    }
+}
+
+pub struct Moe {
+    router: Linear,
+    experts: SwiGluExperts,
+    routing: RoutingOptions,
+    prefix: String,
+}
+
+/// An MoE block's buffers for a chunk of `tokens` rows (every sparse layer of a model has the
+/// same shapes, so one serves them all).
+pub struct MoeScratch {
+    logits: Tensor,
+    /// The routing's indices and weights `[tokens, top_k]`, which `route_into` fills.
+    routing: RoutingPlan,
+    dispatched: DispatchedTokens,
+    experts: ExpertsWorkspace,
+    expert_out: Tensor,
+}
+
+impl Moe {
+    pub fn linears(&self) -> [&Linear; 1] {
+        [&self.router]
+    }
+
+    pub fn scratch(&self, device: &Device, dtype: DType, tokens: usize) -> Result<MoeScratch, LlmError> {
+        let (e, k, h) = (self.experts.experts(), self.routing.top_k, self.experts.hidden());
+        let op = |e| LlmError::op("the MoE buffers", e);
+        Ok(MoeScratch {
+            logits: Tensor::empty(device, dtype, &[tokens, e])?,
+            routing: RoutingPlan::from_selection(
+                Tensor::empty(device, DType::U32, &[tokens, k])?,
+                Tensor::empty(device, dtype, &[tokens, k])?,
+                e,
+            )
+            .map_err(op)?,
+            dispatched: DispatchedTokens::new(device, dtype, tokens, k, e, h).map_err(op)?,
+            experts: ExpertsWorkspace::new(&self.experts, tokens * k).map_err(op)?,
+            expert_out: Tensor::empty(device, dtype, &[tokens * k, h])?,
+        })
+    }
+
+    /// `out = moe(x)` for `x` `[T, H]` (`T` the scratch's rows), in `a`'s buffers: allocates
+    /// nothing and waits for nothing (so a decode step can be captured).
+    pub fn forward(
+        &self,
+        s: &Stream,
+        plan: &LinearPlan,
+        x: &Tensor,
+        a: &MoeScratch,
+        out: &Tensor,
+    ) -> Result<(), LlmError> {
+        let p = &self.prefix;
+        let op = |what: &'static str| move |e| LlmError::op(format!("{p} {what}"), e);
+        self.router.forward(s, plan, x, &a.logits, &a.logits).map_err(op("router"))?;
+        let r = &a.routing;
+        api::route_into(s, &a.logits, &self.routing, r.indices(), r.weights()).map_err(op("routing"))?;
+        r.dispatch_into(s, x, &a.dispatched).map_err(op("dispatch"))?;
+        self.experts
+            .forward_dispatched_into(s, &a.dispatched, GroupedStrategy::Auto, &a.experts, &a.expert_out)
+            .map_err(op("experts"))?;
+        a.dispatched.combine_into(s, &a.expert_out, out).map_err(op("combine"))
+    }
+}

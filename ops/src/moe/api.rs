@@ -121,7 +121,7 @@ impl RoutingPlan {
 }
 
 /// `(T, E)` of `[T, E]` logits, checked: a float dtype, contiguous, non-empty, `E ≤ 1024`.
-fn logits_shape(op: &'static str, logits: &Tensor) -> Result<(usize, usize)> {
+pub(super) fn logits_shape(op: &'static str, logits: &Tensor) -> Result<(usize, usize)> {
     float_dtype(op, logits)?;
     contiguous_nonempty(op, "logits", logits)?;
     let &[tokens, experts] = logits.shape() else {

@@ -4,8 +4,8 @@
 
 use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
-use super::api::RoutingPlan;
-use super::kernel::{route_threads, MAX_EXPERTS};
+use super::api::{logits_shape, RoutingPlan};
+use super::kernel::route_threads;
 use super::training_kernel::{
     moe_router_backward, moe_router_weights, RouterBackwardParams, RouterTrainConfig, RouterWeightsParams,
     MAX_TRAINING_TOP_K,
@@ -50,21 +50,8 @@ fn check_inputs(
     indices: &Tensor,
     options: &RouterWeightOptions,
 ) -> Result<(usize, usize, usize)> {
-    float_dtype(op, logits)?;
-    contiguous_nonempty(op, "logits", logits)?;
+    let (tokens, experts) = logits_shape(op, logits)?;
     contiguous_nonempty(op, "indices", indices)?;
-    let &[tokens, experts] = logits.shape() else {
-        return Err(OpError::Shape {
-            op,
-            message: format!("`logits` must be [tokens, experts], is {:?}", logits.shape()),
-        });
-    };
-    if experts > MAX_EXPERTS as usize {
-        return Err(OpError::Shape {
-            op,
-            message: format!("`logits` has {experts} experts; the router kernels take at most {MAX_EXPERTS}"),
-        });
-    }
     let top_k = match indices.shape() {
         &[t, k] if t == tokens => k,
         shape => {
@@ -93,7 +80,6 @@ fn check_inputs(
             message: format!("scale = {} must be finite and positive", options.scale),
         });
     }
-    to_u32(op, "tokens", tokens)?;
     Ok((tokens, experts, top_k))
 }
 

@@ -1,7 +1,8 @@
-//! `config.json` of a Qwen2 / Qwen2.5 (`model_type: qwen2`), Qwen3 (`qwen3`) or Qwen3.5
-//! (`qwen3_5_text`, or the image-text `qwen3_5` read for its `text_config`) checkpoint, read into
-//! one typed [`ModelConfig`] with the defaults of transformers' `Qwen2Config`, `Qwen3Config` and
-//! `Qwen3_5TextConfig`. What RUDA does not implement (quantisation, rope scaling, sliding windows,
+//! `config.json` of a Qwen2 / Qwen2.5 (`model_type: qwen2`), Qwen3 (`qwen3`), Qwen3-MoE
+//! (`qwen3_moe`), Qwen3.5 (`qwen3_5_text`, or the image-text `qwen3_5` read for its
+//! `text_config`) or Qwen3.5-MoE (`qwen3_5_moe_text`, or the composite `qwen3_5_moe`) checkpoint,
+//! read into one typed [`ModelConfig`] with the defaults of transformers' `Qwen2Config`,
+//! `Qwen3Config`, `Qwen3MoeConfig`, `Qwen3_5TextConfig` and `Qwen3_5MoeTextConfig`. What RUDA does not implement (quantisation, rope scaling, sliding windows,
 //! activations other than SiLU) is rejected here, so later stages never meet it.
 
 use std::path::Path;
@@ -24,13 +25,31 @@ pub enum ModelType {
     /// Qwen3-MoE (`qwen3_moe`): Qwen3's attention, with routed SwiGLU experts in place of the
     /// MLP in its sparse layers ([`ModelConfig::moe`]).
     Qwen3Moe,
+    /// Qwen3.5-MoE (`qwen3_5_moe_text`, and the text of `qwen3_5_moe`): Qwen3.5's layers, each
+    /// with routed SwiGLU experts and a gated shared expert in place of the MLP.
+    Qwen35Moe,
 }
 
 impl ModelType {
-    /// Whether a `config.json` of `model_type` holds this architecture (Qwen3.5's text model is
-    /// `qwen3_5_text` alone or inside the composite `qwen3_5`).
+    /// Whether a `config.json` of `model_type` holds this architecture (Qwen3.5's text models
+    /// are `qwen3_5_text` and `qwen3_5_moe_text`, alone or inside the composites `qwen3_5` and
+    /// `qwen3_5_moe`).
     pub fn accepts(self, model_type: &str) -> bool {
-        model_type == self.name() || (self == ModelType::Qwen35 && model_type == "qwen3_5")
+        model_type == self.name() || self.composite_name() == Some(model_type)
+    }
+
+    /// The `model_type` of the image-text composite whose `text_config` is this architecture.
+    pub fn composite_name(self) -> Option<&'static str> {
+        match self {
+            ModelType::Qwen35 => Some("qwen3_5"),
+            ModelType::Qwen35Moe => Some("qwen3_5_moe"),
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe => None,
+        }
+    }
+
+    /// Qwen3.5's hybrid of gated DeltaNet and gated full attention layers, dense or MoE.
+    pub fn is_qwen35(self) -> bool {
+        matches!(self, ModelType::Qwen35 | ModelType::Qwen35Moe)
     }
 
     /// The short name of the examples (`{short}_generate`) and bundled models (`tiny-{short}`).
@@ -38,7 +57,7 @@ impl ModelType {
     /// Qwen3.5 (`qwen35_generate`'s documented default), 32 for the others.
     pub fn default_max_new_tokens(self) -> usize {
         match self {
-            ModelType::Qwen35 => 8,
+            ModelType::Qwen35 | ModelType::Qwen35Moe => 8,
             ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen3Moe => 32,
         }
     }
@@ -49,6 +68,7 @@ impl ModelType {
             ModelType::Qwen3 => "qwen3",
             ModelType::Qwen35 => "qwen35",
             ModelType::Qwen3Moe => "qwen3-moe",
+            ModelType::Qwen35Moe => "qwen35-moe",
         }
     }
 
@@ -59,6 +79,7 @@ impl ModelType {
             ModelType::Qwen3 => "qwen3",
             ModelType::Qwen35 => "qwen3_5_text",
             ModelType::Qwen3Moe => "qwen3_moe",
+            ModelType::Qwen35Moe => "qwen3_5_moe_text",
         }
     }
 }
@@ -120,7 +141,7 @@ pub enum ExpertsLayout {
     Fused,
 }
 
-/// The mixture-of-experts fields of a Qwen3-MoE config, validated.
+/// The mixture-of-experts fields of a Qwen3-MoE or Qwen3.5-MoE config, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoeConfig {
     /// Routed experts per sparse layer (`num_experts`, or `num_local_experts`).
@@ -136,9 +157,13 @@ pub struct MoeConfig {
     /// `intermediate_size`.
     pub sparse_layers: Vec<bool>,
     /// The layout [`crate::expected_tensors`] declares: per expert, the layout transformers
-    /// writes for Qwen3-MoE. A checkpoint in the other layout loads too
+    /// writes for Qwen3-MoE, fused for Qwen3.5-MoE. A checkpoint in the other layout loads too
     /// ([`ModelConfig::with_experts_layout`]).
     pub experts_layout: ExpertsLayout,
+    /// Qwen3.5-MoE's shared expert, a SwiGLU MLP of this intermediate size
+    /// (`shared_expert_intermediate_size`) that every token runs, its output scaled by
+    /// `sigmoid(x · shared_expert_gate)` and added to the routed experts'. `None` for Qwen3-MoE.
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 /// The hyper-parameters of a Qwen decoder, validated.
@@ -147,6 +172,8 @@ pub struct ModelConfig {
     pub model_type: ModelType,
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// The dense MLP's intermediate size; for Qwen3.5-MoE, which has no dense MLP, its shared
+    /// expert's.
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -192,7 +219,7 @@ impl ModelConfig {
     /// Tensors of a checkpoint that this text model neither needs nor refuses: Qwen3.5's
     /// multi-token-prediction head (`mtp.*`) and the composite's vision tower (`model.visual.*`).
     pub fn ignores_tensor(&self, name: &str) -> bool {
-        self.model_type == ModelType::Qwen35 && (name.starts_with("mtp.") || name.starts_with("model.visual."))
+        self.model_type.is_qwen35() && (name.starts_with("mtp.") || name.starts_with("model.visual."))
     }
 
     /// This config with its routed experts declared in `layout` (unchanged for dense models).
@@ -230,19 +257,22 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         Some("qwen3") => (ModelType::Qwen3, top, "model."),
         Some("qwen3_5_text") => (ModelType::Qwen35, top, "model."),
         Some("qwen3_moe") => (ModelType::Qwen3Moe, top, "model."),
-        Some("qwen3_5") => {
+        Some("qwen3_5_moe_text") => (ModelType::Qwen35Moe, top, "model."),
+        Some(composite @ ("qwen3_5" | "qwen3_5_moe")) => {
             let text = top.get("text_config").filter(|v| !v.is_null());
-            let text =
-                text.ok_or_else(|| LoadError::invalid(path, "model_type \"qwen3_5\" without a \"text_config\""))?;
+            let text = text.ok_or_else(|| {
+                LoadError::invalid(path, format!("model_type \"{composite}\" without a \"text_config\""))
+            })?;
             let text = text.as_object().ok_or_else(|| LoadError::invalid(path, "text_config is not an object"))?;
             reject_quantization(path, text, "text_config.")?;
-            (ModelType::Qwen35, text, "model.language_model.")
+            let model_type = if composite == "qwen3_5" { ModelType::Qwen35 } else { ModelType::Qwen35Moe };
+            (model_type, text, "model.language_model.")
         }
         Some(other) => {
             return Err(LoadError::unsupported(
                 path,
                 format!(
-                "model_type \"{other}\" (only \"qwen2\", \"qwen3\", \"qwen3_moe\", \"qwen3_5_text\" and \"qwen3_5\" are implemented)"
+                "model_type \"{other}\" (only \"qwen2\", \"qwen3\", \"qwen3_moe\", \"qwen3_5_text\", \"qwen3_5\", \"qwen3_5_moe_text\" and \"qwen3_5_moe\" are implemented)"
             ),
             ))
         }
@@ -265,7 +295,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         (Some(d), _) => d,
         // transformers' Qwen3Config and Qwen3_5TextConfig defaults.
         (None, ModelType::Qwen3) => 128,
-        (None, ModelType::Qwen35) => 256,
+        (None, ModelType::Qwen35 | ModelType::Qwen35Moe) => 256,
         (None, ModelType::Qwen2 | ModelType::Qwen3Moe) => {
             if hidden_size % num_attention_heads.max(1) != 0 {
                 return Err(LoadError::invalid(path, format!("hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads} and no head_dim is given")));
@@ -279,7 +309,9 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
     let attention_bias = f.bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_proj_bias, qk_norm) = match model_type {
         ModelType::Qwen2 => (true, false, false),
-        ModelType::Qwen3 | ModelType::Qwen35 | ModelType::Qwen3Moe => (attention_bias, attention_bias, true),
+        ModelType::Qwen3 | ModelType::Qwen35 | ModelType::Qwen3Moe | ModelType::Qwen35Moe => {
+            (attention_bias, attention_bias, true)
+        }
     };
     // The composite model ties (or not) by its own field, as transformers reads it: the text
     // config's is not consulted (both default to false).
@@ -289,7 +321,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         some => some,
     };
     let linear_attention = match model_type {
-        ModelType::Qwen35 => {
+        ModelType::Qwen35 | ModelType::Qwen35Moe => {
             let d = LinearAttentionConfig::QWEN35_DEFAULTS;
             Some(LinearAttentionConfig {
                 conv_kernel_dim: f.usize("linear_conv_kernel_dim")?.unwrap_or(d.conv_kernel_dim),
@@ -302,11 +334,11 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         _ => None,
     };
     let layer_types = match model_type {
-        ModelType::Qwen35 => qwen35_layer_types(&f, num_hidden_layers)?,
+        ModelType::Qwen35 | ModelType::Qwen35Moe => qwen35_layer_types(&f, num_hidden_layers)?,
         _ => vec![LayerType::FullAttention; num_hidden_layers],
     };
     let rotary_dim = match model_type {
-        ModelType::Qwen35 => {
+        ModelType::Qwen35 | ModelType::Qwen35Moe => {
             let factor = partial_rotary_factor(&f)?;
             // transformers' `int(head_dim * partial_rotary_factor)`.
             let dim = (head_dim as f64 * factor) as usize;
@@ -323,11 +355,21 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         _ => head_dim,
     };
 
+    let moe = match model_type {
+        ModelType::Qwen3Moe => Some(moe_config(&f, num_hidden_layers)?),
+        ModelType::Qwen35Moe => Some(qwen35_moe_config(&f, num_hidden_layers)?),
+        ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Qwen35 => None,
+    };
+    let intermediate_size = match moe.as_ref().and_then(|m| m.shared_expert_intermediate_size) {
+        // Qwen3.5-MoE has no dense MLP: its one dense SwiGLU is the shared expert.
+        Some(shared) => shared,
+        None => f.required_usize("intermediate_size")?,
+    };
     let config = ModelConfig {
         model_type,
         vocab_size: f.required_usize("vocab_size")?,
         hidden_size,
-        intermediate_size: f.required_usize("intermediate_size")?,
+        intermediate_size,
         num_hidden_layers,
         num_attention_heads,
         num_key_value_heads,
@@ -344,10 +386,7 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         layer_types,
         linear_attention,
         text_prefix,
-        moe: match model_type {
-            ModelType::Qwen3Moe => Some(moe_config(&f, num_hidden_layers)?),
-            _ => None,
-        },
+        moe,
     };
     for (name, v) in [
         ("vocab_size", config.vocab_size),
@@ -424,23 +463,7 @@ fn moe_config(f: &Fields, layers: usize) -> Result<MoeConfig, LoadError> {
     };
     let top_k = f.required_usize("num_experts_per_tok")?;
     let intermediate_size = f.required_usize("moe_intermediate_size")?;
-    // The routing kernel's limit.
-    const MAX_EXPERTS: usize = 1024;
-    if !(1..=MAX_EXPERTS).contains(&num_experts) {
-        return Err(LoadError::unsupported(
-            path,
-            format!("num_experts {num_experts} (1 to {MAX_EXPERTS} are supported)"),
-        ));
-    }
-    if !(1..=num_experts).contains(&top_k) {
-        return Err(LoadError::invalid(
-            path,
-            format!("num_experts_per_tok {top_k} must be in 1..={num_experts} (num_experts)"),
-        ));
-    }
-    if intermediate_size == 0 {
-        return Err(LoadError::invalid(path, "moe_intermediate_size is 0"));
-    }
+    check_experts(path, num_experts, top_k, intermediate_size)?;
     let step = f.usize("decoder_sparse_step")?.unwrap_or(1);
     if step == 0 {
         return Err(LoadError::invalid(path, "decoder_sparse_step is 0"));
@@ -466,7 +489,55 @@ fn moe_config(f: &Fields, layers: usize) -> Result<MoeConfig, LoadError> {
         norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
         sparse_layers,
         experts_layout: ExpertsLayout::PerExpert,
+        shared_expert_intermediate_size: None,
     })
+}
+
+/// The MoE fields of a Qwen3.5-MoE config, with `Qwen3_5MoeTextConfig`'s defaults: 256
+/// `num_experts`, 8 `num_experts_per_tok`, 512 `moe_intermediate_size` and 512
+/// `shared_expert_intermediate_size`. As in transformers, every layer is sparse and the selected
+/// routing weights are always renormalised (`norm_topk_prob`, `decoder_sparse_step` and
+/// `mlp_only_layers` are not read).
+fn qwen35_moe_config(f: &Fields, layers: usize) -> Result<MoeConfig, LoadError> {
+    let num_experts = f.usize("num_experts")?.unwrap_or(256);
+    let top_k = f.usize("num_experts_per_tok")?.unwrap_or(8);
+    let intermediate_size = f.usize("moe_intermediate_size")?.unwrap_or(512);
+    check_experts(f.path, num_experts, top_k, intermediate_size)?;
+    let shared = f.usize("shared_expert_intermediate_size")?.unwrap_or(512);
+    if shared == 0 {
+        return Err(LoadError::invalid(f.path, "shared_expert_intermediate_size is 0"));
+    }
+    Ok(MoeConfig {
+        num_experts,
+        top_k,
+        intermediate_size,
+        norm_topk_prob: true,
+        sparse_layers: vec![true; layers],
+        experts_layout: ExpertsLayout::Fused,
+        shared_expert_intermediate_size: Some(shared),
+    })
+}
+
+/// The routed experts' sizes: what the routing kernel serves.
+fn check_experts(path: &Path, num_experts: usize, top_k: usize, intermediate_size: usize) -> Result<(), LoadError> {
+    // The routing kernel's limit.
+    const MAX_EXPERTS: usize = 1024;
+    if !(1..=MAX_EXPERTS).contains(&num_experts) {
+        return Err(LoadError::unsupported(
+            path,
+            format!("num_experts {num_experts} (1 to {MAX_EXPERTS} are supported)"),
+        ));
+    }
+    if !(1..=num_experts).contains(&top_k) {
+        return Err(LoadError::invalid(
+            path,
+            format!("num_experts_per_tok {top_k} must be in 1..={num_experts} (num_experts)"),
+        ));
+    }
+    if intermediate_size == 0 {
+        return Err(LoadError::invalid(path, "moe_intermediate_size is 0"));
+    }
+    Ok(())
 }
 
 /// A `quantization_config` (at `where_` in the file) is refused: quantised weights are not

@@ -167,11 +167,15 @@ fn batched_generation_agrees_with_one_at_a_time() {
     let device = Device::cpu();
     let steps = 6;
     let prompts = prompts();
-    // Qwen3-MoE from its fixture (routed experts in two of three layers; no bundled model).
+    // The MoE models from their fixtures (no bundled models): Qwen3-MoE's routed experts in two
+    // of three layers, Qwen3.5-MoE's with a shared expert after each of its two mixers.
     let models = [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35]
         .map(|t| (t, example::bundled_model(t)))
         .into_iter()
-        .chain([(ModelType::Qwen3Moe, crate::common::fixture("qwen3-moe"))]);
+        .chain([
+            (ModelType::Qwen3Moe, crate::common::fixture("qwen3-moe")),
+            (ModelType::Qwen35Moe, crate::common::fixture("qwen35-moe")),
+        ]);
     for (model_type, dir) in models {
         let model = load_dir(&dir, &device);
         let references: Vec<_> = prompts.iter().map(|p| one_at_a_time(model.as_ref(), p, steps)).collect();
@@ -190,7 +194,7 @@ fn batched_generation_agrees_with_one_at_a_time() {
                 assert_eq!(run.prefix_hits > 0, prefix, "{what}: repeated and shared prompts hit");
                 if kv.num_pages == 5 {
                     assert!(run.preemptions > 0, "{what}: the small pool preempts");
-                } else if model_type == ModelType::Qwen35 {
+                } else if model_type.is_qwen35() {
                     assert!(run.restores > 0, "{what}: hits resume the linear-attention states");
                 } else {
                     assert!(run.page_copies > 0, "{what}: a page-aligned repeat copies its last page");
@@ -260,10 +264,12 @@ fn batched_decode_graphs_replay_the_launched_steps() {
         (ModelType::Qwen35, PagedAttentionMode::Legacy),
         (ModelType::Qwen35, PagedAttentionMode::Fused),
         (ModelType::Qwen3Moe, PagedAttentionMode::Fused),
+        (ModelType::Qwen35Moe, PagedAttentionMode::Legacy),
     ] {
         let device = Device::cpu();
         let model = match model_type {
             ModelType::Qwen3Moe => load_dir(&crate::common::fixture("qwen3-moe"), &device),
+            ModelType::Qwen35Moe => load_dir(&crate::common::fixture("qwen35-moe"), &device),
             _ => load(model_type, &device),
         };
         let kv = PagedKvCacheConfig { block_size: 4, num_pages: 32, max_sequence_length: 32 };

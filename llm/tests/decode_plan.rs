@@ -43,7 +43,8 @@ fn the_planned_decode_step_is_the_one_that_runs() {
     // q/k norms and a tied lm_head; biases on all four projections with head dim 48 and GQA 3;
     // q/k/v biases, an untied lm_head and an odd-sized MLP (scalar GEMV loads in bf16); Qwen3.5's
     // gated DeltaNet (conv updates, casts to f32, the recurrent rule) and gated attention with
-    // partial RoPE and zero-centred norms, in bf16 and in f32 (no casts).
+    // partial RoPE and zero-centred norms, in bf16 and in f32 (no casts); routed experts, and
+    // with Qwen3.5-MoE a gated shared expert (a GEMV of one row for its gate).
     let cases = [
         ("qwen3", DType::BF16, 5),
         ("qwen3-bias", DType::BF16, 3),
@@ -52,6 +53,8 @@ fn the_planned_decode_step_is_the_one_that_runs() {
         ("qwen35-vl", DType::F32, 3),
         ("qwen3-moe", DType::F32, 4),
         ("qwen3-moe", DType::BF16, 3),
+        ("qwen35-moe", DType::BF16, 4),
+        ("qwen35-moe", DType::F32, 2),
     ];
     for (name, dtype, context) in cases {
         let (launched, planned) = launched_and_planned(name, dtype, context);

@@ -180,6 +180,14 @@ fn qwen3_moe_matches_transformers() {
     check_model("qwen3-moe");
 }
 
+/// Qwen3.5-MoE text (`qwen3_5_moe_text`): a gated DeltaNet and a gated full attention layer,
+/// each with 5 routed experts (top 3, always renormalised, stored fused) plus a shared expert of
+/// 32 features gated by `sigmoid(x · shared_expert_gate)`; tied.
+#[test]
+fn qwen35_moe_matches_transformers() {
+    check_model("qwen35-moe");
+}
+
 /// bf16 compute (the GPU's dtype) stays close to the f32 reference: a check of the bf16 kernels
 /// and conversions (prompts over 16 tokens take the tensor-core GEMM with Qwen2's bias fused).
 /// bf16 rounding through these random models is large: transformers' own bf16 forward is up to
@@ -237,7 +245,9 @@ const ROUTING_NEAR_TIES: &[&str] = &["qwen3-moe/code", "qwen3-moe/non_ascii"];
 
 #[test]
 fn bf16_forward_tracks_transformers_bf16() {
-    for name in ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias", "qwen3-moe", "qwen35-text", "qwen35-vl"] {
+    for name in
+        ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias", "qwen3-moe", "qwen35-text", "qwen35-vl", "qwen35-moe"]
+    {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;

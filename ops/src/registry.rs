@@ -34,6 +34,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::moe::Moe],
     &[&crate::moe::MoeRouterTraining],
     &[&crate::moe::MoeExpertTraining],
+    &[&crate::moe::shared::MoeSharedExpert],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
     &[&crate::gated_delta::GatedDelta],
     &[&crate::conv1d::Conv1d],

@@ -22,6 +22,7 @@ mod logprobs;
 mod moe_expert_training;
 mod moe_experts;
 mod moe_routing;
+mod moe_shared_expert;
 mod moe_training;
 mod nvrtc_registry;
 mod ops_errors;

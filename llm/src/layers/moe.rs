@@ -10,6 +10,13 @@
 //! one `[E, H, I]` down tensor, from either checkpoint layout: per expert
 //! (`experts.{e}.{gate,up,down}_proj.weight`, stacked at load in one host copy) or fused
 //! (`experts.gate_up_proj`, `experts.down_proj`, uploaded as stored).
+//!
+//! Qwen3.5-MoE adds a shared expert that every token runs, gated per token
+//! ([`MoeSpec::with_shared_expert`]):
+//!
+//! ```text
+//! out[t] += sigmoid(x[t] · w_shared_gate) · shared_expert(x[t])
+//! ```
 
 use ruda_ops::api::{
     self, DispatchedTokens, ExpertsWorkspace, GroupedStrategy, RoutingOptions, RoutingPlan, SwiGluExperts,
@@ -17,7 +24,7 @@ use ruda_ops::api::{
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
 use super::plan::{launch, DecodeStep, PlannedLaunch};
-use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader};
+use super::{ExpectedTensor, Linear, LinearPlan, LinearShape, LinearSpec, Loader, Mlp, MlpScratch, MlpSpec};
 use crate::config::ExpertsLayout;
 use crate::error::LlmError;
 
@@ -32,6 +39,15 @@ pub struct MoeSpec {
     pub routing: RoutingOptions,
     /// The layout [`MoeSpec::declare`] declares (loading takes whichever the checkpoint holds).
     pub layout: ExpertsLayout,
+    /// Qwen3.5-MoE's gated shared expert.
+    pub shared: Option<SharedExpertSpec>,
+}
+
+/// `{prefix}.shared_expert` (a SwiGLU MLP) and its gate `{prefix}.shared_expert_gate` `[1, H]`.
+#[derive(Clone, Debug)]
+pub struct SharedExpertSpec {
+    pub mlp: MlpSpec,
+    pub gate: LinearSpec,
 }
 
 impl MoeSpec {
@@ -51,7 +67,18 @@ impl MoeSpec {
             intermediate,
             routing,
             layout,
+            shared: None,
         }
+    }
+
+    /// With a shared expert of `intermediate` features, gated per token.
+    pub fn with_shared_expert(mut self, intermediate: usize) -> MoeSpec {
+        let p = &self.prefix;
+        self.shared = Some(SharedExpertSpec {
+            mlp: MlpSpec::new(&format!("{p}.shared_expert"), self.hidden, intermediate),
+            gate: LinearSpec::new("shared_expert_gate", &format!("{p}.shared_expert_gate"), 1, self.hidden, false),
+        });
+        self
     }
 
     /// The experts' tensors in `layout`, in the order transformers writes them.
@@ -75,15 +102,26 @@ impl MoeSpec {
     pub fn declare(&self, out: &mut Vec<ExpectedTensor>) {
         out.extend(self.router.weights.iter().cloned());
         out.extend(self.expert_tensors(self.layout));
+        if let Some(shared) = &self.shared {
+            shared.mlp.declare(out);
+            out.extend(shared.gate.weights.iter().cloned());
+        }
     }
 
-    /// The router's product (the experts run grouped GEMMs, which tuning does not measure).
-    pub fn linear_shapes(&self, tokens: usize) -> [LinearShape; 1] {
-        [self.router.linear_shape(tokens)]
+    /// The router's product and the shared expert's (the routed experts run grouped GEMMs,
+    /// which the linear shapes do not cover).
+    pub fn linear_shapes(&self, tokens: usize) -> Vec<LinearShape> {
+        let mut out = vec![self.router.linear_shape(tokens)];
+        if let Some(shared) = &self.shared {
+            out.extend(shared.mlp.linear_shapes(tokens));
+            out.push(shared.gate.linear_shape(tokens));
+        }
+        out
     }
 
     /// The launches of [`Moe::forward`] for one row: the router, routing, the three dispatch
-    /// kernels, the grouped gate/up GEMM, SwiGLU, the grouped down GEMM and the combine.
+    /// kernels, the grouped gate/up GEMM, SwiGLU, the grouped down GEMM and the combine; then
+    /// the shared expert's MLP, its gate and the gated add.
     pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
         self.router.decode_launches(step, out);
         let (e, k, h, i) =
@@ -167,6 +205,18 @@ impl MoeSpec {
             h * el,
             2 * k * h,
         ));
+        if let Some(shared) = &self.shared {
+            shared.mlp.decode_launches(step, out);
+            shared.gate.decode_launches(step, out);
+            out.push(launch(
+                format!("{p}.shared_expert (gated add)"),
+                format!("moe_shared_expert_add.{dt}"),
+                format!("[1, {h}] + sigmoid([1, 1]) · [1, {h}]"),
+                (2 * h + 1) * el,
+                h * el,
+                h + 5,
+            ));
+        }
     }
 
     /// The router and the experts, from whichever layout the checkpoint holds.
@@ -188,7 +238,13 @@ impl MoeSpec {
             }
         };
         let experts = SwiGluExperts::from_fused(gate_up, down).map_err(op)?;
-        Ok(Moe { router, experts, routing: self.routing, prefix: self.prefix.clone() })
+        let shared = match &self.shared {
+            Some(s) => {
+                Some(SharedExpert { mlp: s.mlp.load(ld)?, gate: s.gate.load(ld)?, intermediate: s.mlp.intermediate() })
+            }
+            None => None,
+        };
+        Ok(Moe { router, experts, routing: self.routing, prefix: self.prefix.clone(), shared })
     }
 }
 
@@ -197,6 +253,22 @@ pub struct Moe {
     experts: SwiGluExperts,
     routing: RoutingOptions,
     prefix: String,
+    shared: Option<SharedExpert>,
+}
+
+struct SharedExpert {
+    mlp: Mlp,
+    gate: Linear,
+    intermediate: usize,
+}
+
+/// The shared expert's buffers: the routed experts' combined rows (before the add), its MLP's,
+/// its output and its gate's logit per row.
+struct SharedScratch {
+    routed: Tensor,
+    mlp: MlpScratch,
+    out: Tensor,
+    gate: Tensor,
 }
 
 /// An MoE block's buffers for a chunk of `tokens` rows (every sparse layer of a model has the
@@ -208,16 +280,31 @@ pub struct MoeScratch {
     dispatched: DispatchedTokens,
     experts: ExpertsWorkspace,
     expert_out: Tensor,
+    shared: Option<SharedScratch>,
 }
 
 impl Moe {
-    pub fn linears(&self) -> [&Linear; 1] {
-        [&self.router]
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut out = vec![&self.router];
+        if let Some(shared) = &self.shared {
+            out.extend(shared.mlp.linears());
+            out.push(&shared.gate);
+        }
+        out
     }
 
     pub fn scratch(&self, device: &Device, dtype: DType, tokens: usize) -> Result<MoeScratch, LlmError> {
         let (e, k, h) = (self.experts.experts(), self.routing.top_k, self.experts.hidden());
         let op = |e| LlmError::op("the MoE buffers", e);
+        let shared = match &self.shared {
+            Some(s) => Some(SharedScratch {
+                routed: Tensor::empty(device, dtype, &[tokens, h])?,
+                mlp: MlpScratch::new(device, dtype, tokens, s.intermediate)?,
+                out: Tensor::empty(device, dtype, &[tokens, h])?,
+                gate: Tensor::empty(device, dtype, &[tokens, 1])?,
+            }),
+            None => None,
+        };
         Ok(MoeScratch {
             logits: Tensor::empty(device, dtype, &[tokens, e])?,
             routing: RoutingPlan::from_selection(
@@ -229,6 +316,7 @@ impl Moe {
             dispatched: DispatchedTokens::new(device, dtype, tokens, k, e, h).map_err(op)?,
             experts: ExpertsWorkspace::new(&self.experts, tokens * k).map_err(op)?,
             expert_out: Tensor::empty(device, dtype, &[tokens * k, h])?,
+            shared,
         })
     }
 
@@ -251,6 +339,12 @@ impl Moe {
         self.experts
             .forward_dispatched_into(s, &a.dispatched, GroupedStrategy::Auto, &a.experts, &a.expert_out)
             .map_err(op("experts"))?;
-        a.dispatched.combine_into(s, &a.expert_out, out).map_err(op("combine"))
+        let (Some(shared), Some(b)) = (&self.shared, &a.shared) else {
+            return a.dispatched.combine_into(s, &a.expert_out, out).map_err(op("combine"));
+        };
+        a.dispatched.combine_into(s, &a.expert_out, &b.routed).map_err(op("combine"))?;
+        shared.mlp.forward(s, plan, x, &b.mlp, &b.out)?;
+        shared.gate.forward(s, plan, x, &b.gate, &b.gate).map_err(op("shared expert gate"))?;
+        api::shared_expert_add_into(s, &b.routed, &b.out, &b.gate, out).map_err(op("shared expert"))
     }
 }

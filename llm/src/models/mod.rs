@@ -30,8 +30,9 @@ pub fn architecture(model_type: ModelType) -> &'static dyn Architecture {
     match model_type {
         ModelType::Qwen2 => &qwen2::Qwen2,
         ModelType::Qwen3 => &qwen3::Qwen3,
-        ModelType::Qwen35 => &qwen35::Qwen35,
+        ModelType::Qwen35 => &qwen35::Qwen35(ModelType::Qwen35),
         ModelType::Qwen3Moe => &qwen3_moe::Qwen3Moe,
+        ModelType::Qwen35Moe => &qwen35::Qwen35(ModelType::Qwen35Moe),
     }
 }
 
@@ -203,7 +204,7 @@ mod tests {
 
     #[test]
     fn every_model_type_has_its_own_architecture() {
-        for t in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35, ModelType::Qwen3Moe] {
+        for t in [ModelType::Qwen2, ModelType::Qwen3, ModelType::Qwen35, ModelType::Qwen3Moe, ModelType::Qwen35Moe] {
             assert_eq!(architecture(t).model_type(), t);
         }
     }

@@ -5,17 +5,25 @@
 //! rotates only the first `partial_rotary_factor · head_dim` dimensions, and multiplies its
 //! output by `sigmoid` of a per-head gate that `q_proj` makes beside the query. The composite's
 //! text tensors sit under `model.language_model.` (its `lm_head.weight` at the top level).
+//!
+//! Qwen3.5-MoE (`qwen3_5_moe_text`, and the composite `qwen3_5_moe`) is the same decoder with
+//! every MLP replaced by routed experts (softmax top-k, always renormalised) plus a shared
+//! expert gated by `sigmoid(x · shared_expert_gate)` ([`MoeSpec::with_shared_expert`]).
+
+use ruda_ops::api::RoutingOptions;
 
 use super::decoder::{FfnSpec, MixerSpec};
 use super::{Architecture, DecoderSpec, LayerSpec};
 use crate::config::{LayerType, LinearAttentionConfig, ModelConfig, ModelType};
-use crate::layers::{AttentionShape, AttentionSpec, EmbeddingSpec, GatedDeltaNetSpec, MlpSpec, RmsNormSpec};
+use crate::layers::{AttentionShape, AttentionSpec, EmbeddingSpec, GatedDeltaNetSpec, MlpSpec, MoeSpec, RmsNormSpec};
 
-pub struct Qwen35;
+/// Dense Qwen3.5 ([`ModelType::Qwen35`]) or Qwen3.5-MoE ([`ModelType::Qwen35Moe`]): one
+/// decoder, whose feed-forward blocks the config's `moe` decides.
+pub struct Qwen35(pub ModelType);
 
 impl Architecture for Qwen35 {
     fn model_type(&self) -> ModelType {
-        ModelType::Qwen35
+        self.0
     }
 
     fn spec(&self, c: &ModelConfig) -> DecoderSpec {
@@ -46,7 +54,24 @@ impl Architecture for Qwen35 {
                 input_norm: RmsNormSpec::zero_centred(&format!("{l}.input_layernorm"), h, eps),
                 mixer,
                 post_norm: RmsNormSpec::zero_centred(&format!("{l}.post_attention_layernorm"), h, eps),
-                ffn: FfnSpec::Mlp(MlpSpec::new(&format!("{l}.mlp"), h, c.intermediate_size)),
+                ffn: match &c.moe {
+                    Some(moe) => {
+                        let routing = RoutingOptions { top_k: moe.top_k, renormalize: moe.norm_topk_prob };
+                        let spec = MoeSpec::new(
+                            &format!("{l}.mlp"),
+                            h,
+                            moe.num_experts,
+                            moe.intermediate_size,
+                            routing,
+                            moe.experts_layout,
+                        );
+                        match moe.shared_expert_intermediate_size {
+                            Some(shared) => FfnSpec::Moe(spec.with_shared_expert(shared)),
+                            None => FfnSpec::Moe(spec),
+                        }
+                    }
+                    None => FfnSpec::Mlp(MlpSpec::new(&format!("{l}.mlp"), h, c.intermediate_size)),
+                },
             }
         };
         let mut spec = DecoderSpec::new(c, c.layer_types.iter().enumerate().map(|(i, t)| layer(i, t)).collect());

@@ -16,6 +16,8 @@
 //! GEMMs (SIMT or tensor cores, [`grouped`]), and `DispatchedTokens::combine` adds the
 //! weighted expert rows back in token order.
 //!
+//! [`shared`]: Qwen3.5-MoE's gated shared expert, added to the routed experts' output.
+//!
 //! [`training`]: the weights of a fixed selection and their gradient with respect to the
 //! logits, for first-order router training (kernels in [`training_kernel`]).
 
@@ -26,6 +28,7 @@ pub mod expert_training_kernel;
 pub mod experts;
 pub mod grouped;
 pub mod kernel;
+pub mod shared;
 pub mod training;
 pub mod training_kernel;
 

@@ -1,6 +1,8 @@
 //! Qwen3-MoE beyond its goldens: the two checkpoint layouts of the routed experts (per expert, and
 //! fused `gate_up_proj` / `down_proj`) give the same model, a checkpoint mixing them is refused,
-//! and the MoE fields of `config.json` are validated with errors naming them.
+//! and the MoE fields of `config.json` are validated with errors naming them. Qwen3.5-MoE: its
+//! composite and per-expert checkpoints load as the same model, and its fields take
+//! transformers' defaults.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -246,4 +248,170 @@ fn bad_moe_fields_are_errors_naming_them() {
         let err = moe_config(edit).err().unwrap_or_else(|| panic!("accepted a config without {want}"));
         assert!(err.contains(want), "{want}: {err}");
     }
+}
+
+/// The qwen35-moe fixture rewritten: `rename` maps each tensor name (`None` drops it), `config`
+/// edits its `config.json`, and `split` replaces the fused experts by per-expert tensors named
+/// with `rename`'s prefix.
+fn qwen35_moe_copy(
+    tag: &str,
+    rename: impl Fn(&str) -> Option<String>,
+    config: impl FnOnce(Value) -> Value,
+    split: bool,
+) -> TempDir {
+    let src = fixture("qwen35-moe");
+    let dir = TempDir::new(tag);
+    for f in ["generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.0.join(f)).unwrap();
+    }
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    std::fs::write(dir.0.join("config.json"), serde_json::to_string_pretty(&config(json)).unwrap()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let Some(new) = rename(&name) else { continue };
+        let fused = name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
+        if !(split && fused) {
+            owned.push((new, view.dtype(), view.shape().to_vec(), view.data().to_vec()));
+            continue;
+        }
+        // [E, rows, cols] into E tensors [rows, cols]; gate_up's rows are each expert's gate
+        // rows, then its up rows.
+        let (e, rows, cols) = (view.shape()[0], view.shape()[1], view.shape()[2]);
+        let width = view.data().len() / (e * rows * cols);
+        let prefix = new.rsplit_once('.').unwrap().0.to_string();
+        for x in 0..e {
+            let expert = &view.data()[x * rows * cols * width..][..rows * cols * width];
+            if name.ends_with("gate_up_proj") {
+                let half = rows / 2 * cols * width;
+                for (part, data) in [("gate_proj", &expert[..half]), ("up_proj", &expert[half..])] {
+                    owned.push((
+                        format!("{prefix}.{x}.{part}.weight"),
+                        view.dtype(),
+                        vec![rows / 2, cols],
+                        data.to_vec(),
+                    ));
+                }
+            } else {
+                owned.push((format!("{prefix}.{x}.down_proj.weight"), view.dtype(), vec![rows, cols], expert.to_vec()));
+            }
+        }
+    }
+    let views: Vec<(String, TensorView)> =
+        owned.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    std::fs::write(dir.0.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    dir
+}
+
+/// The composite `qwen3_5_moe` (its `text_config`, the text under `model.language_model.`, a
+/// vision tower and an MTP head to ignore), and the text model with its experts stored per
+/// expert, give the fixture's logits bit for bit, in f32 and bf16.
+#[test]
+fn qwen35_moe_composite_and_per_expert_checkpoints_are_the_same_model() {
+    let composite = qwen35_moe_copy(
+        "composite",
+        |n| Some(n.replacen("model.", "model.language_model.", 1)),
+        |text| {
+            let tie = text["tie_word_embeddings"].clone();
+            serde_json::json!({
+                "model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                "text_config": text, "vision_config": {"depth": 1}, "tie_word_embeddings": tie,
+            })
+        },
+        false,
+    );
+    // A vision tensor and an MTP tensor the text model ignores.
+    let extra = composite.0.join("model.safetensors");
+    let bytes = std::fs::read(&extra).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let zeros = vec![0u8; 8];
+    let mut views: Vec<(String, TensorView)> = st.tensors();
+    for name in ["model.visual.patch_embed.proj.weight", "mtp.fc.weight"] {
+        views.push((name.into(), TensorView::new(safetensors::Dtype::BF16, vec![2, 2], &zeros).unwrap()));
+    }
+    let written = safetensors::serialize(views, None).unwrap();
+    drop(st);
+    std::fs::write(&extra, written).unwrap();
+    let c = load_config(&composite.0).unwrap();
+    assert_eq!((c.model_type, c.text_prefix), (ModelType::Qwen35Moe, "model.language_model."));
+    assert!(ModelType::Qwen35Moe.accepts("qwen3_5_moe") && ModelType::Qwen35Moe.accepts("qwen3_5_moe_text"));
+
+    let per_expert = qwen35_moe_copy("per-expert", |n| Some(n.to_string()), |c| c, true);
+    let weights = Weights::load(&per_expert.0, &load_config(&per_expert.0).unwrap()).unwrap();
+    assert!(weights.tensors().contains_key("model.layers.1.mlp.experts.4.up_proj.weight"));
+    assert!(!weights.tensors().contains_key("model.layers.1.mlp.experts.gate_up_proj"));
+
+    let ids: Vec<u32> = (0..19).map(|i| (i * 53 + 7) % 400).collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let want = logits(&fixture("qwen35-moe"), dtype, &ids);
+        assert!(want.iter().all(|x| x.is_finite()));
+        assert!(logits(&composite.0, dtype, &ids) == want, "{dtype}: the composite's logits differ");
+        assert!(logits(&per_expert.0, dtype, &ids) == want, "{dtype}: the per-expert checkpoint's logits differ");
+    }
+}
+
+fn qwen35_moe_config(edit: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Result<ruda_llm::ModelConfig, String> {
+    let text = std::fs::read_to_string(fixture("qwen35-moe").join("config.json")).unwrap();
+    let mut json: Value = serde_json::from_str(&text).unwrap();
+    edit(json.as_object_mut().unwrap());
+    parse_config(Path::new("config.json"), &json).map_err(|e| e.to_string())
+}
+
+/// Qwen3.5-MoE's fields as `Qwen3_5MoeTextConfig` reads them: every layer sparse, routing always
+/// renormalised (`norm_topk_prob`, `decoder_sparse_step` and `mlp_only_layers` are not its
+/// fields), transformers' defaults for the absent sizes; the shared expert's tensors declared.
+#[test]
+fn qwen35_moe_fields_are_read_as_transformers_reads_them() {
+    let c = qwen35_moe_config(|j| {
+        j.insert("norm_topk_prob".into(), false.into());
+        j.insert("mlp_only_layers".into(), vec![0].into());
+    })
+    .unwrap();
+    assert_eq!(c.model_type, ModelType::Qwen35Moe);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob), (5, 3, 24, true));
+    assert_eq!(
+        (moe.sparse_layers.as_slice(), moe.shared_expert_intermediate_size),
+        ([true, true].as_slice(), Some(32))
+    );
+    assert_eq!((moe.experts_layout, c.intermediate_size), (ExpertsLayout::Fused, 32));
+    let tensors = expected_tensors(&c);
+    let shape = |n: &str| tensors.iter().find(|t| t.name == n).map(|t| t.shape.clone());
+    let p = "model.layers.0.mlp";
+    assert_eq!(shape(&format!("{p}.gate.weight")), Some(vec![5, 48]));
+    assert_eq!(shape(&format!("{p}.experts.gate_up_proj")), Some(vec![5, 48, 48]));
+    assert_eq!(shape(&format!("{p}.shared_expert.gate_proj.weight")), Some(vec![32, 48]));
+    assert_eq!(shape(&format!("{p}.shared_expert.down_proj.weight")), Some(vec![48, 32]));
+    assert_eq!(shape(&format!("{p}.shared_expert_gate.weight")), Some(vec![1, 48]));
+    assert_eq!(shape(&format!("{p}.gate_proj.weight")), None);
+
+    let c = qwen35_moe_config(|j| {
+        for k in ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"] {
+            j.remove(k);
+        }
+    })
+    .unwrap();
+    let moe = c.moe.unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size), (256, 8, 512));
+    assert_eq!(moe.shared_expert_intermediate_size, Some(512));
+
+    for (want, key, value) in [
+        ("num_experts_per_tok 6 must be in 1..=5", "num_experts_per_tok", 6),
+        ("num_experts 0", "num_experts", 0),
+        ("moe_intermediate_size is 0", "moe_intermediate_size", 0),
+        ("shared_expert_intermediate_size is 0", "shared_expert_intermediate_size", 0),
+    ] {
+        let err = qwen35_moe_config(|j| {
+            j.insert(key.into(), value.into());
+        })
+        .err()
+        .unwrap_or_else(|| panic!("accepted {key} = {value}"));
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    let err = qwen35_moe_config(|j| {
+        j.insert("model_type".into(), "qwen3_5_moe".into());
+    })
+    .unwrap_err();
+    assert!(err.contains("model_type \"qwen3_5_moe\" without a \"text_config\""), "{err}");
 }

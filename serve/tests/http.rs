@@ -1,6 +1,7 @@
 //! The server on the bundled tiny Qwen2 model (CPU), bound to a loopback port, driven by a
 //! hand-rolled HTTP/1.1 client: every endpoint, streamed and whole replies agreeing with the
-//! pipeline, bad requests and their statuses, saturation, disconnects, graceful shutdown.
+//! pipeline, bad requests and their statuses, saturation, disconnects, graceful shutdown; and the
+//! MoE fixtures served.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -1281,4 +1282,59 @@ async fn forced_tool_calls_come_back_as_tool_calls() {
     assert_eq!((r.status, r.json()["error"]["param"].clone()), (400, json!("tool_choice")), "{}", r.text());
     server.shutdown().await;
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The MoE models (Qwen3-MoE's routed experts; Qwen3.5-MoE's with a gated shared expert after
+/// gated DeltaNet and full attention) served: three concurrent greedy completions (batched
+/// prefill and decode) get the pipeline's replies alone, and the server keeps serving after a
+/// bad request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moe_models_serve_the_replies_they_give_alone() {
+    for name in ["qwen3-moe", "qwen35-moe"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../llm/tests/fixtures").join(name);
+        let server = start(Setup { model: dir.clone(), max_model_len: 64, ..Setup::default() }).await;
+        let prompts = ["Hello there", "The cat sat on the", "1 2 3 4 5 6 7 8"];
+        let expected: Vec<String> = tokio::task::spawn_blocking(move || {
+            let alone = pipeline_of(&dir);
+            prompts
+                .iter()
+                .map(|p| {
+                    let ids = alone.encode(p, true).unwrap();
+                    let params = GenerateParams { max_new_tokens: 8, eos_token_ids: vec![], ..Default::default() };
+                    alone.generate_from_ids(&ids, &params, true, |_, _| StreamControl::Continue).unwrap().generated_text
+                })
+                .collect()
+        })
+        .await
+        .unwrap();
+        let clients: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let body = json!({"prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+                let addr = server.addr;
+                tokio::spawn(
+                    async move { http(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes()).await },
+                )
+            })
+            .collect();
+        for ((client, p), want) in clients.into_iter().zip(prompts).zip(&expected) {
+            let r = client.await.unwrap();
+            assert_eq!(r.status, 200, "{name} {p}: {}", r.text());
+            assert_eq!(r.json()["choices"][0]["text"].as_str(), Some(want.as_str()), "{name}: {p}");
+        }
+        let bad = server.post("/v1/completions", &json!({"prompt": "x", "max_tokens": -3})).await;
+        assert_eq!(bad.status, 400, "{name}: {}", bad.text());
+        let again = server
+            .post(
+                "/v1/completions",
+                &json!({"prompt": prompts[0], "max_tokens": 8, "temperature": 0, "ignore_eos": true}),
+            )
+            .await;
+        assert_eq!(
+            again.json()["choices"][0]["text"].as_str(),
+            Some(expected[0].as_str()),
+            "{name}: after a bad request"
+        );
+        server.shutdown().await;
+    }
 }

@@ -223,7 +223,8 @@ impl MoeSpec {
     pub fn load(&self, ld: &Loader) -> Result<Moe, LlmError> {
         let router = self.router.load(ld)?;
         let fused = &self.expert_tensors(ExpertsLayout::Fused);
-        let layout = if ld.source.stored(&fused[0].name).is_some() { ExpertsLayout::Fused } else { self.layout };
+        let layout =
+            if ld.source.stored(&fused[0].name).is_some() { ExpertsLayout::Fused } else { ExpertsLayout::PerExpert };
         let (e, h, i) = (self.experts, self.hidden, self.intermediate);
         let op = |e| LlmError::op(format!("the experts of {}", self.prefix), e);
         let (gate_up, down) = match layout {

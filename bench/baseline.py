@@ -9,7 +9,9 @@ on older PyTorch; the repeat is outside the timed region); the device-to-device 
 Tensor.copy_; PyTorch's own norm, softmax and elementwise kernels; the gated delta rule through
 flash-linear-attention (`fla.ops.gated_delta_rule`: `chunk_gated_delta_rule` for prefill,
 `fused_recurrent_gated_delta_rule` for a decode step), imported only when installed: without
-it those rows print SKIPPED (the GPU rung installs its wheels from the bundle).
+it those rows print SKIPPED (the GPU rung installs its wheels from the bundle); the routed
+experts on rows sorted by expert through `torch._grouped_mm` (`moe_experts_bf16`, SKIPPED where
+this PyTorch lacks it) and through one `torch.matmul` per expert (`moe_experts_loop_bf16`).
 
 Timing: 3 warm-up calls (the first compiles Triton's kernels and runs their autotuning), then
 SAMPLES samples of as many calls as fill SAMPLE_MS each, CUDA events around each sample; the
@@ -73,6 +75,13 @@ def catalog(quick):
     for t in ((70,) if quick else (2048, 8192, 65536)):
         add("gated_delta_chunk_bf16", [1, t, hk, hv, kd, vd], "fla chunk_gated_delta_rule",
             lambda t=t: gated_delta_problem(1, t, hk, hv, kd, vd, True))
+    # Routed experts at Qwen3-30B-A3B's shapes (E 128, top 8, H 2048, I 768), in ruda-bench's order.
+    e, k, h, i = (6, 2, 40, 24) if quick else (128, 8, 2048, 768)
+    for t in ((9,) if quick else (512, 4096)):
+        add("moe_experts_bf16", [t, e, k, h, i], "torch._grouped_mm",
+            lambda t=t: moe_experts_problem(t, e, k, h, i, grouped=True))
+        add("moe_experts_loop_bf16", [t, e, k, h, i], "a torch.matmul per expert",
+            lambda t=t: moe_experts_problem(t, e, k, h, i, grouped=False))
     return out
 
 
@@ -212,6 +221,39 @@ def gated_delta_problem(b, t, hk, hv, kd, vd, chunked):
         q, k = q.repeat_interleave(hv // hk, 2), k.repeat_interleave(hv // hk, 2)
         call(q, k)
     return lambda: call(q, k)
+
+
+def moe_experts_problem(t, e, k, h, i, grouped):
+    """SwiGLU experts on t·k rows already sorted by expert, spread as ruda-bench spreads them
+    (row r to expert r mod E, so every expert gets t·k / E rows): gate/up `[E, 2I, H]` (gate rows
+    first), down `[E, H, I]`, as transformers 5 stores them. Grouped: `torch._grouped_mm` with
+    the cumulative row counts (transformers' `grouped_mm` experts); else one `torch.matmul` per
+    expert on its row block (transformers' eager loop, without its gather and scatter)."""
+    rows = t * k
+    counts = [rows // e + (1 if x < rows % e else 0) for x in range(e)]
+    x = rand(rows, h)
+    gate_up, down = rand(e, 2 * i, h) * h ** -0.5, rand(e, h, i) * i ** -0.5
+    silu = torch.nn.functional.silu
+    if grouped:
+        if not hasattr(torch, "_grouped_mm"):
+            raise Skipped(f"torch {torch.__version__} has no torch._grouped_mm")
+        offs = torch.cumsum(torch.tensor(counts, device="cuda"), 0).to(torch.int32)
+        gu_t, down_t = gate_up.transpose(-2, -1), down.transpose(-2, -1)
+
+        def run():
+            gu = torch._grouped_mm(x, gu_t, offs=offs)
+            return torch._grouped_mm(silu(gu[:, :i]) * gu[:, i:], down_t, offs=offs)
+        return run
+    starts = [sum(counts[:x]) for x in range(e)]
+
+    def run_loop():
+        out = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
+        for x_, (s, c) in enumerate(zip(starts, counts)):
+            if c:
+                gu = torch.matmul(x[s:s + c], gate_up[x_].t())
+                out[s:s + c] = torch.matmul(silu(gu[:, :i]) * gu[:, i:], down[x_].t())
+        return out
+    return run_loop
 
 
 def timed(fn, sample_ms, samples):

@@ -8,8 +8,15 @@ examples (`BUNDLE/bin/qwen2_generate MODEL_DIR PROMPT 128 3`, JSON lines) on the
 their timings, and each RUDA token checked against transformers' teacher-forced logits at that
 step (within TOL of the best logit: random-weight models have near-ties).
 
-Writes OUT/model_bench.json. Usage: model_bench.py OUT BUNDLE [--tiny] [--device cpu]
-(--tiny: 2-layer models of the same kinds, 4 for Qwen3.5, for a smoke run.)
+The MoE model (issue 16: a Qwen3-30B-A3B-shaped Qwen3-MoE, 128 experts of which 8 per token,
+with the depth cut to 4 layers so that its ~4 GB of random weights are made and saved in seconds)
+runs through `ruda-llm generate`, which takes the examples' arguments; it is the GPU rung's `moe`
+step (`--models qwen3-30b-a3b-shaped --out moe_bench.json`), not the `model` step's default set.
+
+Writes OUT/model_bench.json (or the --out name). Usage: model_bench.py OUT BUNDLE [--tiny]
+[--device cpu] [--models NAME,...] [--out FILE.json] [--deadline-s S]
+(--tiny: 2-layer models of the same kinds, 4 for Qwen3.5, with a 4096-token vocabulary and
+small experts, for a smoke run.)
 """
 import json
 import os
@@ -44,7 +51,16 @@ MODELS = [
         num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
         max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True, vocab_size=248320)),
+    # Qwen3-30B-A3B's per-layer shapes (48 layers in the real model), 4 layers deep.
+    ("qwen3-30b-a3b-shaped", "qwen3_moe", "ruda-llm generate", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        vocab_size=151936)),
 ]
+# The `model` step's models (the MoE one is the `moe` step's).
+DEFAULT_MODELS = ["qwen2.5-0.5b", "qwen3-0.6b", "qwen3.5-0.8b-shaped"]
 
 
 def tokenizer_json(path, vocab_size):
@@ -82,6 +98,9 @@ def make_model(name, model_type, cfg, out_dir, tiny, device, torch, transformers
     if tiny:
         # Qwen3.5 needs four layers for one of full attention (every fourth).
         cfg.update(num_hidden_layers=4 if model_type == "qwen3_5_text" else 2, vocab_size=4096)
+        if model_type == "qwen3_moe":
+            cfg.update(num_experts=8, moe_intermediate_size=64, hidden_size=256, intermediate_size=512,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     config_cls = transformers.AutoConfig.for_model(model_type, **cfg)
     config_cls.torch_dtype = "bfloat16"
     torch.manual_seed(SEED)
@@ -133,8 +152,8 @@ def teacher_forced_logits(model, prompt_ids, gen_ids, torch):
     return logits.float()
 
 
-def run_ruda(exe, path, prompt, prompt_ids, model, torch, timeout):
-    cmd = [exe, path, prompt, str(NEW_TOKENS), str(RUNS)]
+def run_ruda(cmd, path, prompt, prompt_ids, model, torch, timeout):
+    cmd = cmd + [path, prompt, str(NEW_TOKENS), str(RUNS)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -162,12 +181,12 @@ def run_ruda(exe, path, prompt, prompt_ids, model, torch, timeout):
     return res, None
 
 
-def write_result(out, result):
-    """model_bench.json, rewritten after each model so a timeout keeps what was measured."""
-    tmp = os.path.join(out, "model_bench.json.tmp")
+def write_result(out, name, result):
+    """OUT/name, rewritten after each model so a timeout keeps what was measured."""
+    tmp = os.path.join(out, name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1)
-    os.replace(tmp, os.path.join(out, "model_bench.json"))
+    os.replace(tmp, os.path.join(out, name))
 
 
 def main():
@@ -179,6 +198,11 @@ def main():
     device = args[args.index("--device") + 1] if "--device" in args else "cuda"
     # Stop starting work that cannot finish before the caller's timeout.
     deadline = time.time() + (float(args[args.index("--deadline-s") + 1]) if "--deadline-s" in args else 1e9)
+    names = args[args.index("--models") + 1].split(",") if "--models" in args else DEFAULT_MODELS
+    unknown = [n for n in names if n not in [m[0] for m in MODELS]]
+    if unknown:
+        sys.exit(f"model_bench.py: unknown models {unknown}; known: {[m[0] for m in MODELS]}")
+    out_name = args[args.index("--out") + 1] if "--out" in args else "model_bench.json"
     import torch
     import transformers
     os.makedirs(out, exist_ok=True)
@@ -188,7 +212,7 @@ def main():
     # one token, so RUDA encodes the same ids from the text).
     text = ("The quick brown fox jumps over the lazy dog. " * 20)[:PROMPT_TOKENS]
     with tempfile.TemporaryDirectory(prefix="ruda-model-bench-") as tmp:
-        for name, model_type, example, cfg in MODELS:
+        for name, model_type, example, cfg in [m for m in MODELS if m[0] in names]:
             t0 = time.time()
             entry = {"name": name, "model_type": model_type}
             if deadline - t0 < 30:
@@ -204,9 +228,10 @@ def main():
                 p_ms, d_tps, gen = hf_bench(model, prompt_ids, torch)
                 entry["transformers"] = {"prefill_ms": round(p_ms, 3), "decode_tokens_per_second": round(d_tps, 2),
                                          "generated_token_ids": gen}
-                exe = os.path.join(bundle, "bin", example)
+                exe, *subcommand = example.split()
+                exe = os.path.join(bundle, "bin", exe)
                 if os.path.exists(exe):
-                    ours, why = run_ruda(exe, path, text, prompt_ids, model, torch,
+                    ours, why = run_ruda([exe, *subcommand], path, text, prompt_ids, model, torch,
                                          timeout=max(10, min(240, int(deadline - time.time()) - 10)))
                     entry["ruda"] = ours
                     if why:
@@ -223,8 +248,8 @@ def main():
             print(f"model_bench: {name}: {json.dumps({k: v for k, v in entry.items() if k != 'transformers'})[:300]}",
                   file=sys.stderr, flush=True)
             result["models"].append(entry)
-            write_result(out, result)
-    write_result(out, result)
+            write_result(out, out_name, result)
+    write_result(out, out_name, result)
     return 0 if all("error" not in m for m in result["models"]) else 1
 
 

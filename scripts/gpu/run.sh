@@ -4,10 +4,10 @@
 # CUDA (RUDA_REQUIRE_GPU=1, so a missing GPU fails instead of skipping) for each compiler in
 # RUDA_GPU_COMPILERS, then rudac check with the machine's ptxas, then the benchmarks beside
 # their PyTorch baselines, the model benchmark and the batched-generation one, then the gated delta rule's benchmarks
-# beside flash-linear-attention's, and writes into RESULTS_DIR a few files: machine.json,
+# beside flash-linear-attention's, then the MoE rows and model, and writes into RESULTS_DIR a few files: machine.json,
 # tests.json, bench_ruda.jsonl, bench_torch.jsonl, model_bench.json, batch_bench.json, serve_bench.json, gdelta_ruda.jsonl,
-# gdelta_torch.jsonl, summary.json, summary.md, and logs.tar.gz (every log). The summary ends
-# stdout.
+# gdelta_torch.jsonl, moe_ruda.jsonl, moe_torch.jsonl, moe_bench.json, summary.json, summary.md, and logs.tar.gz (every
+# log). The summary ends stdout.
 #
 # Every step has a timeout, and all of them share RUDA_GPU_BUDGET_S (420 s by default, under
 # the device tool's 600 s per call): tests 180 s in all (each executable at most 120 s: a crate's tests are one binary of modules), rudac
@@ -18,13 +18,16 @@
 # 80 s, the fla wheels' install 30 s (2 s expected), the gated delta rows 60 s (ruda-bench, ~25 s
 # expected) and 120 s (fla, whose first chunked call compiles and autotunes ~30 Triton
 # configurations), each capped by what is left of the budget (less a margin for the summary).
-# `RUDA_GPU_STEPS=gdelta` alone takes at most 3.5 minutes.
+# `RUDA_GPU_STEPS=gdelta` alone takes at most 3.5 minutes. The moe step: ruda-bench's MoE rows
+# 50 s (~2 GB of expert weights made per row, ~20 s expected), baseline.py's 50 s and the
+# Qwen3-30B-A3B-shaped model 150 s (4 layers, ~4 GB of random weights made and saved, then
+# transformers' and RUDA's prefill and decode); `RUDA_GPU_STEPS=moe` alone takes at most 4 minutes.
 #
 # Usage: bash scripts/gpu/run.sh RESULTS_DIR
-# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model batch serve bench gdelta"),
+# Knobs: RUDA_GPU_COMPILERS ("ptx nvrtc"), RUDA_GPU_STEPS ("tests check run ncu gpucheck model batch serve bench gdelta moe"),
 #        RUDA_GPU_BUDGET_S (420), RUDA_BENCH_FILTER (words passed to both benchmark programs in the
 #        bench step; the gdelta step runs the gated_delta rows, and the copy row when the bench
-#        step does not run, for the decode rows' floor).
+#        step does not run, for the decode rows' floor; so does the moe step for its MoE rows).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 results=${1:?usage: run.sh RESULTS_DIR}
@@ -41,7 +44,7 @@ if [ -f "$bundle/executables.tar.xz" ]; then
   tar -C "$bundle" -xJf "$bundle/executables.tar.xz"
 fi
 compilers=${RUDA_GPU_COMPILERS:-ptx nvrtc}
-steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model batch serve bench gdelta} "
+steps=" ${RUDA_GPU_STEPS:-tests check run ncu gpucheck model batch serve bench gdelta moe} "
 budget=${RUDA_GPU_BUDGET_S:-420}
 filter=${RUDA_BENCH_FILTER:-}
 t_start=$(date +%s)
@@ -196,15 +199,15 @@ fi
 
 if has_step bench; then
   # Each program stops starting benchmarks 15 s before its timeout. The gated delta rows are
-  # the gdelta step's.
+  # the gdelta step's, the MoE rows the moe step's.
   t=$(allot 100)
   # shellcheck disable=SC2086
-  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) --exclude gated_delta $filter \
+  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) --exclude gated_delta --exclude moe $filter \
     > "$results/bench_ruda.jsonl" 2> "$logs/bench_ruda.log"
   note "ruda-bench exit $?"
   t=$(allot 80)
   # shellcheck disable=SC2086
-  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) --exclude gated_delta $filter \
+  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) --exclude gated_delta --exclude moe $filter \
     > "$results/bench_torch.jsonl" 2> "$logs/bench_torch.log"
   note "baseline.py exit $?"
 fi
@@ -227,15 +230,38 @@ if has_step gdelta; then
   note "baseline.py (gated delta) exit $?"
 fi
 
+# MoE (issue 16): the routed experts at Qwen3-30B-A3B's shapes against torch._grouped_mm and a
+# per-expert torch.matmul loop, decode steps against the copy bandwidth (measured here when no
+# earlier step did), then a Qwen3-30B-A3B-shaped model's decode tokens/s against transformers.
+if has_step moe; then
+  words="moe"
+  has_step bench || has_step gdelta || words="copy moe"
+  t=$(allot 50)
+  # shellcheck disable=SC2086
+  timeout "$t" "$bundle/bin/ruda-bench" --budget-s $((t > 20 ? t - 15 : 5)) $words \
+    > "$results/moe_ruda.jsonl" 2> "$logs/moe_ruda.log"
+  note "ruda-bench (moe) exit $?"
+  t=$(allot 50)
+  # shellcheck disable=SC2086
+  timeout "$t" python3 bench/baseline.py --budget-s $((t > 20 ? t - 15 : 5)) $words \
+    > "$results/moe_torch.jsonl" 2> "$logs/moe_torch.log"
+  note "baseline.py (moe) exit $?"
+  t=$(allot 150)
+  timeout "$t" python3 scripts/gpu/model_bench.py "$results" "$bundle" --models qwen3-30b-a3b-shaped \
+    --out moe_bench.json --deadline-s $((t > 15 ? t - 5 : t)) > "$logs/moe_bench.log" 2>&1
+  note "model_bench.py (moe) exit $?"
+fi
+
 python3 scripts/gpu/summarize.py "$results" > "$logs/summary.txt" 2>&1
 echo "=== run.sh: $(( $(date +%s) - t_start )) s; results in $results ==="
 tail -n 2 "$logs/gpucheck.txt" "$logs/rudac-check.txt" 2>/dev/null
 cat "$logs/rudac-run.txt" 2>/dev/null
 grep -h "FAILED\|SKIPPED" "$logs/bench_ruda.log" "$logs/bench_torch.log" "$logs/gdelta_ruda.log" \
-  "$logs/gdelta_torch.log" 2>/dev/null | head -20
+  "$logs/gdelta_torch.log" "$logs/moe_ruda.log" "$logs/moe_torch.log" 2>/dev/null | head -20
 tail -n 3 "$logs/model_bench.log" 2>/dev/null
 tail -n 8 "$logs/batch_bench.log" 2>/dev/null
 tail -n 3 "$logs/serve_bench.log" 2>/dev/null
+tail -n 3 "$logs/moe_bench.log" 2>/dev/null
 cat "$logs/summary.txt"
 # One archive of every log (the tool carrying $OUT back drops results with many files).
 tar -czf "$results/logs.tar.gz" -C "$logs" . 2>/dev/null

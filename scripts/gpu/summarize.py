@@ -7,7 +7,10 @@ Columns: `x base` = torch_ms / ruda_ms (above 1: RUDA is faster); TFLOP/s and GB
 (GB/s counts the bytes the op must move at least); `copy%` = RUDA's GB/s as a fraction of the
 device-to-device copy bandwidth measured in the same run (ours / PyTorch's copy_). Targets of
 the op-library and gated delta issues are checked at the end (a gated delta decode row's bytes
-are its state traffic, so its GB/s over the best copy bandwidth is the fraction of its floor).
+are its state traffic, so its GB/s over the best copy bandwidth is the fraction of its floor),
+then the MoE issue's measurements, which have no goal (the grouped experts against
+torch._grouped_mm and a per-expert loop, the decode step's fraction of its selected experts'
+weight bytes at copy bandwidth, and the MoE model's decode tokens/s against transformers).
 Any input file may be missing: what is there is summarized.
 
 Usage: summarize.py RESULTS_DIR
@@ -52,9 +55,10 @@ def fmt(v, digits=3):
 def bench_rows(results):
     # The bench step's rows, then the gdelta step's (the gated delta rule, and the copy rows
     # when the bench step did not run).
-    ours = read_jsonl(os.path.join(results, "bench_ruda.jsonl")) + read_jsonl(os.path.join(results, "gdelta_ruda.jsonl"))
-    theirs = {(r["op"], tuple(r["shape"])): r
-              for name in ("bench_torch.jsonl", "gdelta_torch.jsonl") for r in read_jsonl(os.path.join(results, name))}
+    ours = [r for name in ("bench_ruda.jsonl", "gdelta_ruda.jsonl", "moe_ruda.jsonl")
+            for r in read_jsonl(os.path.join(results, name))]
+    theirs = {(r["op"], tuple(r["shape"])): r for name in ("bench_torch.jsonl", "gdelta_torch.jsonl", "moe_torch.jsonl")
+              for r in read_jsonl(os.path.join(results, name))}
     copy = {"ruda": None, "torch": None}
     for r in ours:
         if r["op"] == "copy" and r.get("ruda_ms"):
@@ -72,6 +76,7 @@ def bench_rows(results):
         gbs = r["bytes"] / ms / 1e6 if ms and r.get("bytes") else None
         # Compute-bound rows (GEMM above the GEMV range, prefill) get no copy fraction.
         memory_bound = (r["op"] not in ("attention_prefill_bf16", "gated_delta_chunk_bf16")
+                        and not r["op"].startswith("moe_experts")
                         and not (r["op"].startswith("linear") and r["shape"][0] > 16))
         row = {
             "op": r["op"], "shape": r["shape"], "tag": r.get("tag", ""), "baseline": base,
@@ -125,6 +130,27 @@ def targets(rows, copy):
     return [(n, v, goal, v is not None and v >= goal) for n, v, goal in out]
 
 
+def moe_measurements(rows, copy, moe_model):
+    """The MoE issue's (16) measurements, without goals: (name, value)."""
+    out = []
+    best_copy = max([c for c in copy.values() if c] or [0]) or None
+    for t in (512, 4096):
+        shape = [t, 128, 8, 2048, 768]
+        for op, base in (("moe_experts_bf16", "torch._grouped_mm"), ("moe_experts_loop_bf16", "a torch.matmul loop")):
+            r = find(rows, op, shape)
+            out.append((f"grouped experts T={t} (Qwen3-30B-A3B shapes) vs {base}", r and r["ratio"]))
+    for t in (1, 8):
+        d = find(rows, "moe_decode_bf16", [t, 128, 8, 2048, 768])
+        frac = round(d["gbs"] / best_copy, 3) if d and d.get("gbs") and best_copy else None
+        out.append((f"MoE decode step T={t}, fraction of its selected experts' weight bytes at copy bandwidth", frac))
+    for m in moe_model.get("models", []):
+        hf, ours = m.get("transformers", {}), m.get("ruda") or {}
+        ratio = (ours["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
+                 if ours.get("decode_tokens_per_second") and hf.get("decode_tokens_per_second") else None)
+        out.append((f"{m['name']} decode tokens/s vs transformers", ratio and round(ratio, 3)))
+    return out
+
+
 def model_lines(model):
     lines = []
     for m in model.get("models", []):
@@ -155,12 +181,15 @@ def main():
     machine = read_json(os.path.join(results, "machine.json"), {})
     tests = read_json(os.path.join(results, "tests.json"), [])
     model = read_json(os.path.join(results, "model_bench.json"), {})
+    moe_model = read_json(os.path.join(results, "moe_bench.json"), {})
     ncu = read_json(os.path.join(results, "ncu_compare.json"), {})
     rows, copy = bench_rows(results)
     goals = targets(rows, copy)
+    moe = moe_measurements(rows, copy, moe_model)
     summary = {"machine": machine, "tests": tests, "copy_gbs": copy, "bench": rows,
                "targets": [{"target": n, "value": v, "goal": g, "met": ok} for n, v, g, ok in goals],
-               "model_bench": model, "ncu_compare": ncu}
+               "moe": [{"measurement": n, "value": v} for n, v in moe],
+               "model_bench": model, "moe_bench": moe_model, "ncu_compare": ncu}
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 
@@ -186,10 +215,18 @@ def main():
     for n, v, goal, ok in goals:
         verdict = "NOT MEASURED" if v is None else "MET" if ok else "NOT MET"
         md.append(f"- {verdict}: {n}: {fmt(v)} (goal >= {goal})")
+    md.append("")
+    md.append("MoE (issue 16, measurements without goals):")
+    for n, v in moe:
+        md.append(f"- {'NOT MEASURED' if v is None else 'MEASURED'}: {n}: {fmt(v)}")
     if model:
         md.append("")
         md.append("Model benchmark (prefill 512 tokens, greedy decode 128, bf16):")
         md += model_lines(model)
+    if moe_model:
+        md.append("")
+        md.append("MoE model benchmark (prefill 512 tokens, greedy decode 128, bf16):")
+        md += model_lines(moe_model)
     if ncu.get("kernels"):
         md.append("")
         md.append("Nsight Compute / interpreter counters (1.0 = the interpreter's model matches):")

@@ -354,6 +354,106 @@ fn delta_decode_bench(b: usize, heads: DeltaHeads) -> Bench {
     }
 }
 
+/// Routed experts `(E, top_k, H, I)`: Qwen3-30B-A3B's (128 experts, 8 per token, hidden 2048,
+/// 768 features per expert).
+type ExpertShape = (usize, usize, usize, usize);
+const QWEN3_30B_A3B_EXPERTS: ExpertShape = (128, 8, 2048, 768);
+
+/// A routing of `t` tokens that spreads their `t · top_k` rows evenly: token `t`'s experts are
+/// `t · top_k + j` mod E (distinct when `top_k ≤ E`), each weight `1 / top_k`. The timing of the
+/// grouped GEMMs depends on the rows per expert, not on the values.
+fn even_routing(dev: &Device, t: usize, (e, k, _, _): ExpertShape) -> Result<api::RoutingPlan, BoxError> {
+    let ids: Vec<u32> = (0..t * k).map(|i| (i % e) as u32).collect();
+    let weights = vec![bf16::from_f32(1.0 / k as f32); t * k];
+    let plan = api::RoutingPlan::from_selection(
+        Tensor::from_slice(dev, &ids, &[t, k])?,
+        Tensor::from_slice(dev, &weights, &[t, k])?,
+        e,
+    )?;
+    Ok(plan)
+}
+
+/// Random bf16 experts `[E, 2I, H]` (gate rows first) and `[E, H, I]`, scaled to keep the
+/// activations finite.
+fn random_experts(dev: &Device, (e, _, h, i): ExpertShape) -> Result<api::SwiGluExperts, BoxError> {
+    let gate_up = random_bf16(dev, &[e, 2 * i, h], 41)?;
+    let down = random_bf16(dev, &[e, h, i], 42)?;
+    Ok(api::SwiGluExperts::from_fused(gate_up, down)?)
+}
+
+/// The routed experts on `t` tokens already dispatched (grouped gate/up GEMM, SwiGLU, grouped
+/// down GEMM: `GroupedStrategy::Auto`, the tensor cores in bf16), as bench/baseline.py times
+/// `torch._grouped_mm` (`moe_experts_bf16`) and a loop of one `torch.matmul` per expert
+/// (`moe_experts_loop_bf16`) on the same rows sorted by expert. Shape `[T, E, top_k, H, I]`.
+fn moe_experts_bench(op: &'static str, t: usize, shape: ExpertShape, tag: &str) -> Bench {
+    let (e, k, h, i) = shape;
+    let rows = t * k;
+    Bench {
+        op,
+        shape: vec![t, e, k, h, i],
+        tag: format!("{tag}, {} rows per expert", rows / e),
+        base: None,
+        flops: 6.0 * (rows * h * i) as f64,
+        // Every expert's weights once, the rows in and out, the gate/up rows written and read.
+        bytes: 2.0 * (3 * e * h * i + 2 * rows * h + 4 * rows * i) as f64,
+        make: Box::new(move |dev| {
+            let experts = random_experts(dev, shape)?;
+            let x = random_bf16(dev, &[t, h], 43)?;
+            let dispatched = even_routing(dev, t, shape)?.dispatch(&x)?;
+            let workspace = api::ExpertsWorkspace::new(&experts, rows)?;
+            let out = Tensor::empty(dev, DType::BF16, &[rows, h])?;
+            let run: Launch = Box::new(move |s: &Stream| {
+                experts.forward_dispatched_into(s, &dispatched, api::GroupedStrategy::Auto, &workspace, &out)?;
+                Ok(())
+            });
+            Ok((run, None))
+        }),
+    }
+}
+
+/// One decode step's routed block on `t` tokens, as the model layer runs it from the router's
+/// logits: routing, dispatch, the experts and the weighted combine. `bytes` is the selected
+/// experts' weights alone (`3 · H · I` bf16 each, `min(T · top_k, E)` experts under the even
+/// routing), so its GB/s over the copy bandwidth is the fraction of the step's floor.
+fn moe_decode_bench(t: usize, shape: ExpertShape) -> Bench {
+    let (e, k, h, i) = shape;
+    let selected = (t * k).min(e);
+    Bench {
+        op: "moe_decode_bf16",
+        shape: vec![t, e, k, h, i],
+        tag: "route, dispatch, experts, combine; bytes: the selected experts' weights".into(),
+        base: None,
+        flops: 6.0 * (t * k * h * i) as f64,
+        bytes: 2.0 * (3 * selected * h * i) as f64,
+        make: Box::new(move |dev| {
+            let experts = random_experts(dev, shape)?;
+            let x = random_bf16(dev, &[t, h], 44)?;
+            // Logits that pick the even routing's experts: token t's are t·k .. t·k + k - 1.
+            let mut logits = vec![bf16::from_f32(-4.0); t * e];
+            for (row, chunk) in logits.chunks_mut(e).enumerate() {
+                for j in 0..k {
+                    chunk[(row * k + j) % e] = bf16::from_f32(1.0 + j as f32 / k as f32);
+                }
+            }
+            let logits = Tensor::from_slice(dev, &logits, &[t, e])?;
+            let plan = even_routing(dev, t, shape)?;
+            let dispatched = plan.dispatch(&x)?;
+            let workspace = api::ExpertsWorkspace::new(&experts, t * k)?;
+            let expert_out = Tensor::empty(dev, DType::BF16, &[t * k, h])?;
+            let out = Tensor::empty(dev, DType::BF16, &[t, h])?;
+            let options = api::RoutingOptions { top_k: k, renormalize: true };
+            let run: Launch = Box::new(move |s: &Stream| {
+                api::route_into(s, &logits, &options, plan.indices(), plan.weights())?;
+                plan.dispatch_into(s, &x, &dispatched)?;
+                experts.forward_dispatched_into(s, &dispatched, api::GroupedStrategy::Auto, &workspace, &expert_out)?;
+                dispatched.combine_into(s, &expert_out, &out)?;
+                Ok(())
+            });
+            Ok((run, None))
+        }),
+    }
+}
+
 /// Every benchmark, in run order (`quick`: tiny shapes for the interpreter).
 fn catalog(quick: bool) -> Vec<Bench> {
     let mut out: Vec<Bench> = Vec::new();
@@ -460,6 +560,18 @@ fn catalog(quick: bool) -> Vec<Bench> {
     }
     for &t in &delta_tokens {
         out.push(delta_chunk_bench(t, delta_heads, 64));
+    }
+    // Routed experts at Qwen3-30B-A3B's shapes (the GPU rung's `moe` step): prefill-sized
+    // batches against torch._grouped_mm and a per-expert loop, then decode steps.
+    let (expert_shape, expert_tokens, decode_tokens) =
+        if quick { ((6, 2, 40, 24), vec![9], vec![1]) } else { (QWEN3_30B_A3B_EXPERTS, vec![512, 4096], vec![1, 8]) };
+    for &t in &expert_tokens {
+        let tag = if quick { "tiny experts" } else { "qwen3-30b-a3b experts" };
+        out.push(moe_experts_bench("moe_experts_bf16", t, expert_shape, &format!("{tag} vs torch._grouped_mm")));
+        out.push(moe_experts_bench("moe_experts_loop_bf16", t, expert_shape, &format!("{tag} vs a torch.matmul loop")));
+    }
+    for &t in &decode_tokens {
+        out.push(moe_decode_bench(t, expert_shape));
     }
     // Row-wise and elementwise ops at 4096 x 4096.
     let (rows, hidden) = if quick { (64, 256) } else { (4096, 4096) };

@@ -40,7 +40,7 @@ pub struct MoeSpec {
     /// The layout [`MoeSpec::declare`] declares (loading takes whichever the checkpoint holds).
     pub layout: ExpertsLayout,
     /// Qwen3.5-MoE's gated shared expert.
-    pub shared: Option<SharedExpertSpec>,
+    pub shared: Option<Box<SharedExpertSpec>>,
 }
 
 /// `{prefix}.shared_expert` (a SwiGLU MLP) and its gate `{prefix}.shared_expert_gate` `[1, H]`.
@@ -74,10 +74,10 @@ impl MoeSpec {
     /// With a shared expert of `intermediate` features, gated per token.
     pub fn with_shared_expert(mut self, intermediate: usize) -> MoeSpec {
         let p = &self.prefix;
-        self.shared = Some(SharedExpertSpec {
+        self.shared = Some(Box::new(SharedExpertSpec {
             mlp: MlpSpec::new(&format!("{p}.shared_expert"), self.hidden, intermediate),
             gate: LinearSpec::new("shared_expert_gate", &format!("{p}.shared_expert_gate"), 1, self.hidden, false),
-        });
+        }));
         self
     }
 
@@ -240,9 +240,11 @@ impl MoeSpec {
         };
         let experts = SwiGluExperts::from_fused(gate_up, down).map_err(op)?;
         let shared = match &self.shared {
-            Some(s) => {
-                Some(SharedExpert { mlp: s.mlp.load(ld)?, gate: s.gate.load(ld)?, intermediate: s.mlp.intermediate() })
-            }
+            Some(s) => Some(Box::new(SharedExpert {
+                mlp: s.mlp.load(ld)?,
+                gate: s.gate.load(ld)?,
+                intermediate: s.mlp.intermediate(),
+            })),
             None => None,
         };
         Ok(Moe { router, experts, routing: self.routing, prefix: self.prefix.clone(), shared })
@@ -254,7 +256,7 @@ pub struct Moe {
     experts: SwiGluExperts,
     routing: RoutingOptions,
     prefix: String,
-    shared: Option<SharedExpert>,
+    shared: Option<Box<SharedExpert>>,
 }
 
 struct SharedExpert {

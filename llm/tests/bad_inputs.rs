@@ -298,7 +298,7 @@ fn rows() -> Vec<Row> {
             ..generate(
                 "ruda-llm generate: an unknown model_type",
                 RUN,
-                "config.json: not supported: model_type \"llama\" (only \"qwen2\", \"qwen3\", \"qwen3_moe\", \"qwen3_5_text\" and \"qwen3_5\" are implemented)",
+                "config.json: not supported: model_type \"llama\" (only \"qwen2\", \"qwen3\", \"qwen3_moe\", \"qwen3_5_text\", \"qwen3_5\", \"qwen3_5_moe_text\" and \"qwen3_5_moe\" are implemented)",
             )
         },
         Row {

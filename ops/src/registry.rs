@@ -35,6 +35,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::moe::MoeRouterTraining],
     &[&crate::moe::MoeExpertTraining],
     &[&crate::moe::shared::MoeSharedExpert],
+    &[&crate::moe::decode::MoeDecode],
     &[&crate::elementwise::AddBias, &crate::penalty::Penalty],
     &[&crate::gated_delta::GatedDelta],
     &[&crate::conv1d::Conv1d],

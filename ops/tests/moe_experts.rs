@@ -3,7 +3,10 @@
 //! reference for every strategy and dtype at awkward shapes (T not a multiple of a tile,
 //! experts without tokens, one expert holding every token, top_k = E, H and I multiples of 8
 //! but not 16, and for the SIMT path not even of 8), the staged chain against the one-call
-//! forms, and every error.
+//! forms, and every error. The decode path (no dispatch, GEMVs over the routing slots) against
+//! the same reference at every token tile, vector and scalar loads, split and fused weights,
+//! experts shared across tokens and repeated or out-of-range ids; the interpreter's load
+//! counters show each selected expert read once per step.
 //!
 //! Expert tolerance: the reference is exact (f64, no intermediate rounding); the device
 //! rounds the gate/up products, the activation, the down product and the combine to the
@@ -13,10 +16,14 @@
 //! `H + I` terms. A wrong row, expert or weight is off by the size of the output itself.
 
 use crate::common::*;
+use ruda_ir::interp::{run_profiled, KernelArg, LaunchConfig};
+use ruda_ir::Constant;
 use ruda_ops::api::{
-    self, DispatchedTokens, ExpertsWorkspace, GroupRoutingOptions, GroupedStrategy, OpError, RoutingOptions,
-    RoutingPlan, SwiGluExperts,
+    self, DispatchedTokens, ExpertsDecodeWorkspace, ExpertsWorkspace, GroupRoutingOptions, GroupedStrategy, OpError,
+    RoutingOptions, RoutingPlan, SwiGluExperts, EXPERTS_DECODE_MAX_TOKENS,
 };
+use ruda_ops::kernels::gemv::GemvLoads;
+use ruda_ops::moe::decode::{moe_decode, DecodeConfig, DecodeProjection};
 use ruda_runtime::{DType, Device, Tensor};
 
 /// Logits on the grid of sixteenths (exact in every dtype), with experts `cold` pushed far
@@ -490,4 +497,178 @@ fn bad_arguments_are_errors() {
         scale: 1.0,
     };
     fails(experts.forward_sigmoid_grouped(&x, &lg, None, g, GroupedStrategy::Scalar), "groups");
+}
+
+#[test]
+fn decode_path_matches_reference() {
+    let dev = device();
+    let mut rng = Rng::new(29);
+    // (T, E, top_k, H, I, cold experts, hot expert): one token; three (a tile of 4 with a
+    // padded token) with H and I odd (scalar loads); the full tile of 8 with top_k = E (every
+    // expert shared by every token); five tokens all picking one expert.
+    let cases: [ExpertCase; 4] = [
+        (1, 8, 2, 40, 24, &[], None),
+        (3, 5, 3, 17, 9, &[], None),
+        (EXPERTS_DECODE_MAX_TOKENS, 4, 4, 24, 40, &[], None),
+        (5, 6, 2, 64, 16, &[0], Some(2)),
+    ];
+    for dtype in FLOAT_DTYPES {
+        for (t, e, k, h, i, cold, hot) in cases {
+            let w = Weights::new(&mut rng, dtype, e, h, i);
+            let mut z = logits(&mut rng, t, e, cold);
+            if let Some(hot) = hot {
+                z.chunks_mut(e).for_each(|row| row[hot] = 30.0);
+            }
+            let x = quantize(dtype, &rng.vec(t * h, -1.0, 1.0));
+            let input = tensor(&dev, dtype, &x, &[t, h]);
+            let plan = plan_of(&dev, dtype, &z, t, e, k, true);
+            let idx = plan.indices().to_vec::<u32>().unwrap();
+            let (want, mag) = reference(&w, &x, &idx, &plan.weights().to_f32_vec().unwrap(), k);
+            for (form, experts) in [("split", w.experts(&dev, dtype)), ("fused", w.fused(&dev, dtype))] {
+                let what = format!("{dtype} {form} decode T={t} E={e} k={k} H={h} I={i}");
+                let out = experts.forward_decode(&input, &plan).unwrap();
+                assert_eq!(out.shape(), &[t, h], "{what}");
+                check_block(&what, dtype, &out.to_f32_vec().unwrap(), &want, &mag, h + i);
+                // The `_into` form, with its buffers reused for a second step.
+                let ws = ExpertsDecodeWorkspace::new(&experts, t, k).unwrap();
+                let into = Tensor::empty(&dev, dtype, &[t, h]).unwrap();
+                for _ in 0..2 {
+                    experts.forward_decode_into(&dev.default_stream(), &input, &plan, &ws, &into).unwrap();
+                    assert_eq!(into.to_bytes().unwrap(), out.to_bytes().unwrap(), "{what}: into form");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_path_takes_repeated_and_out_of_range_ids() {
+    // A selection made elsewhere: token 0 names expert 2 twice, token 1 names expert 9 of 4
+    // (clamped to 3, as the dispatch clamps), token 2 shares expert 2 with token 0.
+    let dev = device();
+    let mut rng = Rng::new(30);
+    let (t, e, k, h, i) = (3, 4, 2, 24, 16);
+    for dtype in FLOAT_DTYPES {
+        let w = Weights::new(&mut rng, dtype, e, h, i);
+        let experts = w.experts(&dev, dtype);
+        let ids = [2u32, 2, 0, 9, 1, 2];
+        let weights = quantize(dtype, &[0.25, 0.5, 0.75, 1.0, -0.5, 0.125]);
+        let plan = RoutingPlan::from_selection(
+            Tensor::from_slice(&dev, &ids, &[t, k]).unwrap(),
+            tensor(&dev, dtype, &weights, &[t, k]),
+            e,
+        )
+        .unwrap();
+        let x = quantize(dtype, &rng.vec(t * h, -1.0, 1.0));
+        let input = tensor(&dev, dtype, &x, &[t, h]);
+        let clamped: Vec<u32> = ids.iter().map(|&id| id.min(e as u32 - 1)).collect();
+        let (want, mag) = reference(&w, &x, &clamped, &weights, k);
+        let what = format!("{dtype} repeated ids");
+        check_block(
+            &what,
+            dtype,
+            &experts.forward_decode(&input, &plan).unwrap().to_f32_vec().unwrap(),
+            &want,
+            &mag,
+            h + i,
+        );
+        // The dispatched path on the same selection agrees with the same reference.
+        let d = plan.dispatch(&input).unwrap();
+        let dispatched = d.combine(&experts.forward_dispatched(&d).unwrap()).unwrap();
+        check_block(&format!("{what} (dispatched)"), dtype, &dispatched.to_f32_vec().unwrap(), &want, &mag, h + i);
+    }
+}
+
+#[test]
+fn decode_nan_routing_rows_give_nan_outputs() {
+    let dev = device();
+    let (t, e, h, i) = (3, 4, 8, 8);
+    let w = Weights::new(&mut Rng::new(31), DType::F32, e, h, i);
+    let mut z = logits(&mut Rng::new(32), t, e, &[]);
+    z[e + 1] = f32::NAN;
+    let x = Rng::new(33).vec(t * h, -1.0, 1.0);
+    let plan = plan_of(&dev, DType::F32, &z, t, e, 2, true);
+    let out = w.experts(&dev, DType::F32).forward_decode(&tensor(&dev, DType::F32, &x, &[t, h]), &plan).unwrap();
+    let out = out.to_vec::<f32>().unwrap();
+    assert!(out[h..2 * h].iter().all(|v| v.is_nan()), "token 1's row: {:?}", &out[h..2 * h]);
+    assert!(out[..h].iter().chain(&out[2 * h..]).all(|v| v.is_finite()), "{out:?}");
+}
+
+/// Global load sectors of the decode gate/up kernel (f32, 4 tokens of top 2 over 8 experts, I
+/// = 16, H = 64) on routing ids `ids`, in the interpreter.
+fn decode_load_sectors(ids: &[u32]) -> u64 {
+    let (t, k, e, n, kk) = (4u32, 2u32, 8u32, 16u32, 64u32);
+    let cfg = DecodeConfig {
+        dtype: ruda_ir::ScalarType::F32,
+        projection: DecodeProjection::GateUp,
+        m_tile: 4,
+        loads: GemvLoads::Vector,
+    };
+    let mut kern = moe_decode(&cfg).unwrap();
+    ruda_ir::passes::optimize(&mut kern).unwrap();
+    let f32s = |len: u32| (0..len).flat_map(|v| ((v % 7) as f32 * 0.125).to_le_bytes()).collect::<Vec<u8>>();
+    let mut x = f32s(t * kk);
+    let mut indices: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (mut gate, mut up) = (f32s(e * n * kk), f32s(e * n * kk));
+    let mut act = vec![0u8; (t * k * n * 4) as usize];
+    let u = |v: u32| KernelArg::Scalar(Constant::u32(v));
+    let mut args = vec![
+        KernelArg::Buffer(&mut x),
+        KernelArg::Buffer(&mut indices),
+        KernelArg::Buffer(&mut gate),
+        KernelArg::Buffer(&mut up),
+        KernelArg::Buffer(&mut act),
+        u(t),
+        u(k),
+        u(e),
+        u(n),
+        u(kk),
+        u(n * kk),
+    ];
+    let launch = LaunchConfig { grid: DecodeConfig::grid(n, t * k), block: [128, 1, 1], dynamic_shared_bytes: 0 };
+    run_profiled(&kern, &launch, &mut args, 1).unwrap().totals.global_load_sectors
+}
+
+#[test]
+fn decode_reads_each_selected_expert_once() {
+    // Eight slots over 8, 4 and 2 experts. The loads are a fixed part (the ids) plus a part per
+    // selected expert, however many slots name it: affine in the distinct experts, at least
+    // one expert's gate and up rows apiece. Reading an expert once per slot would load the
+    // same for all three.
+    let s8 = decode_load_sectors(&[0, 1, 2, 3, 4, 5, 6, 7]);
+    let s4 = decode_load_sectors(&[0, 1, 2, 3, 3, 2, 1, 0]);
+    let s2 = decode_load_sectors(&[5, 6, 6, 5, 5, 6, 6, 5]);
+    assert_eq!(s8 - s4, 2 * (s4 - s2), "sectors for 8, 4, 2 experts: {s8}, {s4}, {s2}");
+    let per_expert = (s4 - s2) / 2;
+    let weight_sectors = 2 * 16 * 64 * 4 / 32;
+    assert!(per_expert >= weight_sectors, "{per_expert} sectors per expert, its weights are {weight_sectors}");
+}
+
+#[test]
+fn decode_bad_arguments_are_errors() {
+    let dev = device();
+    let (t, e, k, h, i) = (4, 3, 2, 16, 8);
+    let experts = Weights::new(&mut Rng::new(34), DType::F32, e, h, i).experts(&dev, DType::F32);
+    let t2 = |dtype: DType, shape: &[usize]| tensor(&dev, dtype, &vec![0.5; shape.iter().product()], shape);
+    let z = logits(&mut Rng::new(35), 9, e, &[]);
+    let plan = plan_of(&dev, DType::F32, &z[..t * e], t, e, k, true);
+    let x = t2(DType::F32, &[t, h]);
+    // More tokens than the path takes, for the workspace and for the call.
+    fails(ExpertsDecodeWorkspace::new(&experts, EXPERTS_DECODE_MAX_TOKENS + 1, k), "decode path takes");
+    fails(ExpertsDecodeWorkspace::new(&experts, t, e + 1), "top_k");
+    let nine = plan_of(&dev, DType::F32, &z, 9, e, k, true);
+    fails(experts.forward_decode(&t2(DType::F32, &[9, h]), &nine), "decode path takes");
+    // Input of another width, token count or dtype; output of another shape.
+    fails(experts.forward_decode(&t2(DType::F32, &[t, h + 1]), &plan), "input");
+    fails(experts.forward_decode(&t2(DType::F32, &[t + 1, h]), &plan), "input");
+    fails(experts.forward_decode(&t2(DType::BF16, &[t, h]), &plan), "input");
+    let ws = ExpertsDecodeWorkspace::new(&experts, t, k).unwrap();
+    let s = dev.default_stream();
+    fails(experts.forward_decode_into(&s, &x, &plan, &ws, &t2(DType::F32, &[t, h - 1])), "out");
+    // A workspace for another step, a plan over another expert count.
+    let other = ExpertsDecodeWorkspace::new(&experts, t - 1, k).unwrap();
+    fails(experts.forward_decode_into(&s, &x, &plan, &other, &t2(DType::F32, &[t, h])), "workspace");
+    let z4 = logits(&mut Rng::new(36), t, e + 1, &[]);
+    let plan4 = plan_of(&dev, DType::F32, &z4, t, e + 1, k, true);
+    fails(experts.forward_decode(&x, &plan4), "experts");
 }

@@ -143,6 +143,9 @@ def moe_measurements(rows, copy, moe_model):
         d = find(rows, "moe_decode_bf16", [t, 128, 8, 2048, 768])
         frac = round(d["gbs"] / best_copy, 3) if d and d.get("gbs") and best_copy else None
         out.append((f"MoE decode step T={t}, fraction of its selected experts' weight bytes at copy bandwidth", frac))
+        g = find(rows, "moe_decode_grouped_bf16", [t, 128, 8, 2048, 768])
+        speedup = round(g["ruda_ms"] / d["ruda_ms"], 3) if d and g and d.get("ruda_ms") and g.get("ruda_ms") else None
+        out.append((f"MoE decode step T={t}, the decode path's speed-up over the dispatched grouped GEMMs", speedup))
     for m in moe_model.get("models", []):
         hf, ours = m.get("transformers", {}), m.get("ruda") or {}
         ratio = (ours["decode_tokens_per_second"] / hf["decode_tokens_per_second"]

@@ -350,3 +350,33 @@ fn ruda_bench_gated_delta_rows_run_on_the_interpreter() {
         }
     }
 }
+
+/// The MoE rows at the quick shapes on the interpreter: the grouped experts against both torch
+/// baselines' names, and a decode step through the decode path and through the dispatched path
+/// (its baseline), whose bytes are the selected experts' weights (`3 · H · I` bf16 each).
+#[test]
+fn ruda_bench_moe_rows_run_on_the_interpreter() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
+        .args(["--quick", "--samples", "1", "--sample-ms", "1", "moe"])
+        .env("RUDA_DEVICE", "cpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(
+        ops,
+        ["moe_experts_bf16", "moe_experts_loop_bf16", "moe_decode_bf16", "moe_decode_grouped_bf16"],
+        "{stderr}"
+    );
+    for r in &rows {
+        assert!(r["ruda_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let shape: Vec<u64> = r["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+        if r["op"].as_str().unwrap().starts_with("moe_decode") {
+            let [t, e, k, h, i] = shape[..] else { panic!("{r}") };
+            assert_eq!(r["bytes"].as_f64().unwrap(), (2 * 3 * (t * k).min(e) * h * i) as f64, "{r}");
+        }
+    }
+}

@@ -11,6 +11,11 @@
 //! (`experts.{e}.{gate,up,down}_proj.weight`, stacked at load in one host copy) or fused
 //! (`experts.gate_up_proj`, `experts.down_proj`, uploaded as stored).
 //!
+//! A chunk of at most [`EXPERTS_DECODE_MAX_TOKENS`] rows (a decode step) skips the dispatch:
+//! the experts run as GEMVs over the routing slots, each selected expert's weights read once,
+//! then a combine in slot order ([`SwiGluExperts::forward_decode_into`]). Longer chunks dispatch
+//! rows by expert and run grouped GEMMs.
+//!
 //! Qwen3.5-MoE adds a shared expert that every token runs, gated per token
 //! ([`MoeSpec::with_shared_expert`]):
 //!
@@ -19,7 +24,8 @@
 //! ```
 
 use ruda_ops::api::{
-    self, DispatchedTokens, ExpertsWorkspace, GroupedStrategy, RoutingOptions, RoutingPlan, SwiGluExperts,
+    self, DispatchedTokens, ExpertsDecodeWorkspace, ExpertsWorkspace, GroupedStrategy, RoutingOptions, RoutingPlan,
+    SwiGluExperts, EXPERTS_DECODE_MAX_TOKENS,
 };
 use ruda_runtime::{DType, Device, Stream, Tensor};
 
@@ -119,9 +125,9 @@ impl MoeSpec {
         out
     }
 
-    /// The launches of [`Moe::forward`] for one row: the router, routing, the three dispatch
-    /// kernels, the grouped gate/up GEMM, SwiGLU, the grouped down GEMM and the combine; then
-    /// the shared expert's MLP, its gate and the gated add.
+    /// The launches of [`Moe::forward`] for one row: the router, routing, the decode path's
+    /// gate/up (with SwiGLU), down and combine; then the shared expert's MLP, its gate and the
+    /// gated add.
     pub fn decode_launches(&self, step: &DecodeStep, out: &mut Vec<PlannedLaunch>) {
         self.router.decode_launches(step, out);
         let (e, k, h, i) =
@@ -136,72 +142,39 @@ impl MoeSpec {
             k * (4 + el),
             5 * e,
         ));
-        out.push(launch(
-            format!("{p}.dispatch (count)"),
-            format!("moe_dispatch_count.{dt}"),
-            format!("{k} entries"),
-            k * (4 + el),
-            e * 4 + k * 4,
-            k,
-        ));
-        out.push(launch(
-            format!("{p}.dispatch (scan)"),
-            "moe_dispatch_scan".into(),
-            format!("{e} experts"),
-            e * 4,
-            (e + 1) * 4,
-            e,
-        ));
-        out.push(launch(
-            format!("{p}.dispatch (scatter)"),
-            format!("moe_dispatch_scatter.{dt}"),
-            format!("[1, {h}] → [{k}, {h}]"),
-            h * el + k * 4,
-            k * h * el + 8 * k,
-            k * h,
-        ));
-        // `GroupedStrategy::Auto`: the tensor cores take f16/bf16 with hidden and intermediate
-        // sizes multiples of 8; a decode step's `top_k` rows (at most one per expert) take their
-        // 64 × 64 tile, at the deepest pipeline (3 stages).
-        let tc = step.dtype != DType::F32 && h % 8 == 0 && i % 8 == 0;
-        let grouped = if tc { format!("moe_grouped_tc.{dt}.tc64x64.s3") } else { format!("moe_grouped_simt.{dt}") };
+        // One row: the decode path (see the module docs), its loads 16 bytes wide where the
+        // hidden and intermediate sizes are whole chunks.
+        let chunk = 16 / el;
+        let loads = if h % chunk == 0 && i % chunk == 0 { "" } else { ".scalar" };
         let gate_up = k * 2 * i * h * el;
         out.push(PlannedLaunch {
             weight_bytes: gate_up,
             ..launch(
-                format!("{p}.experts.gate_up_proj"),
-                grouped.clone(),
-                format!("[{k}, {h}] · [{k} of {e}, {}, {h}]ᵀ", 2 * i),
-                gate_up + k * h * el,
-                k * 2 * i * el,
-                2 * k * 2 * i * h,
+                format!("{p}.experts.gate_up_proj (silu · up)"),
+                format!("moe_decode_gate_up_fused.{dt}.m1{loads}"),
+                format!("[1, {h}] · [{k} of {e}, {}, {h}]ᵀ → [{k}, {i}]", 2 * i),
+                gate_up + h * el + k * 4,
+                k * i * el,
+                2 * k * 2 * i * h + 5 * k * i,
             )
         });
-        out.push(launch(
-            format!("{p}.experts.act (silu · up)"),
-            format!("swiglu.{dt}"),
-            format!("[{k}, {}] → [{k}, {i}]", 2 * i),
-            k * 2 * i * el,
-            k * i * el,
-            5 * k * i,
-        ));
         let down = k * h * i * el;
         out.push(PlannedLaunch {
             weight_bytes: down,
             ..launch(
                 format!("{p}.experts.down_proj"),
-                grouped,
+                format!("moe_decode_down.{dt}.m1{loads}"),
                 format!("[{k}, {i}] · [{k} of {e}, {h}, {i}]ᵀ"),
-                down + k * i * el,
+                down + k * i * el + k * 4,
                 k * h * el,
                 2 * k * h * i,
             )
         });
         out.push(launch(
             format!("{p}.combine"),
-            format!("moe_combine.{dt}"),
+            format!("moe_combine_slots.{dt}.w{dt}"),
             format!("[{k}, {h}] → [1, {h}]"),
-            k * h * el + k * 8,
+            k * h * el + k * el,
             h * el,
             2 * k * h,
         ));
@@ -280,10 +253,21 @@ pub struct MoeScratch {
     logits: Tensor,
     /// The routing's indices and weights `[tokens, top_k]`, which `route_into` fills.
     routing: RoutingPlan,
-    dispatched: DispatchedTokens,
-    experts: ExpertsWorkspace,
-    expert_out: Tensor,
+    experts: ExpertsScratch,
     shared: Option<SharedScratch>,
+}
+
+/// The routed experts' buffers: the decode path's for a few rows, else the dispatch's and the
+/// grouped GEMMs'.
+enum ExpertsScratch {
+    Decode(ExpertsDecodeWorkspace),
+    Dispatched(Box<DispatchedScratch>),
+}
+
+struct DispatchedScratch {
+    dispatched: DispatchedTokens,
+    workspace: ExpertsWorkspace,
+    expert_out: Tensor,
 }
 
 impl Moe {
@@ -316,9 +300,15 @@ impl Moe {
                 e,
             )
             .map_err(op)?,
-            dispatched: DispatchedTokens::new(device, dtype, tokens, k, e, h).map_err(op)?,
-            experts: ExpertsWorkspace::new(&self.experts, tokens * k).map_err(op)?,
-            expert_out: Tensor::empty(device, dtype, &[tokens * k, h])?,
+            experts: if tokens <= EXPERTS_DECODE_MAX_TOKENS {
+                ExpertsScratch::Decode(ExpertsDecodeWorkspace::new(&self.experts, tokens, k).map_err(op)?)
+            } else {
+                ExpertsScratch::Dispatched(Box::new(DispatchedScratch {
+                    dispatched: DispatchedTokens::new(device, dtype, tokens, k, e, h).map_err(op)?,
+                    workspace: ExpertsWorkspace::new(&self.experts, tokens * k).map_err(op)?,
+                    expert_out: Tensor::empty(device, dtype, &[tokens * k, h])?,
+                }))
+            },
             shared,
         })
     }
@@ -338,14 +328,24 @@ impl Moe {
         self.router.forward(s, plan, x, &a.logits, &a.logits).map_err(op("router"))?;
         let r = &a.routing;
         api::route_into(s, &a.logits, &self.routing, r.indices(), r.weights()).map_err(op("routing"))?;
-        r.dispatch_into(s, x, &a.dispatched).map_err(op("dispatch"))?;
-        self.experts
-            .forward_dispatched_into(s, &a.dispatched, GroupedStrategy::Auto, &a.experts, &a.expert_out)
-            .map_err(op("experts"))?;
+        // The routed experts' sum goes to `out`, or before the shared expert's add to `routed`.
+        let routed = a.shared.as_ref().map_or(out, |b| &b.routed);
+        match &a.experts {
+            ExpertsScratch::Decode(ws) => {
+                self.experts.forward_decode_into(s, x, r, ws, routed).map_err(op("experts"))?;
+            }
+            ExpertsScratch::Dispatched(d) => {
+                let DispatchedScratch { dispatched, workspace, expert_out } = &**d;
+                r.dispatch_into(s, x, dispatched).map_err(op("dispatch"))?;
+                self.experts
+                    .forward_dispatched_into(s, dispatched, GroupedStrategy::Auto, workspace, expert_out)
+                    .map_err(op("experts"))?;
+                dispatched.combine_into(s, expert_out, routed).map_err(op("combine"))?;
+            }
+        }
         let (Some(shared), Some(b)) = (&self.shared, &a.shared) else {
-            return a.dispatched.combine_into(s, &a.expert_out, out).map_err(op("combine"));
+            return Ok(());
         };
-        a.dispatched.combine_into(s, &a.expert_out, &b.routed).map_err(op("combine"))?;
         shared.mlp.forward(s, plan, x, &b.mlp, &b.out)?;
         shared.gate.forward(s, plan, x, &b.gate, &b.gate).map_err(op("shared expert gate"))?;
         api::shared_expert_add_into(s, &b.routed, &b.out, &b.gate, out).map_err(op("shared expert"))

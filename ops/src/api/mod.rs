@@ -23,6 +23,7 @@ pub use crate::gemv::api::*;
 pub(crate) use crate::host::*;
 pub use crate::logprobs::api::*;
 pub use crate::moe::api::*;
+pub use crate::moe::decode::{ExpertsDecodeWorkspace, EXPERTS_DECODE_MAX_TOKENS};
 pub use crate::moe::expert_training::*;
 pub use crate::moe::experts::*;
 pub use crate::moe::shared::{shared_expert_add, shared_expert_add_into};

@@ -69,10 +69,11 @@ impl GemvConfig {
 
     /// Elements per load: 16 bytes' worth for vector loads, one for scalar loads.
     pub fn chunk(&self) -> u32 {
-        match self.loads {
-            GemvLoads::Vector => 16 / self.dtype.bytes(),
-            GemvLoads::Scalar => 1,
-        }
+        self.warp_dot().chunk()
+    }
+
+    fn warp_dot(&self) -> WarpDot {
+        WarpDot { dtype: self.dtype, loads: self.loads, unroll: self.unroll() }
     }
 
     /// Chunk groups in flight per lane: fewer for many rows, whose accumulators and `x` values
@@ -91,33 +92,111 @@ impl GemvConfig {
     }
 }
 
-/// Load chunk `c` (in units of [`GemvConfig::chunk`] elements) of the row at `row` as `f32`s.
-#[track_caller]
-fn load_chunk(b: &mut KernelBuilder, cfg: &GemvConfig, row: Value, c: Value) -> Vec<Value> {
-    match (cfg.loads, cfg.dtype) {
-        (GemvLoads::Scalar, _) => vec![load_f32(b, row, c)],
-        (GemvLoads::Vector, ScalarType::F32) => {
-            let four = b.const_u32(4);
-            let i = b.mul(c, four);
-            let p = b.ptr_add(row, i);
-            let v = b.load_vec(p, 4);
-            (0..4).map(|j| b.extract(v, j)).collect()
+/// How a warp reads rows for its dot products: the element type, the load width, and how many
+/// groups of 32 chunks per lane are in flight.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WarpDot {
+    pub dtype: ScalarType,
+    pub loads: GemvLoads,
+    pub unroll: u32,
+}
+
+impl WarpDot {
+    /// Elements per load: 16 bytes' worth for vector loads, one for scalar loads.
+    pub fn chunk(&self) -> u32 {
+        match self.loads {
+            GemvLoads::Vector => 16 / self.dtype.bytes(),
+            GemvLoads::Scalar => 1,
         }
-        (GemvLoads::Vector, half) => {
-            // Eight halves as four u32 words; element 2j is the low half of word j.
-            let words = b.ptr_cast(row, ScalarType::U32);
-            let four = b.const_u32(4);
-            let i = b.mul(c, four);
-            let p = b.ptr_add(words, i);
-            let v = b.load_vec(p, 4);
-            let mut out = Vec::with_capacity(8);
-            for j in 0..4 {
-                let w = b.extract(v, j);
-                let (lo, hi) = unpack_halves(b, half, w);
-                out.extend([lo, hi]);
+    }
+
+    /// Load chunk `c` (in units of [`WarpDot::chunk`] elements) of the row at `row` as `f32`s.
+    #[track_caller]
+    fn load_chunk(&self, b: &mut KernelBuilder, row: Value, c: Value) -> Vec<Value> {
+        match (self.loads, self.dtype) {
+            (GemvLoads::Scalar, _) => vec![load_f32(b, row, c)],
+            (GemvLoads::Vector, ScalarType::F32) => {
+                let four = b.const_u32(4);
+                let i = b.mul(c, four);
+                let p = b.ptr_add(row, i);
+                let v = b.load_vec(p, 4);
+                (0..4).map(|j| b.extract(v, j)).collect()
             }
-            out
+            (GemvLoads::Vector, half) => {
+                // Eight halves as four u32 words; element 2j is the low half of word j.
+                let words = b.ptr_cast(row, ScalarType::U32);
+                let four = b.const_u32(4);
+                let i = b.mul(c, four);
+                let p = b.ptr_add(words, i);
+                let v = b.load_vec(p, 4);
+                let mut out = Vec::with_capacity(8);
+                for j in 0..4 {
+                    let w = b.extract(v, j);
+                    let (lo, hi) = unpack_halves(b, half, w);
+                    out.extend([lo, hi]);
+                }
+                out
+            }
         }
+    }
+
+    /// This lane's partial sums of `w_rows[r] · x_rows[i]` over the chunks `start..end`
+    /// (chunk `c` to lane `c % 32`), `r`-major: `out[r · x_rows.len() + i]`. The chunks go in
+    /// groups of `32 · unroll` whose `w` loads are all issued before any is used, then a tail
+    /// of single chunks; each sum adds its chunks in increasing order, elements in order.
+    #[track_caller]
+    pub fn lane_dots(
+        &self,
+        b: &mut KernelBuilder,
+        w_rows: &[Value],
+        x_rows: &[Value],
+        start: Value,
+        end: Value,
+    ) -> Vec<Value> {
+        let len = b.sub(end, start);
+        let group = b.const_u32(32 * self.unroll);
+        let groups = b.div(len, group);
+        let lane = b.lane_id();
+        let first = b.add(start, lane);
+        let zero_f = b.const_f32(0.0);
+        let init = vec![zero_f; w_rows.len() * x_rows.len()];
+        // Every row of x against every row of w on one chunk, x loaded once.
+        let fma_chunk = |b: &mut KernelBuilder, acc: &mut [Value], c: Value, ws: &[Vec<Value>]| {
+            for (i, &x_row) in x_rows.iter().enumerate() {
+                let xs = self.load_chunk(b, x_row, c);
+                for (r, wv) in ws.iter().enumerate() {
+                    let a = &mut acc[r * x_rows.len() + i];
+                    for (xv, wv) in xs.iter().zip(wv) {
+                        *a = b.fma(*xv, *wv, *a);
+                    }
+                }
+            }
+        };
+        let (zero, one) = (b.const_u32(0), b.const_u32(1));
+        let acc = b.for_range(zero, groups, one, &init, |b, g, acc| {
+            let base = b.fma(g, group, first);
+            let chunk_ids: Vec<Value> = (0..self.unroll)
+                .map(|u| {
+                    let off = b.const_u32(u * 32);
+                    b.add(base, off)
+                })
+                .collect();
+            let ws: Vec<Vec<Vec<Value>>> =
+                chunk_ids.iter().map(|&c| w_rows.iter().map(|&w| self.load_chunk(b, w, c)).collect()).collect();
+            let mut acc = acc.to_vec();
+            for (c, wv) in chunk_ids.iter().zip(&ws) {
+                fma_chunk(b, &mut acc, *c, wv);
+            }
+            acc
+        });
+        let tail = b.fma(groups, group, first);
+        let thirty_two = b.const_u32(32);
+        b.for_range(tail, end, thirty_two, &acc, |b, c, acc| {
+            let ws: Vec<Vec<Value>> = w_rows.iter().map(|&w| self.load_chunk(b, w, c)).collect();
+            let mut acc = acc.to_vec();
+            fma_chunk(b, &mut acc, c, &ws);
+            acc
+        })
     }
 }
 
@@ -163,11 +242,6 @@ pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
         let end = b.add(start, chunks_per_split);
         let end = b.min(end, chunks);
         let start = b.min(start, end);
-        let len = b.sub(end, start);
-        let unroll = cfg.unroll();
-        let group = b.const_u32(32 * unroll);
-        let groups = b.div(len, group);
-
         let w_row = row_ptr(b, w, col, k);
         let one = b.const_u32(1);
         let last_row = b.sub(m, one);
@@ -178,43 +252,9 @@ pub fn gemv(cfg: &GemvConfig) -> Result<Kernel, VerifyError> {
                 row_ptr(b, x, r, k)
             })
             .collect();
-        let zero_f = b.const_f32(0.0);
-        let init = vec![zero_f; cfg.m_tile as usize];
-        let first = b.add(start, lane);
-        let fma_chunk = |b: &mut KernelBuilder, acc: &mut [Value], c: Value, ws: &[Value]| {
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xs = load_chunk(b, cfg, x_rows[i], c);
-                for (xv, wv) in xs.iter().zip(ws) {
-                    *a = b.fma(*xv, *wv, *a);
-                }
-            }
-        };
+        let acc = cfg.warp_dot().lane_dots(b, &[w_row], &x_rows, start, end);
 
         let zero = b.const_u32(0);
-        let acc = b.for_range(zero, groups, one, &init, |b, g, acc| {
-            let base = b.fma(g, group, first);
-            let chunk_ids: Vec<Value> = (0..unroll)
-                .map(|u| {
-                    let off = b.const_u32(u * 32);
-                    b.add(base, off)
-                })
-                .collect();
-            let ws: Vec<Vec<Value>> = chunk_ids.iter().map(|&c| load_chunk(b, cfg, w_row, c)).collect();
-            let mut acc = acc.to_vec();
-            for (c, wv) in chunk_ids.iter().zip(&ws) {
-                fma_chunk(b, &mut acc, *c, wv);
-            }
-            acc
-        });
-        let tail = b.fma(groups, group, first);
-        let thirty_two = b.const_u32(32);
-        let acc = b.for_range(tail, end, thirty_two, &acc, |b, c, acc| {
-            let ws = load_chunk(b, cfg, w_row, c);
-            let mut acc = acc.to_vec();
-            fma_chunk(b, &mut acc, c, &ws);
-            acc
-        });
-
         let lane0 = b.eq(lane, zero);
         for (i, a) in acc.iter().enumerate() {
             let total = warp_reduce(b, Combine::Sum, *a);

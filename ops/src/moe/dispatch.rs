@@ -364,6 +364,23 @@ pub fn moe_combine(cfg: &CombineConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let CombineValues { expert_out, slot_rows, slot_weights, out, tokens, top_k, hidden } =
         CombineParams::declare(&mut b, cfg);
+    combine_body(&mut b, expert_out, Some(slot_rows), slot_weights, out, [tokens, top_k, hidden]);
+    b.finish()
+}
+
+/// The combine's body: `out[t, j] = Σ_s w[t · top_k + s] · expert_out[row, j]` in `f32`, the
+/// row `slot_rows[t · top_k + s]`, or the slot itself without `slot_rows` (expert rows in slot
+/// order, as the decode path writes them); `weights` of any float dtype. Grid and block as
+/// [`moe_combine`].
+#[track_caller]
+pub(super) fn combine_body(
+    b: &mut KernelBuilder,
+    expert_out: Value,
+    slot_rows: Option<Value>,
+    weights: Value,
+    out: Value,
+    [tokens, top_k, hidden]: [Value; 3],
+) {
     b.launch_bounds(COMBINE_THREADS, None);
     let j = b.global_thread_id_x();
     let in_range = b.lt(j, hidden);
@@ -376,9 +393,14 @@ pub fn moe_combine(cfg: &CombineConfig) -> Result<Kernel, VerifyError> {
             let zero_f = b.const_f32(0.0);
             let acc = b.for_range(zero, top_k, one, &[zero_f], |b, s, acc| {
                 let slot = b.add(base, s);
-                let p = b.ptr_add(slot_rows, slot);
-                let r = b.load(p);
-                let w = load_f32(b, slot_weights, slot);
+                let r = match slot_rows {
+                    Some(rows) => {
+                        let p = b.ptr_add(rows, slot);
+                        b.load(p)
+                    }
+                    None => slot,
+                };
+                let w = load_f32(b, weights, slot);
                 let src = row_ptr(b, expert_out, r, hidden);
                 let x = load_f32(b, src, j);
                 vec![b.fma(w, x, acc[0])]
@@ -387,5 +409,4 @@ pub fn moe_combine(cfg: &CombineConfig) -> Result<Kernel, VerifyError> {
             store_from_f32(b, dst, j, acc);
         });
     });
-    b.finish()
 }

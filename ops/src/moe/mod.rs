@@ -14,7 +14,8 @@
 //! Then [`experts`]: `RoutingPlan::dispatch` groups token rows by expert (a stable counting
 //! sort, [`dispatch`]), `SwiGluExperts` runs each expert's SwiGLU MLP on its rows as grouped
 //! GEMMs (SIMT or tensor cores, [`grouped`]), and `DispatchedTokens::combine` adds the
-//! weighted expert rows back in token order.
+//! weighted expert rows back in token order. For a decode step ([`decode`]), the experts run
+//! as GEMVs on the routing slots directly, each selected expert's weights read once.
 //!
 //! [`shared`]: Qwen3.5-MoE's gated shared expert, added to the routed experts' output.
 //!
@@ -22,6 +23,7 @@
 //! logits, for first-order router training (kernels in [`training_kernel`]).
 
 pub mod api;
+pub mod decode;
 pub mod dispatch;
 pub mod expert_training;
 pub mod expert_training_kernel;

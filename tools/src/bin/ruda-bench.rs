@@ -412,16 +412,21 @@ fn moe_experts_bench(op: &'static str, t: usize, shape: ExpertShape, tag: &str) 
 }
 
 /// One decode step's routed block on `t` tokens, as the model layer runs it from the router's
-/// logits: routing, dispatch, the experts and the weighted combine. `bytes` is the selected
+/// logits: routing, then the decode path (`moe_decode_bf16`: gate/up, down and a combine in slot
+/// order, no dispatch) or the dispatched path (`moe_decode_grouped_bf16`: dispatch, grouped
+/// GEMMs, combine), the latter the former's baseline in the same run. `bytes` is the selected
 /// experts' weights alone (`3 · H · I` bf16 each, `min(T · top_k, E)` experts under the even
 /// routing), so its GB/s over the copy bandwidth is the fraction of the step's floor.
-fn moe_decode_bench(t: usize, shape: ExpertShape) -> Bench {
+fn moe_decode_bench(op: &'static str, t: usize, shape: ExpertShape) -> Bench {
     let (e, k, h, i) = shape;
     let selected = (t * k).min(e);
+    let decode_path = op == "moe_decode_bf16";
     Bench {
-        op: "moe_decode_bf16",
+        op,
         shape: vec![t, e, k, h, i],
-        tag: "route, dispatch, experts, combine; bytes: the selected experts' weights".into(),
+        tag: if decode_path { "route, decode GEMVs, combine" } else { "route, dispatch, grouped GEMMs, combine" }
+            .to_string()
+            + "; bytes: the selected experts' weights",
         base: None,
         flops: 6.0 * (t * k * h * i) as f64,
         bytes: 2.0 * (3 * selected * h * i) as f64,
@@ -437,18 +442,28 @@ fn moe_decode_bench(t: usize, shape: ExpertShape) -> Bench {
             }
             let logits = Tensor::from_slice(dev, &logits, &[t, e])?;
             let plan = even_routing(dev, t, shape)?;
-            let dispatched = plan.dispatch(&x)?;
-            let workspace = api::ExpertsWorkspace::new(&experts, t * k)?;
-            let expert_out = Tensor::empty(dev, DType::BF16, &[t * k, h])?;
             let out = Tensor::empty(dev, DType::BF16, &[t, h])?;
             let options = api::RoutingOptions { top_k: k, renormalize: true };
-            let run: Launch = Box::new(move |s: &Stream| {
-                api::route_into(s, &logits, &options, plan.indices(), plan.weights())?;
-                plan.dispatch_into(s, &x, &dispatched)?;
-                experts.forward_dispatched_into(s, &dispatched, api::GroupedStrategy::Auto, &workspace, &expert_out)?;
-                dispatched.combine_into(s, &expert_out, &out)?;
-                Ok(())
-            });
+            let run: Launch = if decode_path {
+                let workspace = api::ExpertsDecodeWorkspace::new(&experts, t, k)?;
+                Box::new(move |s: &Stream| {
+                    api::route_into(s, &logits, &options, plan.indices(), plan.weights())?;
+                    experts.forward_decode_into(s, &x, &plan, &workspace, &out)?;
+                    Ok(())
+                })
+            } else {
+                let dispatched = plan.dispatch(&x)?;
+                let workspace = api::ExpertsWorkspace::new(&experts, t * k)?;
+                let expert_out = Tensor::empty(dev, DType::BF16, &[t * k, h])?;
+                Box::new(move |s: &Stream| {
+                    api::route_into(s, &logits, &options, plan.indices(), plan.weights())?;
+                    plan.dispatch_into(s, &x, &dispatched)?;
+                    let auto = api::GroupedStrategy::Auto;
+                    experts.forward_dispatched_into(s, &dispatched, auto, &workspace, &expert_out)?;
+                    dispatched.combine_into(s, &expert_out, &out)?;
+                    Ok(())
+                })
+            };
             Ok((run, None))
         }),
     }
@@ -571,7 +586,8 @@ fn catalog(quick: bool) -> Vec<Bench> {
         out.push(moe_experts_bench("moe_experts_loop_bf16", t, expert_shape, &format!("{tag} vs a torch.matmul loop")));
     }
     for &t in &decode_tokens {
-        out.push(moe_decode_bench(t, expert_shape));
+        out.push(moe_decode_bench("moe_decode_bf16", t, expert_shape));
+        out.push(moe_decode_bench("moe_decode_grouped_bf16", t, expert_shape));
     }
     // Row-wise and elementwise ops at 4096 x 4096.
     let (rows, hidden) = if quick { (64, 256) } else { (4096, 4096) };

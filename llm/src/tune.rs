@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use ruda_ops::api::GEMV_MAX_M;
+use ruda_ops::api::{EXPERTS_DECODE_MAX_TOKENS, GEMV_MAX_M};
 use ruda_ops::tune::{tune_shape, DecodeShape, TuneShape};
 use ruda_runtime::{AutotuneMode, DType, Device};
 
@@ -31,6 +31,19 @@ pub fn model_tune_shapes(config: &ModelConfig, dtype: DType, context: usize, pre
     if matches!(dtype, DType::F16 | DType::BF16) && prefill_tokens > GEMV_MAX_M {
         for s in arch.linear_shapes(config, prefill_tokens).into_iter().filter(|s| s.m == prefill_tokens) {
             add(TuneShape::Gemm { dtype, m: prefill_tokens, n: s.n, k: s.k });
+        }
+    }
+    // A prefill chunk's routed experts (a decode step's few rows take GEMVs, not tiles).
+    if let Some(moe) = config.moe.as_ref().filter(|_| matches!(dtype, DType::F16 | DType::BF16)) {
+        if prefill_tokens > EXPERTS_DECODE_MAX_TOKENS {
+            add(TuneShape::MoeExperts {
+                dtype,
+                tokens: prefill_tokens,
+                experts: moe.num_experts,
+                top_k: moe.top_k,
+                hidden: config.hidden_size,
+                inter: moe.intermediate_size,
+            });
         }
     }
     for a in arch.attention_shapes(config) {

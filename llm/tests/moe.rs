@@ -415,3 +415,31 @@ fn qwen35_moe_fields_are_read_as_transformers_reads_them() {
     .unwrap_err();
     assert!(err.contains("model_type \"qwen3_5_moe\" without a \"text_config\""), "{err}");
 }
+
+/// `ruda-llm tune`'s shapes of an MoE model cover its routed experts: one `moe_experts` line per
+/// model at the prefill chunk (f16/bf16 only, and not for chunks of decode size, which run the
+/// GEMV decode path), and the line parses back as a shapes file reads it.
+#[test]
+fn the_tune_shapes_cover_the_experts() {
+    for (name, experts, top_k, hidden, inter) in [("qwen3-moe", 6, 2, 64, 40), ("qwen35-moe", 5, 3, 48, 24)] {
+        let config = load_config(fixture(name)).unwrap();
+        let lines = |dtype, prefill| -> Vec<String> {
+            ruda_llm::tune::model_tune_shapes(&config, dtype, 200, prefill)
+                .iter()
+                .map(ToString::to_string)
+                .filter(|s| s.starts_with("moe_experts"))
+                .collect()
+        };
+        let want = format!("moe_experts bf16 tokens=512 experts={experts} top_k={top_k} hidden={hidden} inter={inter}");
+        assert_eq!(lines(DType::BF16, 512), std::slice::from_ref(&want), "{name}");
+        assert!(lines(DType::F32, 512).is_empty(), "{name}: f32 has no tensor-core tiles");
+        assert!(lines(DType::BF16, 8).is_empty(), "{name}: 8 rows take the decode path");
+        let parsed = ruda_ops::tune::parse_shapes("shapes.txt", &want).unwrap();
+        assert_eq!(parsed[0].to_string(), want);
+    }
+    // A dense model has none.
+    let dense = load_config(fixture("qwen3")).unwrap();
+    assert!(!ruda_llm::tune::model_tune_shapes(&dense, DType::BF16, 200, 512)
+        .iter()
+        .any(|s| s.to_string().starts_with("moe_experts")));
+}

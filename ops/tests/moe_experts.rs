@@ -6,7 +6,8 @@
 //! forms, and every error. The decode path (no dispatch, GEMVs over the routing slots) against
 //! the same reference at every token tile, vector and scalar loads, split and fused weights,
 //! experts shared across tokens and repeated or out-of-range ids; the interpreter's load
-//! counters show each selected expert read once per step.
+//! counters show each selected expert read once per step. The tensor-core tiles: every tile
+//! the tuner may pick gives the heuristic's bits, and the tuner picks with injected timings.
 //!
 //! Expert tolerance: the reference is exact (f64, no intermediate rounding); the device
 //! rounds the gate/up products, the activation, the down product and the combine to the
@@ -22,9 +23,12 @@ use ruda_ops::api::{
     self, DispatchedTokens, ExpertsDecodeWorkspace, ExpertsWorkspace, GroupRoutingOptions, GroupedStrategy, OpError,
     RoutingOptions, RoutingPlan, SwiGluExperts, EXPERTS_DECODE_MAX_TOKENS,
 };
+use ruda_ops::kernels::gemm_tc::TcTile;
 use ruda_ops::kernels::gemv::GemvLoads;
 use ruda_ops::moe::decode::{moe_decode, DecodeConfig, DecodeProjection};
-use ruda_runtime::{DType, Device, Tensor};
+use ruda_ops::moe::grouped::GROUPED_TC_TILES;
+use ruda_ops::tune::{experts_key, tune_experts_shape, tune_experts_with};
+use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 /// Logits on the grid of sixteenths (exact in every dtype), with experts `cold` pushed far
 /// down so no token picks them (given `top_k ≤ E - cold.len()`).
@@ -671,4 +675,99 @@ fn decode_bad_arguments_are_errors() {
     let z4 = logits(&mut Rng::new(36), t, e + 1, &[]);
     let plan4 = plan_of(&dev, DType::F32, &z4, t, e + 1, k, true);
     fails(experts.forward_decode(&x, &plan4), "experts");
+}
+
+#[test]
+fn every_grouped_tile_gives_the_same_bits() {
+    // The tile partitions the output, never the k order: every candidate the tuner may pick
+    // gives the heuristic's bits (and so its agreement with the reference), on 70 rows of 3
+    // experts, one of them idle, in f16 and bf16.
+    let dev = device();
+    let mut rng = Rng::new(37);
+    let (t, e, k, h, i) = (35, 3, 2, 40, 24);
+    for dtype in [DType::F16, DType::BF16] {
+        let w = Weights::new(&mut rng, dtype, e, h, i);
+        let experts = w.fused(&dev, dtype);
+        let x = quantize(dtype, &rng.vec(t * h, -1.0, 1.0));
+        let plan = plan_of(&dev, dtype, &logits(&mut rng, t, e, &[1]), t, e, k, true);
+        let d = plan.dispatch(&tensor(&dev, dtype, &x, &[t, h])).unwrap();
+        let heuristic = experts.forward_dispatched_with_strategy(&d, GroupedStrategy::TensorCore).unwrap();
+        let (want, mag) =
+            reference(&w, &x, &plan.indices().to_vec::<u32>().unwrap(), &plan.weights().to_f32_vec().unwrap(), k);
+        check_block(
+            &format!("{dtype} heuristic tiles"),
+            dtype,
+            &d.combine(&heuristic).unwrap().to_f32_vec().unwrap(),
+            &want,
+            &mag,
+            h + i,
+        );
+        for (n, gate_up) in GROUPED_TC_TILES.into_iter().enumerate() {
+            let down = GROUPED_TC_TILES[(n + 1) % GROUPED_TC_TILES.len()];
+            let tiles = api::ExpertTiles { gate_up, down };
+            let ws = ExpertsWorkspace::with_tiles(&experts, d.len(), Some(tiles)).unwrap();
+            assert_eq!(ws.tiles(), Some(tiles));
+            let out = Tensor::empty(&dev, dtype, &[d.len(), h]).unwrap();
+            experts.forward_dispatched_into(&dev.default_stream(), &d, GroupedStrategy::TensorCore, &ws, &out).unwrap();
+            assert_eq!(out.to_bytes().unwrap(), heuristic.to_bytes().unwrap(), "{dtype} {}", tiles.name());
+        }
+    }
+}
+
+#[test]
+fn expert_tiles_tune_with_injected_timings_and_cache_the_choice() {
+    let dev = Device::cpu();
+    let (e, h, i) = (4, 24, 16);
+    let experts = Weights::new(&mut Rng::new(38), DType::BF16, e, h, i).fused(&dev, DType::BF16);
+    let dir = temp_dir("tune-moe-experts");
+    let tuner = Autotuner::open(&dir, fingerprint(), AutotuneMode::On);
+    // 40 rows over 4 experts: 10 per expert, the small tile for both GEMMs.
+    let heuristic = api::ExpertTiles::heuristic(40, e, h, i);
+    assert_eq!(heuristic, api::ExpertTiles { gate_up: TcTile::T64x64, down: TcTile::T64x64 });
+    assert_eq!(heuristic.name(), "tc64x64");
+    let fastest = api::ExpertTiles { gate_up: TcTile::T128x64, down: TcTile::T128x64 };
+    let broken = api::ExpertTiles { gate_up: TcTile::T128x128, down: TcTile::T128x128 };
+    let mut measured = Vec::new();
+    let choice = tune_experts_with(&tuner, &dev, &experts, 40, |t| {
+        measured.push(t);
+        match t {
+            t if t == broken => Err("launch failed".to_string()),
+            t if t == fastest => Ok(0.5),
+            _ => Ok(1.0),
+        }
+    })
+    .unwrap();
+    // The heuristic's pair first, then each other tile for both GEMMs once.
+    assert_eq!(measured[0], heuristic);
+    assert_eq!(measured.len(), GROUPED_TC_TILES.len());
+    assert!(GROUPED_TC_TILES.iter().all(|&t| measured.contains(&api::ExpertTiles { gate_up: t, down: t })));
+    assert_eq!(choice.value, fastest);
+    assert_eq!(choice.choice.candidate.name, "tc128x64");
+    let again = tune_experts_with(&tuner, &dev, &experts, 40, |_| panic!("measured a cached key")).unwrap();
+    assert!(again.choice.cached && again.value == fastest);
+    // 33 rows share the bucket of 40 (64); the entry records the failure.
+    let key = experts_key(&experts, 33);
+    assert_eq!(key.to_string(), "moe_experts bf16 64x4x32x16 align16");
+    let entry = tuner.snapshot().entries.remove(&key.to_string()).expect("entry");
+    let failed = entry.results.iter().find(|r| r.candidate == broken.name()).expect("measured");
+    assert_eq!(failed.error.as_deref(), Some("launch failed"));
+    // 1024 rows of 4 experts: 256 each, the large tile where the output is that wide (gate/up's
+    // 2I = 32 is not).
+    assert_eq!(
+        api::ExpertTiles::heuristic(1024, e, 256, i),
+        api::ExpertTiles { gate_up: TcTile::T64x64, down: TcTile::T128x128W4 }
+    );
+    assert_eq!(api::ExpertTiles::heuristic(1024, e, 256, i).name(), "tc64x64+tc128x128w4");
+    // Off: the heuristic, unmeasured.
+    let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
+    assert_eq!(tune_experts_with(&off, &dev, &experts, 40, |_| panic!("measured")).unwrap().value, heuristic);
+    // f32 experts have no tensor-core candidates.
+    let f32_experts = Weights::new(&mut Rng::new(39), DType::F32, e, h, i).fused(&dev, DType::F32);
+    let err = tune_experts_with(&tuner, &dev, &f32_experts, 40, |_| Ok(1.0)).unwrap_err().to_string();
+    assert!(err.contains("f16 or bf16"), "{err}");
+    // On the CPU device nothing is tuned: the workspace keeps the heuristic, the shape line
+    // reports that tuning does not apply.
+    let stream = dev.default_stream();
+    assert_eq!(ExpertsWorkspace::tuned(&stream, &experts, 40).unwrap().tiles(), None);
+    assert!(tune_experts_shape(&stream, DType::BF16, [20, e, 2, h, i]).unwrap().is_none());
 }

@@ -92,6 +92,31 @@ fn shapes_files_parse_with_line_numbers() {
     );
     assert_eq!(parse_shapes("s.txt", text).unwrap()[2].to_string(), "gemm bf16 512x4096x4096");
     assert_eq!(parse_shapes("s.txt", text).unwrap()[0].to_string(), "gemv bf16 1x4096x4096");
+    // The routed experts' line: keys in any order, displayed in the line's own form.
+    let moe = "moe_experts bf16 tokens=512 experts=128 top_k=8 hidden=2048 inter=768\n\
+               moe_experts f16 inter=8 hidden=16 top_k=3 experts=3 tokens=1\n";
+    let parsed = parse_shapes("m.txt", moe).unwrap();
+    assert_eq!(
+        parsed[..],
+        [
+            TuneShape::MoeExperts { dtype: DType::BF16, tokens: 512, experts: 128, top_k: 8, hidden: 2048, inter: 768 },
+            TuneShape::MoeExperts { dtype: DType::F16, tokens: 1, experts: 3, top_k: 3, hidden: 16, inter: 8 },
+        ]
+    );
+    let shown = parsed[0].to_string();
+    assert_eq!(shown, "moe_experts bf16 tokens=512 experts=128 top_k=8 hidden=2048 inter=768");
+    assert_eq!(parse_shapes("m.txt", &shown).unwrap(), parsed[..1]);
+    for (bad, want) in [
+        ("moe_experts f32 tokens=8 experts=4 top_k=2 hidden=16 inter=8", "m.txt:1: f32: the tensor-core grouped GEMM"),
+        ("moe_experts bf16 tokens=8 experts=4 top_k=5 hidden=16 inter=8", "m.txt:1: top_k=5 of experts=4"),
+        ("moe_experts bf16 tokens=8 experts=2000 top_k=5 hidden=16 inter=8", "m.txt:1: top_k=5 of experts=2000"),
+        ("moe_experts bf16 tokens=8 experts=4 top_k=2 hidden=20 inter=8", "m.txt:1: hidden=20, inter=8"),
+        ("moe_experts bf16 tokens=8 experts=4 top_k=2 hidden=16", "m.txt:1: missing `inter=`"),
+    ] {
+        let e = parse_shapes("m.txt", bad).expect_err(bad);
+        assert!(e.starts_with(want), "{bad}: {e}");
+        assert!(e.contains("moe_experts DTYPE tokens=T experts=E top_k=K hidden=H inter=I"), "{e}");
+    }
     for (bad, want) in [
         ("gemv bf16 m=1 n=8 k=8\ngemm bf16 m=1 n=8 k=8", "s.txt:2: m=1: up to 16 rows run on the GEMV"),
         ("gemm f32 m=64 n=8 k=8", "s.txt:1: f32: the tensor-core GEMM takes f16 or bf16"),

@@ -305,7 +305,9 @@ impl Moe {
             } else {
                 ExpertsScratch::Dispatched(Box::new(DispatchedScratch {
                     dispatched: DispatchedTokens::new(device, dtype, tokens, k, e, h).map_err(op)?,
-                    workspace: ExpertsWorkspace::new(&self.experts, tokens * k).map_err(op)?,
+                    // Tiles tuned on a GPU (measured once per shape, before any capture).
+                    workspace: ExpertsWorkspace::tuned(&device.default_stream(), &self.experts, tokens * k)
+                        .map_err(op)?,
                     expert_out: Tensor::empty(device, dtype, &[tokens * k, h])?,
                 }))
             },

@@ -28,6 +28,7 @@ pub use crate::moe::expert_training::*;
 pub use crate::moe::experts::*;
 pub use crate::moe::shared::{shared_expert_add, shared_expert_add_into};
 pub use crate::moe::training::*;
+pub use crate::moe::tune::ExpertTiles;
 pub use crate::norm::api::*;
 pub use crate::norm::fused::api::*;
 pub use crate::paged_attention::api as paged_attention;

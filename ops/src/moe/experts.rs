@@ -13,13 +13,14 @@ use super::dispatch::{
     DispatchScatterParams, COMBINE_MAX_ROW_BLOCKS, COMBINE_THREADS, DISPATCH_CHUNK,
 };
 use super::grouped::{
-    grouped_tc_tile, moe_grouped_simt, moe_grouped_tc, GroupedSimtConfig, GroupedSimtParams, GroupedTcConfig,
-    GroupedTcParams, SIMT_THREADS,
+    moe_grouped_simt, moe_grouped_tc, GroupedSimtConfig, GroupedSimtParams, GroupedTcConfig, GroupedTcParams,
+    SIMT_THREADS,
 };
 use super::kernel::{route_threads, MAX_EXPERTS};
+use super::tune::{deepest_stages, tuned_expert_tiles, ExpertTiles};
 use crate::error::Result;
 use crate::gemm::kernels::tc::GemmTcConfig;
-use crate::gemm::tile::STAGES;
+use crate::gemm::tile::TcTile;
 use crate::host::*;
 use crate::params;
 use crate::swiglu::api::swiglu_into;
@@ -336,22 +337,43 @@ pub struct SwiGluExperts {
 }
 
 /// The intermediate buffers of [`SwiGluExperts::forward_dispatched_into`] for `rows`
-/// dispatched rows: the gate/up projections `[rows, 2I]` and the activation `[rows, I]`.
+/// dispatched rows: the gate/up projections `[rows, 2I]` and the activation `[rows, I]`; and
+/// the tensor-core tiles its grouped GEMMs run (the heuristic's unless tuned).
 #[derive(Debug)]
 pub struct ExpertsWorkspace {
     pub(super) gate_up: Tensor,
     pub(super) act: Tensor,
+    tiles: Option<ExpertTiles>,
 }
 
 impl ExpertsWorkspace {
-    /// Buffers for `rows` dispatched rows of `experts`.
+    /// Buffers for `rows` dispatched rows of `experts`, the heuristic's tiles.
     pub fn new(experts: &SwiGluExperts, rows: usize) -> Result<ExpertsWorkspace> {
+        ExpertsWorkspace::with_tiles(experts, rows, None)
+    }
+
+    /// Buffers whose tensor-core GEMMs run `tiles` (`None`: the heuristic's).
+    pub fn with_tiles(experts: &SwiGluExperts, rows: usize, tiles: Option<ExpertTiles>) -> Result<ExpertsWorkspace> {
         let device = experts.down.device();
         let dtype = experts.dtype();
         Ok(ExpertsWorkspace {
             gate_up: Tensor::empty(device, dtype, &[rows, 2 * experts.inter])?,
             act: Tensor::empty(device, dtype, &[rows, experts.inter])?,
+            tiles,
         })
+    }
+
+    /// Buffers with the tiles tuned for `rows` rows on `stream`'s GPU ([`tuned_expert_tiles`]:
+    /// measured on the first call for the shape, allocating and synchronising, so make it
+    /// before capturing); the heuristic's where tuning does not apply.
+    pub fn tuned(stream: &Stream, experts: &SwiGluExperts, rows: usize) -> Result<ExpertsWorkspace> {
+        let tiles = tuned_expert_tiles(stream, experts, rows)?.map(|t| t.value);
+        ExpertsWorkspace::with_tiles(experts, rows, tiles)
+    }
+
+    /// The tiles chosen for these buffers, `None` for the heuristic's.
+    pub fn tiles(&self) -> Option<ExpertTiles> {
+        self.tiles
     }
 }
 
@@ -374,6 +396,8 @@ struct Grouped<'a> {
     n: usize,
     k: usize,
     ldy: usize,
+    /// The tensor-core tile.
+    tile: TcTile,
 }
 
 /// `[E, a, b]` of a weight, checked: a float dtype, contiguous, non-empty, rank 3.
@@ -561,8 +585,7 @@ impl SwiGluExperts {
                     op,
                     message: format!("{dtype}: the tensor-core grouped GEMM takes f16 or bf16"),
                 })?;
-                let tile = grouped_tc_tile(g.rows, g.experts, g.n);
-                let cfg = GroupedTcConfig { ty, tile, stages: *STAGES.last().unwrap_or(&2) };
+                let cfg = GroupedTcConfig { ty, tile: g.tile, stages: deepest_stages() };
                 let grid = cfg.grid(rows, experts, n);
                 if grid[1] > 65535 {
                     return Err(too_many(grid[1]));
@@ -621,9 +644,21 @@ impl SwiGluExperts {
         all.extend(self.weights().into_iter().map(|w| ("expert weights", w)));
         same_device(op, stream, &all)?;
         let engine = self.engine(stream.device(), strategy)?;
+        let tiles = workspace.tiles.unwrap_or_else(|| ExpertTiles::heuristic(rows, self.experts, h, i));
         let offsets = &dispatched.offsets;
         let x = &dispatched.rows;
-        let base = Grouped { x, w: &self.down, y: out, offsets, experts: self.experts, rows, n: i, k: h, ldy: 2 * i };
+        let base = Grouped {
+            x,
+            w: &self.down,
+            y: out,
+            offsets,
+            experts: self.experts,
+            rows,
+            n: i,
+            k: h,
+            ldy: 2 * i,
+            tile: tiles.gate_up,
+        };
         match &self.proj {
             Projections::Split { gate, up } => {
                 let gate_out = workspace.gate_up.narrow(1, 0, i)?;
@@ -636,12 +671,13 @@ impl SwiGluExperts {
             }
         }
         swiglu_into(stream, &workspace.gate_up, &workspace.act)?;
-        let down = Grouped { x: &workspace.act, w: &self.down, y: out, n: h, k: i, ldy: h, ..base };
+        let down = Grouped { x: &workspace.act, w: &self.down, y: out, n: h, k: i, ldy: h, tile: tiles.down, ..base };
         self.grouped_gemm(stream, engine, down)
     }
 
     /// Every expert on its dispatched rows with `strategy` (see
-    /// [`SwiGluExperts::forward_dispatched_into`]): `[T · top_k, H]` in dispatched order.
+    /// [`SwiGluExperts::forward_dispatched_into`]): `[T · top_k, H]` in dispatched order. On a
+    /// GPU the tensor cores run the tiles tuned for the shape ([`ExpertsWorkspace::tuned`]).
     pub fn forward_dispatched_with_strategy(
         &self,
         dispatched: &DispatchedTokens,
@@ -650,7 +686,10 @@ impl SwiGluExperts {
         self.check_dispatched("moe_experts", dispatched)?;
         let device = dispatched.rows.device();
         let out = Tensor::empty(device, self.dtype(), &[dispatched.len(), self.hidden])?;
-        let workspace = ExpertsWorkspace::new(self, dispatched.len())?;
+        let workspace = match strategy {
+            GroupedStrategy::Scalar => ExpertsWorkspace::new(self, dispatched.len())?,
+            _ => ExpertsWorkspace::tuned(&device.default_stream(), self, dispatched.len())?,
+        };
         self.forward_dispatched_into(&device.default_stream(), dispatched, strategy, &workspace, &out)?;
         Ok(out)
     }

@@ -80,8 +80,9 @@ impl GroupedTcConfig {
     }
 }
 
-/// The registered tensor-core configurations: the small tile (decode, many small experts)
-/// and the large one (prefill), both at the deepest pipeline, in f16 and bf16.
+/// The registered tensor-core configurations: every tile (the heuristic picks the small one for
+/// a few rows per expert, the large one for prefill; the tuner tries them all), at the deepest
+/// pipeline, in f16 and bf16.
 pub fn registered_tc_configs() -> Vec<GroupedTcConfig> {
     let deep = *crate::gemm::tile::STAGES.last().unwrap_or(&2);
     let mut out = Vec::new();
@@ -93,8 +94,8 @@ pub fn registered_tc_configs() -> Vec<GroupedTcConfig> {
     out
 }
 
-/// The tiles the host picks from (see [`grouped_tc_tile`]).
-pub const GROUPED_TC_TILES: [TcTile; 2] = [TcTile::T64x64, TcTile::T128x128W4];
+/// The tiles the tuner picks from (the heuristic, [`grouped_tc_tile`], takes two of them).
+pub const GROUPED_TC_TILES: [TcTile; 5] = TcTile::ALL;
 
 /// The tile for `rows` dispatched rows over `experts` experts and `n` columns: 128 × 128 when
 /// an expert averages a full tile of rows and the output is that wide, else 64 × 64 (decode:

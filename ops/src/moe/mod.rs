@@ -33,11 +33,13 @@ pub mod kernel;
 pub mod shared;
 pub mod training;
 pub mod training_kernel;
+pub mod tune;
 
 use crate::blocks::FLOAT_DTYPES;
-use crate::family::Family;
+use crate::family::{Family, ShapeLine};
 use crate::problem::{f32_bits, Case};
 use crate::registry::Registered;
+use crate::tune::TuneShape;
 use dispatch::{
     moe_combine, moe_dispatch_count, moe_dispatch_scan, moe_dispatch_scatter, CombineConfig, DispatchCountConfig,
     DispatchScanConfig, DispatchScatterConfig,
@@ -49,6 +51,7 @@ use expert_training_kernel::{
 use grouped::{moe_grouped_simt, moe_grouped_tc, registered_tc_configs, GroupedSimtConfig};
 use kernel::{moe_route, moe_route_grouped, GroupedRouteConfig, RouteConfig};
 use ruda_ir::ScalarType;
+use ruda_runtime::DType;
 use training_kernel::{moe_router_backward, moe_router_weights, RouterTrainConfig, INDEX_DTYPES};
 
 /// The routing kernels in every float dtype: softmax top-k (family `moe_route`) and grouped
@@ -59,6 +62,17 @@ use training_kernel::{moe_router_backward, moe_router_weights, RouterTrainConfig
 pub struct Moe;
 
 impl Family for Moe {
+    fn shape_lines(&self) -> &'static [ShapeLine] {
+        &[ShapeLine {
+            op: "moe_experts",
+            dims: &["tokens", "experts", "top_k", "hidden", "inter"],
+            format:
+                "`moe_experts DTYPE tokens=T experts=E top_k=K hidden=H inter=I` (DTYPE f16 or bf16, K ≤ E ≤ 1024, \
+                     H and I multiples of 8)",
+            parse: experts_shape,
+        }]
+    }
+
     fn names(&self) -> &'static [&'static str] {
         &[
             "moe_route",
@@ -127,6 +141,26 @@ impl Family for Moe {
         }
         Some(c)
     }
+}
+
+/// A `moe_experts` line: the sizes the tensor-core grouped GEMMs take.
+fn experts_shape(dtype: DType, dims: &[usize]) -> Result<TuneShape, String> {
+    let &[tokens, experts, top_k, hidden, inter] = dims else {
+        return Err(format!("expected tokens, experts, top_k, hidden and inter, got {} dimensions", dims.len()));
+    };
+    if dtype == DType::F32 {
+        return Err("f32: the tensor-core grouped GEMM takes f16 or bf16".into());
+    }
+    if experts > kernel::MAX_EXPERTS as usize || top_k > experts {
+        return Err(format!("top_k={top_k} of experts={experts}: need top_k ≤ experts ≤ {}", kernel::MAX_EXPERTS));
+    }
+    let multiple = crate::gemm::kernels::tc::GemmTcConfig::K_MULTIPLE as usize;
+    if !hidden.is_multiple_of(multiple) || !inter.is_multiple_of(multiple) {
+        return Err(format!(
+            "hidden={hidden}, inter={inter}: the tensor-core grouped GEMM needs multiples of {multiple}"
+        ));
+    }
+    Ok(TuneShape::MoeExperts { dtype, tokens, experts, top_k, hidden, inter })
 }
 
 /// The sample problems of the dispatch, combine and grouped GEMM kernels: 200 tokens routed to

@@ -18,6 +18,7 @@ pub mod flow;
 pub use crate::attention::tune::*;
 pub use crate::gemm::tune::*;
 pub use crate::gemv::tune::*;
+pub use crate::moe::tune::*;
 
 /// Launches per timed sample when tuning on a GPU (a decode GEMV takes microseconds).
 pub(crate) const TUNE_ITERS: usize = 20;
@@ -51,11 +52,14 @@ pub enum TuneShape {
     Gemm { dtype: DType, m: usize, n: usize, k: usize },
     /// One query per sequence against a KV cache of capacity `s_max`.
     AttentionDecode(DecodeShape),
+    /// The routed experts of an MoE block (f16/bf16) on `tokens · top_k` dispatched rows: the
+    /// grouped GEMMs' tiles.
+    MoeExperts { dtype: DType, tokens: usize, experts: usize, top_k: usize, hidden: usize, inter: usize },
 }
 
 impl std::fmt::Display for TuneShape {
     /// `gemv bf16 1x4096x4096`, `gemm bf16 512x4096x4096`, `attention_decode bf16 1x16x8x128x4096` (batch, query heads,
-    /// key/value heads, head dim, capacity).
+    /// key/value heads, head dim, capacity), `moe_experts bf16 tokens=512 experts=128 top_k=8 hidden=2048 inter=768`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TuneShape::Gemv { dtype, m, n, k } => write!(f, "gemv {dtype} {m}x{n}x{k}"),
@@ -67,6 +71,10 @@ impl std::fmt::Display for TuneShape {
                     s.dtype, s.batch, s.q_heads, s.kv_heads, s.head_dim, s.s_max
                 )
             }
+            TuneShape::MoeExperts { dtype, tokens, experts, top_k, hidden, inter } => write!(
+                f,
+                "moe_experts {dtype} tokens={tokens} experts={experts} top_k={top_k} hidden={hidden} inter={inter}"
+            ),
         }
     }
 }
@@ -157,6 +165,9 @@ pub fn tune_shape(stream: &Stream, shape: &TuneShape) -> Result<Option<Choice>> 
         }
         TuneShape::Gemm { dtype, m, n, k } => tune_gemm_shape(stream, *dtype, *m, *n, *k),
         TuneShape::AttentionDecode(s) => tune_decode_shape(stream, s),
+        TuneShape::MoeExperts { dtype, tokens, experts, top_k, hidden, inter } => {
+            tune_experts_shape(stream, *dtype, [*tokens, *experts, *top_k, *hidden, *inter])
+        }
     }
 }
 

@@ -27,7 +27,8 @@ use ruda_ops::kernels::gemm_tc::TcTile;
 use ruda_ops::kernels::gemv::GemvLoads;
 use ruda_ops::moe::decode::{moe_decode, DecodeConfig, DecodeProjection};
 use ruda_ops::moe::grouped::GROUPED_TC_TILES;
-use ruda_ops::tune::{experts_key, tune_experts_shape, tune_experts_with};
+use ruda_ops::tune::flow::Candidates;
+use ruda_ops::tune::{experts_key, tune_experts_shape, tune_experts_with, ExpertTileChoice};
 use ruda_runtime::{AutotuneMode, Autotuner, DType, Device, Tensor};
 
 /// Logits on the grid of sixteenths (exact in every dtype), with experts `cold` pushed far
@@ -758,6 +759,15 @@ fn expert_tiles_tune_with_injected_timings_and_cache_the_choice() {
         api::ExpertTiles { gate_up: TcTile::T64x64, down: TcTile::T128x128W4 }
     );
     assert_eq!(api::ExpertTiles::heuristic(1024, e, 256, i).name(), "tc64x64+tc128x128w4");
+    // Shapes of one key get one candidate set: H = 104 and 128 share a bucket though the exact
+    // heuristic gives the down GEMM's 104 columns the small tile.
+    let set = |h: usize| {
+        let ex = Weights::new(&mut Rng::new(40), DType::BF16, e, h, i).fused(&dev, DType::BF16);
+        let key = experts_key(&ex, 1024);
+        (key.to_string(), Candidates::<ExpertTileChoice>::new(&dev, &key, [1024, e, h, i]).unwrap().set)
+    };
+    assert_ne!(api::ExpertTiles::heuristic(1024, e, 104, i), api::ExpertTiles::heuristic(1024, e, 128, i));
+    assert_eq!(set(104), set(128));
     // Off: the heuristic, unmeasured.
     let off = Autotuner::open(&dir, fingerprint(), AutotuneMode::Off);
     assert_eq!(tune_experts_with(&off, &dev, &experts, 40, |_| panic!("measured")).unwrap().value, heuristic);

@@ -1,10 +1,10 @@
-//! The routed experts for a decode step: a few tokens (at most [`EXPERTS_DECODE_MAX_TOKENS`]), where a
-//! grouped GEMM would mostly multiply padding and the dispatch would cost more than the rows it
-//! moves. Each selected expert's weights are read once per step, as the GEMV reads a linear's:
+//! The routed experts for a decode step (at most [`EXPERTS_DECODE_MAX_TOKENS`] tokens), where a
+//! grouped GEMM would multiply padding and a dispatch cost more than the rows it moves. Each
+//! selected expert's weights are read once per step, as the GEMV reads a linear's:
 //!
-//! 1. [`moe_decode`] (`moe_decode_gate_up`): `act[s, i] = silu(gate_e[i] · x[t]) · (up_e[i] · x[t])` for every
-//!    routing slot `s = t · top_k + j` with expert `e = indices[s]`;
-//! 2. [`moe_decode`] (`moe_decode_down`): `y[s, c] = down_e[c] · act[s]`, expert rows in slot order;
+//! 1. [`moe_decode`] (`moe_decode_gate_up[_fused]`): `act[s, i] = silu(gate_e[i] · x[t]) ·
+//!    (up_e[i] · x[t])` per routing slot `s = t · top_k + j`, its expert `e = indices[s]`;
+//! 2. [`moe_decode`] (`moe_decode_down`): `y[s, c] = down_e[c] · act[s]`, rows in slot order;
 //! 3. [`moe_combine_slots`]: `out[t] = Σ_j w[t, j] · y[t · top_k + j]` (the combine of
 //!    [`super::dispatch`] without a dispatch map).
 //!
@@ -138,8 +138,8 @@ fn expert_of(b: &mut KernelBuilder, indices: Value, last: Value, slot: Value) ->
 /// the slots' activations for down), indices (`u32 [T · top_k]`), w (`[E, n, K]`, experts
 /// `w_stride` elements apart: gate, gate/up fused, or down), up (split gate/up only, strided as
 /// `w`), y (`[T · top_k, n]`), tokens, top_k, experts, n, k, w_stride, and for fused gate/up
-/// up_offset (`u32`). Grid [`DecodeConfig::grid`],
-/// block [`GEMV_THREADS`]; `k` a multiple of [`DecodeConfig::chunk`].
+/// up_offset (`u32`). Grid [`DecodeConfig::grid`], block [`GEMV_THREADS`]; `k` a multiple of
+/// [`DecodeConfig::chunk`].
 pub fn moe_decode(cfg: &DecodeConfig) -> std::result::Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let DecodeValues { x, indices, w, up, y, tokens, top_k, experts, n, k, w_stride, up_offset } =
@@ -278,7 +278,7 @@ pub fn moe_combine_slots(cfg: &SlotCombineConfig) -> std::result::Result<Kernel,
     b.finish()
 }
 
-/// The decode path's buffers for up to `tokens` tokens: the slots' activations `[T · top_k,
+/// The decode path's buffers for a step of `tokens` tokens: the slots' activations `[T · top_k,
 /// I]` and expert rows `[T · top_k, H]`.
 #[derive(Debug)]
 pub struct ExpertsDecodeWorkspace {

@@ -67,8 +67,8 @@ impl Tuned for ExpertTileChoice {
         tiles.name()
     }
 
-    /// The heuristic's pair for the key's bucketed rows first, then each tile for both GEMMs;
-    /// the kernels are the grouped GEMM of every tile.
+    /// The heuristic's pair for the key's bucketed shape first (one key, one candidate set),
+    /// then each tile for both GEMMs; the kernels are the grouped GEMM of every tile.
     fn candidates(
         _: &Device,
         key: &TuneKey,
@@ -81,7 +81,8 @@ impl Tuned for ExpertTileChoice {
             let cfg = GroupedTcConfig { ty, tile, stages };
             kernels.push(kernel(cfg.id(), || moe_grouped_tc(&cfg))?);
         }
-        let first = ExpertTiles::heuristic(bucket(rows as u64) as usize, experts, hidden, inter);
+        let [rows, experts, hidden, inter] = [rows, experts, hidden, inter].map(|d| bucket(d as u64) as usize);
+        let first = ExpertTiles::heuristic(rows, experts, hidden, inter);
         let mut out = vec![first];
         out.extend(GROUPED_TC_TILES.map(|t| ExpertTiles { gate_up: t, down: t }).into_iter().filter(|&t| t != first));
         Ok((out, kernels))

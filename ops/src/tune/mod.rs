@@ -58,8 +58,9 @@ pub enum TuneShape {
 }
 
 impl std::fmt::Display for TuneShape {
-    /// `gemv bf16 1x4096x4096`, `gemm bf16 512x4096x4096`, `attention_decode bf16 1x16x8x128x4096` (batch, query heads,
-    /// key/value heads, head dim, capacity), `moe_experts bf16 tokens=512 experts=128 top_k=8 hidden=2048 inter=768`.
+    /// `gemv bf16 1x4096x4096`, `gemm bf16 512x4096x4096`, `attention_decode bf16
+    /// 1x16x8x128x4096` (batch, query heads, key/value heads, head dim, capacity), `moe_experts
+    /// bf16 tokens=512 experts=128 top_k=8 hidden=2048 inter=768` (its line's own form).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TuneShape::Gemv { dtype, m, n, k } => write!(f, "gemv {dtype} {m}x{n}x{k}"),

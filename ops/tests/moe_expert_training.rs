@@ -4,7 +4,8 @@
 //! weight, and compared with `combine_backward` → `cache.backward` → `dispatch_backward`, at
 //! awkward shapes (idle experts, an expert repeated within a token, one expert holding most
 //! rows, more rows than a tile, sizes not multiples of anything), split and fused experts,
-//! every float dtype and every strategy; plus every error.
+//! every float dtype and every strategy (the tensor-core backward across block tiles of both
+//! sizes); plus every error.
 //!
 //! Tolerance: the device rounds the gate/up products, the activation and the expert output to
 //! the dtype (each after `f32` sums) and the data gradients once more; the f64 reference rounds
@@ -242,6 +243,13 @@ fn expert_training_chain_at_tile_spanning_shapes() {
         for &forward in forwards {
             check(&dev, "rows", dtype, &p, true, forward, CombineGradientStrategy::Plane, GroupedStrategy::Scalar);
         }
+        if dtype != DType::F32 {
+            for fused in [false, true] {
+                let (forward, combine, backward) =
+                    (GroupedStrategy::TensorCore, CombineGradientStrategy::Serial, GroupedStrategy::TensorCore);
+                check(&dev, "rows", dtype, &p, fused, forward, combine, backward);
+            }
+        }
         check(
             &dev,
             "rows",
@@ -252,6 +260,27 @@ fn expert_training_chain_at_tile_spanning_shapes() {
             CombineGradientStrategy::Serial,
             GroupedStrategy::Auto,
         );
+    }
+}
+
+#[test]
+fn tensor_core_backward_across_block_tiles() {
+    let dev = device();
+    // 48 tokens top-2 over 4 experts (96 rows): expert 0 takes 70 (two row tiles), expert 3 is
+    // idle. H = 136, I = 72: two and three column blocks of the 64 × 64 tile, the last of 8;
+    // the rows' gradient runs `k` = 2I = 144 with split gate and up meeting inside a k-tile.
+    // Then 12 tokens on 3 experts at H = I = 136, where the weight gradients take the 128 × 128
+    // tile.
+    let many: Vec<u32> = (0..96u32).map(|j| if j % 4 == 3 || j < 35 { 0 } else { 1 + (j % 2) }).collect();
+    let few: Vec<u32> = (0..24u32).map(|j| (j * 5 + j / 7) % 3).collect();
+    for (shape, ids, seed) in [((48, 4, 2, 136, 72), many, 5), ((12, 3, 2, 136, 136), few, 9)] {
+        for dtype in [DType::F16, DType::BF16] {
+            let p = Problem::new(dtype, shape, ids.clone(), seed);
+            for fused in [false, true] {
+                let backward = GroupedStrategy::TensorCore;
+                check(&dev, "tiles", dtype, &p, fused, backward, CombineGradientStrategy::Plane, backward);
+            }
+        }
     }
 }
 
@@ -283,13 +312,49 @@ fn expert_training_rejects_bad_arguments() {
         shape(cache.backward(&short).map(|_| ()));
         kind(cache.backward(&wrong_rows).map(|_| ()));
         let (dexpert, _) = d.combine_backward(&y, &gout).unwrap();
+        let scalar = cache.backward(&dexpert).unwrap();
+        let tensor_cores = cache.backward_with_strategy(&dexpert, GroupedStrategy::TensorCore);
+        if dtype == DType::F32 {
+            assert!(matches!(tensor_cores, Err(OpError::DType { .. })), "{dtype}: {tensor_cores:?}");
+        } else {
+            // H = I = 8 fit the tensor cores: the same gradients (one more rounding of the
+            // pre-activations' gradient to the dtype).
+            let got = tensor_cores.unwrap();
+            for (name, a, b) in [
+                ("input", &got.input, &scalar.input),
+                ("gate", &got.gate, &scalar.gate),
+                ("up", &got.up, &scalar.up),
+                ("down", &got.down, &scalar.down),
+            ] {
+                let want: Vec<f64> = b.to_f32_vec().unwrap().iter().map(|&v| v as f64).collect();
+                let largest = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                let units = 2.0 * epsilon(dtype);
+                assert_close(&format!("{dtype} {name}"), &a.to_f32_vec().unwrap(), &want, units * largest, units);
+            }
+            // A `grad_out` starting 2 bytes into its buffer: TensorCore names it, Auto runs Scalar.
+            let flat = dexpert.to_f32_vec().unwrap();
+            let padded = tensor(&dev, dtype, &[vec![0.0], flat.clone()].concat(), &[flat.len() + 1]);
+            let shifted = padded.narrow(0, 1, flat.len()).unwrap().reshape(&[p.t * p.k, p.h]).unwrap();
+            match cache.backward_with_strategy(&shifted, GroupedStrategy::TensorCore) {
+                Err(OpError::InvalidArgument { message, .. }) => assert!(message.contains("grad_out"), "{message}"),
+                other => panic!("{dtype}: a misaligned grad_out gave {other:?}"),
+            }
+            let auto = cache.backward_with_strategy(&shifted, GroupedStrategy::Auto).unwrap();
+            assert_eq!(auto.down.to_f32_vec().unwrap(), scalar.down.to_f32_vec().unwrap(), "{dtype}");
+        }
+        // Sizes that are not multiples of 8: TensorCore says so, Auto runs Scalar.
+        let odd = Problem::new(dtype, (5, 4, 2, 6, 4), ids.clone(), 3);
+        let d = odd.plan(&dev, dtype).dispatch(&tensor(&dev, dtype, &odd.x, &[odd.t, odd.h])).unwrap();
+        let (y, cache) = odd.experts(&dev, dtype, true).forward_dispatched_training(&d, GroupedStrategy::Auto).unwrap();
+        let (dexpert, _) = d.combine_backward(&y, &tensor(&dev, dtype, &odd.gout, &[odd.t, odd.h])).unwrap();
         match cache.backward_with_strategy(&dexpert, GroupedStrategy::TensorCore) {
             Err(OpError::DType { .. }) if dtype == DType::F32 => {}
             Err(OpError::InvalidArgument { message, .. }) if dtype != DType::F32 => {
-                assert!(message.contains("not built"), "{message}")
+                assert!(message.contains("multiples of 8"), "{message}")
             }
-            other => panic!("{dtype}: TensorCore backward gave {other:?}"),
+            other => panic!("{dtype}: TensorCore backward at H = 6 gave {other:?}"),
         }
+        cache.backward_with_strategy(&dexpert, GroupedStrategy::Auto).unwrap();
         // A selection of the wrong shape or dtype is refused when the plan is made.
         let idx = Tensor::from_slice(&dev, &ids, &[5, 2]).unwrap();
         let w = tensor(&dev, dtype, &p.w, &[5, 2]);

@@ -1,6 +1,7 @@
 //! The tensor-core GEMM's loads: tiles of `x` and `w` staged from global into shared memory in
-//! 16-byte chunks, swizzled against bank conflicts ([`swizzle_chunk`]), through a ring of
-//! `cp.async` stages (`k_loop`). The swizzle's argument is in [`super::kernels::tc`].
+//! 16-byte chunks, swizzled against bank conflicts ([`swizzle_chunk`] for `K`-major tiles,
+//! [`swizzle_mn_chunk`] for tiles whose rows are `k`), through a ring of `cp.async` stages
+//! (`k_loop`). The swizzles' arguments are in [`super::kernels::tc`].
 
 use ruda_ir::{KernelBuilder, Value};
 
@@ -25,6 +26,21 @@ pub(crate) fn swizzle(b: &mut KernelBuilder, row: Value, chunk: Value) -> Value 
     b.xor(chunk, s)
 }
 
+/// The physical 16-byte chunk of a row where logical chunk `chunk` of staged row `row` lives
+/// in a tile whose rows are `k` (at least 8 chunks wide; see the module documentation of
+/// [`super::kernels::tc`]).
+pub fn swizzle_mn_chunk(row: u32, chunk: u32) -> u32 {
+    chunk ^ (row & 7)
+}
+
+/// `chunk ^ (row & 7)` in the IR ([`swizzle_mn_chunk`]).
+#[track_caller]
+pub(crate) fn swizzle_mn(b: &mut KernelBuilder, row: Value, chunk: Value) -> Value {
+    let seven = b.const_u32(7);
+    let s = b.and(row, seven);
+    b.xor(chunk, s)
+}
+
 /// A 16-byte chunk a thread stages per k-tile.
 pub(crate) struct Chunk {
     /// Element offset in its stage (swizzled).
@@ -35,6 +51,20 @@ pub(crate) struct Chunk {
     pub(crate) row_ok: Value,
     /// The chunk's first `k`.
     pub(crate) kc: Value,
+    /// Elements between consecutive `k` in memory: `None` for 1 (a `K`-major row), the row
+    /// stride where the matrix's rows are `k`.
+    pub(crate) k_stride: Option<Value>,
+    /// Where rows `k ≥ from_k` come from another matrix (see [`Segment`]).
+    pub(crate) segment: Option<Segment>,
+}
+
+/// The `k` rows from `from_k` on of an operand stored as two matrices (split gate and up
+/// weights): they live at `base`, `skip` elements before where the first matrix would put them.
+#[derive(Clone, Copy)]
+pub(crate) struct Segment {
+    pub(crate) base: Value,
+    pub(crate) from_k: Value,
+    pub(crate) skip: Value,
 }
 
 /// Whether chunk `c` exists at `k0`, and its global element index there.
@@ -43,7 +73,10 @@ fn chunk_at(b: &mut KernelBuilder, c: &Chunk, k0: Value, k: Value) -> (Value, Va
     let gk = b.add(k0, c.kc);
     let k_ok = b.lt(gk, k);
     let ok = b.and(c.row_ok, k_ok);
-    let idx = b.add(c.gidx, k0);
+    let idx = match c.k_stride {
+        None => b.add(c.gidx, k0),
+        Some(stride) => b.fma(k0, stride, c.gidx),
+    };
     (ok, idx)
 }
 
@@ -80,7 +113,18 @@ pub(crate) fn k_loop(
             let dst = b.ptr_add(smem[op], so);
             // A chunk past the edge reads nothing from the matrix's first element.
             let idx = b.select(ok, idx, zero);
-            let src = b.ptr_add(gmem[op], idx);
+            let src = match c.segment {
+                None => b.ptr_add(gmem[op], idx),
+                Some(seg) => {
+                    let gk = b.add(k0, c.kc);
+                    let late = b.le(seg.from_k, gk);
+                    let late = b.and(ok, late);
+                    let base = b.select(late, seg.base, gmem[op]);
+                    let moved = b.sub(idx, seg.skip);
+                    let idx = b.select(late, moved, idx);
+                    b.ptr_add(base, idx)
+                }
+            };
             let size = b.select(ok, sixteen, zero);
             b.cp_async_zfill(dst, src, 16, size);
         }

@@ -5,15 +5,19 @@
 //! and the expert weights' ([`ExpertGradients`]); [`DispatchedTokens::dispatch_backward`] sums
 //! each token's rows back. The routing weights' gradient goes on to the router's backward
 //! ([`super::training::RouterTrainingPlan::backward`]). Kernels in
-//! [`super::expert_training_kernel`].
+//! [`super::expert_training_kernel`] and, for the experts' backward on tensor cores,
+//! [`super::expert_training_tc`].
 
 use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 
 use super::api::MoeError;
 use super::dispatch::{moe_combine, CombineConfig, CombineParams, COMBINE_MAX_ROW_BLOCKS, COMBINE_THREADS};
 use super::expert_training_kernel::*;
+use super::expert_training_tc::*;
 use super::experts::{DispatchedTokens, ExpertsWorkspace, GroupedStrategy, Projections, SwiGluExperts};
+use super::tune::deepest_stages;
 use crate::error::Result;
+use crate::gemm::kernels::tc::GemmTcConfig;
 use crate::host::*;
 use crate::params;
 
@@ -274,22 +278,16 @@ impl ExpertsTrainingCache {
     /// g(1 − σ(g)))`), the rows' gradient through gate and up, and per expert the weight
     /// gradients `Σ_rows` of outer products (gate, up, down; zeros for an expert without rows).
     ///
-    /// Auto runs Scalar: the tensor-core backward is not built. TensorCore is the forward's
-    /// error where tensor cores cannot take these experts (f32, sizes, alignment, device), and
-    /// otherwise an error saying the tensor-core backward is not built.
+    /// TensorCore (f16/bf16): the same gradients from grouped GEMMs on tensor cores
+    /// ([`super::expert_training_tc`]), `f32` accumulation: the activation's gradient (`f32`),
+    /// the pre-activations' (rounded to the dtype: the operand of the next GEMMs, as in a
+    /// half-precision autograd), the rows' gradient, and the weight gradients over each expert's
+    /// rows. It needs what the tensor-core forward needs (f16/bf16 experts, hidden and
+    /// intermediate sizes multiples of 8, 16-byte aligned weights, sm_80 or newer) and a
+    /// 16-byte aligned `grad_out`; where one is missing TensorCore is an error naming it and
+    /// Auto runs Scalar (and only then: a failure to compile or launch is an error either way).
     pub fn backward_with_strategy(&self, grad_out: &Tensor, strategy: GroupedStrategy) -> Result<ExpertGradients> {
         let op = OP_EXPERTS;
-        if strategy == GroupedStrategy::TensorCore {
-            return Err(match &self.tc_obstacle {
-                Some(e) => copy_error(e),
-                None => MoeError::InvalidArgument {
-                    op,
-                    message: "the tensor-core experts' backward is not built; use GroupedStrategy::Scalar or Auto \
-                              (which runs Scalar)"
-                        .into(),
-                },
-            });
-        }
         let dtype = self.down.dtype();
         let (n, h, i, e) = (self.rows.shape()[0], self.hidden, self.inter, self.experts);
         float_dtype(op, grad_out)?;
@@ -301,11 +299,32 @@ impl ExpertsTrainingCache {
         same_device(op, &stream, &[("grad_out", grad_out), ("dispatched rows", &self.rows)])?;
         // Every element index of every buffer is a u32 in the kernels.
         to_u32(op, "elements of the gate_up gradient", n * 2 * i)?;
+        to_u32(op, "elements of the rows' gradient", n * h)?;
         to_u32(op, "elements of the expert weights", e * 2 * i * h)?;
+        let obstacle = self.tc_obstacle.as_ref().map(copy_error).or_else(|| misaligned("grad_out", grad_out));
+        let tensor_cores = match strategy {
+            GroupedStrategy::Scalar => false,
+            GroupedStrategy::Auto => obstacle.is_none(),
+            GroupedStrategy::TensorCore => match obstacle {
+                Some(e) => return Err(e),
+                None => true,
+            },
+        };
+        if tensor_cores {
+            self.backward_tensor_cores(&stream, grad_out)
+        } else {
+            self.backward_scalar(&stream, grad_out)
+        }
+    }
+
+    fn backward_scalar(&self, stream: &Stream, grad_out: &Tensor) -> Result<ExpertGradients> {
+        let op = OP_EXPERTS;
+        let dtype = self.down.dtype();
+        let (n, h, i, e) = (self.rows.shape()[0], self.hidden, self.inter, self.experts);
         let (rows, experts) = (to_u32(op, "rows", n)?, e as u32);
         let (hidden, inter) = (h as u32, i as u32);
 
-        let grad_gate_up = Tensor::empty_on(&stream, DType::F32, &[n, 2 * i])?;
+        let grad_gate_up = Tensor::empty_on(stream, DType::F32, &[n, 2 * i])?;
         let cfg = ExpertGradConfig { dtype: dtype.scalar_type() };
         let k = kernel(cfg.act_id(), || moe_expert_grad_act(&cfg))?;
         let args = ExpertGradActParams {
@@ -319,9 +338,9 @@ impl ExpertsTrainingCache {
             hidden,
             inter,
         };
-        params::launch(&stream, &k, row_launch(inter, rows), &args.args())?;
+        params::launch(stream, &k, row_launch(inter, rows), &args.args())?;
 
-        let input = Tensor::empty_on(&stream, dtype, &[n, h])?;
+        let input = Tensor::empty_on(stream, dtype, &[n, h])?;
         let fused = matches!(self.proj, Projections::Fused(_));
         let cfg = ExpertGradInputConfig { dtype: dtype.scalar_type(), fused };
         let k = kernel(cfg.id(), || moe_expert_grad_input(&cfg))?;
@@ -354,10 +373,10 @@ impl ExpertsTrainingCache {
             }
             .args(),
         };
-        params::launch(&stream, &k, row_launch(hidden, rows), &args)?;
+        params::launch(stream, &k, row_launch(hidden, rows), &args)?;
 
         let weight_grad = |a: &Tensor, b: &Tensor, (p, q): (u32, u32), (lda, ldb): (u32, u32), a_offset: u32| {
-            let out = Tensor::empty_on(&stream, DType::F32, &[e, p as usize, q as usize])?;
+            let out = Tensor::empty_on(stream, DType::F32, &[e, p as usize, q as usize])?;
             let cfg = ExpertGradWeightConfig { a: a.dtype().scalar_type(), b: b.dtype().scalar_type() };
             let k = kernel(cfg.id(), || moe_expert_grad_weight(&cfg))?;
             let launch = LaunchConfig {
@@ -377,7 +396,7 @@ impl ExpertsTrainingCache {
                 a_offset,
                 b_offset: 0,
             };
-            params::launch(&stream, &k, launch, &args.args())?;
+            params::launch(stream, &k, launch, &args.args())?;
             Ok::<Tensor, MoeError>(out)
         };
         let gate = weight_grad(&grad_gate_up, &self.rows, (inter, hidden), (2 * inter, hidden), 0)?;
@@ -385,4 +404,98 @@ impl ExpertsTrainingCache {
         let down = weight_grad(grad_out, &self.workspace.act, (hidden, inter), (hidden, inter), 0)?;
         Ok(ExpertGradients { input, gate, up, down })
     }
+
+    /// The tensor-core backward (see [`ExpertsTrainingCache::backward_with_strategy`]): seven
+    /// launches, none of which allocates beyond its output or waits.
+    fn backward_tensor_cores(&self, stream: &Stream, grad_out: &Tensor) -> Result<ExpertGradients> {
+        let op = OP_EXPERTS;
+        let dtype = self.down.dtype();
+        let ty = GemmTcConfig::mma_type(dtype.scalar_type())
+            .ok_or_else(|| MoeError::DType { op, message: format!("{dtype}: tensor cores take f16 or bf16") })?;
+        let (n, h, i, e) = (self.rows.shape()[0], self.hidden, self.inter, self.experts);
+        let (rows, experts) = (to_u32(op, "rows", n)?, e as u32);
+        let (hidden, inter) = (h as u32, i as u32);
+        let stages = deepest_stages();
+
+        // One grouped GEMM `y[r] = x[r] · w[e]` (`w [E, k, cols]`, or `w` then `w2` along `k`).
+        let grouped = |x: &Tensor, (w, w2): (&Tensor, Option<&Tensor>), y: &Tensor, (cols, k): (u32, u32)| {
+            let split = w2.is_some();
+            let tile = super::grouped::grouped_tc_tile(n, e, cols as usize);
+            let cfg = GroupedTcNnConfig { ty, tile, stages, out: y.dtype().scalar_type(), split };
+            let grid = cfg.grid(rows, experts, cols);
+            if grid[1] > 65535 {
+                return Err(MoeError::InvalidArgument {
+                    op,
+                    message: format!("{n} dispatched rows need {} row tiles; one launch takes at most 65535", grid[1]),
+                });
+            }
+            let kern = kernel(cfg.id(), || moe_grouped_tc_nn(&cfg))?;
+            let launch = LaunchConfig { grid, block: [cfg.threads(), 1, 1], dynamic_shared_bytes: 0 };
+            let w_stride = if split { (k / 2) * cols } else { k * cols };
+            let args = GroupedTcNnParams {
+                x,
+                w,
+                w2,
+                y,
+                offsets: &self.offsets,
+                experts,
+                n: cols,
+                k,
+                ldy: cols,
+                w_stride,
+                split_k: split.then_some(k / 2),
+            };
+            params::launch(stream, &kern, launch, &args.args())
+        };
+
+        let grad_act = Tensor::empty_on(stream, DType::F32, &[n, i])?;
+        grouped(grad_out, (&self.down, None), &grad_act, (inter, hidden))?;
+        let grad_gate_up = Tensor::empty_on(stream, dtype, &[n, 2 * i])?;
+        let cfg = ExpertGradConfig { dtype: dtype.scalar_type() };
+        let k = kernel(cfg.swiglu_id(), || moe_expert_grad_swiglu(&cfg))?;
+        let args = ExpertGradSwiGluParams {
+            grad_act: &grad_act,
+            gate_up: &self.workspace.gate_up,
+            grad_gate_up: &grad_gate_up,
+            rows,
+            inter,
+        };
+        params::launch(stream, &k, row_launch(inter, rows), &args.args())?;
+        let input = Tensor::empty_on(stream, dtype, &[n, h])?;
+        let weights = match &self.proj {
+            Projections::Split { gate, up } => (gate, Some(up)),
+            Projections::Fused(gate_up) => (gate_up, None),
+        };
+        grouped(&grad_gate_up, weights, &input, (hidden, 2 * inter))?;
+
+        // `out[e] = a_eᵀ · b_e` over each expert's rows: `f32 [E, m, cols]`.
+        let weight_grad = |a: &Tensor, b: &Tensor, (m, cols): (u32, u32), (lda, ldb): (u32, u32), a_offset: u32| {
+            let out = Tensor::empty_on(stream, DType::F32, &[e, m as usize, cols as usize])?;
+            let cfg = ExpertWeightGradTcConfig { ty, tile: backward_tile(m as usize, cols as usize), stages };
+            let kern = kernel(cfg.id(), || moe_expert_grad_weight_tc(&cfg))?;
+            let launch = LaunchConfig {
+                grid: cfg.grid(m, cols, experts),
+                block: [cfg.threads(), 1, 1],
+                dynamic_shared_bytes: 0,
+            };
+            let args =
+                ExpertWeightGradTcParams { a, b, offsets: &self.offsets, out: &out, m, n: cols, lda, ldb, a_offset };
+            params::launch(stream, &kern, launch, &args.args())?;
+            Ok::<Tensor, MoeError>(out)
+        };
+        let gate = weight_grad(&grad_gate_up, &self.rows, (inter, hidden), (2 * inter, hidden), 0)?;
+        let up = weight_grad(&grad_gate_up, &self.rows, (inter, hidden), (2 * inter, hidden), inter)?;
+        let down = weight_grad(grad_out, &self.workspace.act, (hidden, inter), (hidden, inter), 0)?;
+        Ok(ExpertGradients { input, gate, up, down })
+    }
+}
+
+/// Why a tensor the tensor-core backward reads directly cannot be its operand: a start that is
+/// not 16-byte aligned.
+fn misaligned(name: &str, t: &Tensor) -> Option<MoeError> {
+    let start = t.offset() * t.dtype().size();
+    (!start.is_multiple_of(16)).then(|| MoeError::InvalidArgument {
+        op: OP_EXPERTS,
+        message: format!("`{name}` starts {start} bytes into its buffer; the tensor-core backward needs 16 bytes"),
+    })
 }

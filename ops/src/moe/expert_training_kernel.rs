@@ -1,8 +1,9 @@
 //! The experts' first-order training kernels (ruDNN section 12): the combine's gradients
 //! ([`moe_combine_grad_rows`], [`moe_combine_grad_weights`]), the SwiGLU experts' data gradients
 //! ([`moe_expert_grad_act`], [`moe_expert_grad_input`]) and their weight gradients
-//! ([`moe_expert_grad_weight`]). The dispatch's backward is the combine kernel with unit
-//! weights (see `DispatchedTokens::dispatch_backward`).
+//! ([`moe_expert_grad_weight`]); between the tensor-core backward's GEMMs
+//! ([`super::expert_training_tc`]), the SwiGLU's ([`moe_expert_grad_swiglu`]). The dispatch's
+//! backward is the combine kernel with unit weights (see `DispatchedTokens::dispatch_backward`).
 //!
 //! Every sum is `f32` fused multiply-adds in a fixed order (rows, `h` or `i` ascending), rounded
 //! once, so the results depend only on the inputs. A dispatched row's expert is found by a
@@ -35,6 +36,11 @@ impl ExpertGradConfig {
     /// `moe_expert_grad_act.bf16`.
     pub fn act_id(&self) -> String {
         format!("moe_expert_grad_act.{}", self.dtype)
+    }
+
+    /// `moe_expert_grad_swiglu.bf16`.
+    pub fn swiglu_id(&self) -> String {
+        format!("moe_expert_grad_swiglu.{}", self.dtype)
     }
 }
 
@@ -119,6 +125,17 @@ crate::kernel_params! {
         rows: scalar(u32),
         experts: scalar(u32),
         hidden: scalar(u32),
+        inter: scalar(u32),
+    }
+}
+
+crate::kernel_params! {
+    /// The parameters of [`moe_expert_grad_swiglu`], in order.
+    pub struct ExpertGradSwiGluParams, ExpertGradSwiGluValues for ExpertGradConfig as cfg {
+        grad_act: tensor(ScalarType::F32),
+        gate_up: tensor(cfg.dtype),
+        grad_gate_up: tensor(cfg.dtype),
+        rows: scalar(u32),
         inter: scalar(u32),
     }
 }
@@ -314,29 +331,61 @@ pub fn moe_expert_grad_act(cfg: &ExpertGradConfig) -> Result<Kernel, VerifyError
             let wv = load_f32(b, w, at);
             vec![b.fma(d, wv, acc[0])]
         })[0];
+        let (dg, du) = swiglu_grads(b, a, gate_up, r, i, inter);
         let two_i = b.add(inter, inter);
-        let gu = row_ptr(b, gate_up, r, two_i);
-        let g = load_f32(b, gu, i);
-        let ui = b.add(inter, i);
-        let u = load_f32(b, gu, ui);
-        let neg_log2e = b.const_f32(-std::f32::consts::LOG2_E);
-        let t = b.mul(g, neg_log2e);
-        let ex = b.ex2(t);
-        let one_f = b.const_f32(1.0);
-        let denom = b.add(one_f, ex);
-        let s = b.rcp(denom);
-        let silu = b.mul(g, s);
-        let rest = b.sub(one_f, s);
-        let slope = b.fma(g, rest, one_f);
-        let dsilu = b.mul(s, slope);
-        let au = b.mul(a, u);
-        let dg = b.mul(au, dsilu);
-        let du = b.mul(a, silu);
         let out = row_ptr(b, grad_gate_up, r, two_i);
         let p = b.ptr_add(out, i);
         b.store(p, dg);
+        let ui = b.add(inter, i);
         let p = b.ptr_add(out, ui);
         b.store(p, du);
+    });
+    b.finish()
+}
+
+/// The gate and up pre-activations' gradient `(dg, du)` at column `i` of row `r` from the
+/// activation's gradient `a` there: with `σ = σ(g)`, `dg = a · u · σ (1 + g (1 − σ))` and `du =
+/// a · g σ`, in `f32`, `g | u` read from `gate_up` (`[N, 2I]`).
+#[track_caller]
+fn swiglu_grads(b: &mut KernelBuilder, a: Value, gate_up: Value, r: Value, i: Value, inter: Value) -> (Value, Value) {
+    let two_i = b.add(inter, inter);
+    let gu = row_ptr(b, gate_up, r, two_i);
+    let g = load_f32(b, gu, i);
+    let ui = b.add(inter, i);
+    let u = load_f32(b, gu, ui);
+    let neg_log2e = b.const_f32(-std::f32::consts::LOG2_E);
+    let t = b.mul(g, neg_log2e);
+    let ex = b.ex2(t);
+    let one_f = b.const_f32(1.0);
+    let denom = b.add(one_f, ex);
+    let s = b.rcp(denom);
+    let silu = b.mul(g, s);
+    let rest = b.sub(one_f, s);
+    let slope = b.fma(g, rest, one_f);
+    let dsilu = b.mul(s, slope);
+    let au = b.mul(a, u);
+    (b.mul(au, dsilu), b.mul(a, silu))
+}
+
+/// The tensor-core backward's gate and up pre-activations' gradient: [`moe_expert_grad_act`]
+/// after its dot product, which the grouped GEMM `moe_grouped_tc_nn` computed into `grad_act`
+/// (`f32 [N, I]`). Parameters: grad_act, gate_up (`[N, 2I]`), grad_gate_up (`[N, 2I]`, rounded
+/// to the dtype once: the next GEMMs' operand), rows (`N`), inter. Grid: `(ceil(I / 256), min(N,
+/// 65535))`, block [`GRAD_THREADS`].
+pub fn moe_expert_grad_swiglu(cfg: &ExpertGradConfig) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(cfg.swiglu_id().replace('.', "_"));
+    let ExpertGradSwiGluValues { grad_act, gate_up, grad_gate_up, rows, inter } =
+        ExpertGradSwiGluParams::declare(&mut b, cfg);
+    b.launch_bounds(GRAD_THREADS, None);
+    for_rows(&mut b, rows, inter, |b, r, i| {
+        let a_row = row_ptr(b, grad_act, r, inter);
+        let a = load_f32(b, a_row, i);
+        let (dg, du) = swiglu_grads(b, a, gate_up, r, i, inter);
+        let two_i = b.add(inter, inter);
+        let out = row_ptr(b, grad_gate_up, r, two_i);
+        store_from_f32(b, out, i, dg);
+        let ui = b.add(inter, i);
+        store_from_f32(b, out, ui, du);
     });
     b.finish()
 }

@@ -182,17 +182,16 @@ fn expert_tile(b: &mut KernelBuilder, offsets: Value, experts: Value, tile: Valu
     [out[2], out[3], out[4], out[5]]
 }
 
-/// The rows of block row `tile`, for the GEMM bodies: the expert's weight, and a `k` loop of
-/// 0 iterations where there is no tile.
-#[allow(clippy::too_many_arguments)]
+/// The rows of block row `tile`, for the GEMM bodies: `(row0, row_end, expert · w_stride (u64),
+/// k_end)`, the offset of the expert's weight and a `k` loop of 0 iterations where there is no
+/// tile.
 #[track_caller]
-fn grouped_rows(
+pub(super) fn grouped_rows(
     b: &mut KernelBuilder,
     offsets: Value,
     experts: Value,
     tile: Value,
     bm: u32,
-    w: Value,
     w_stride: Value,
     k: Value,
 ) -> (Value, Value, Value, Value) {
@@ -200,11 +199,10 @@ fn grouped_rows(
     let e64 = b.cvt(expert, ScalarType::U64);
     let s64 = b.cvt(w_stride, ScalarType::U64);
     let off = b.mul(e64, s64);
-    let w_e = b.ptr_add(w, off);
     let zero = b.const_u32(0);
     let some = b.ne(found, zero);
     let k_end = b.select(some, k, zero);
-    (row0, row_end, w_e, k_end)
+    (row0, row_end, off, k_end)
 }
 
 /// Grouped SIMT GEMM. Parameters: x (`[N, K]`), w (`[E, n, K]`, experts `w_stride` elements
@@ -215,7 +213,8 @@ pub fn moe_grouped_simt(cfg: &GroupedSimtConfig) -> Result<Kernel, VerifyError> 
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let GroupedSimtValues { x, w, y, offsets, experts, n, k, ldy, w_stride } = GroupedSimtParams::declare(&mut b, cfg);
     simt_block(&mut b, BLayout::Transposed, x, y, n, k, |b, block_row, _| {
-        let (row0, m, w_e, k_end) = grouped_rows(b, offsets, experts, block_row, SIMT_BM, w, w_stride, k);
+        let (row0, m, w_off, k_end) = grouped_rows(b, offsets, experts, block_row, SIMT_BM, w_stride, k);
+        let w_e = b.ptr_add(w, w_off);
         BlockRows { row0, m, b: w_e, k_end, ldc: ldy }
     });
     b.finish()
@@ -229,11 +228,12 @@ pub fn moe_grouped_tc(cfg: &GroupedTcConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let GroupedTcValues { x, w, y, offsets, experts, n, k, ldy, w_stride } = GroupedTcParams::declare(&mut b, cfg);
     let tiles = tc_shared(&mut b, &gemm);
-    let io = TcOperands { x, y, bias: None, residual: None, n, k };
+    let io = TcOperands::k_major(x, y, None, None, n, k);
     let bm = cfg.tile.dims().0;
     tc_block(&mut b, &gemm, io, tiles, |b, block_row, _| {
-        let (row0, m, w_e, k_end) = grouped_rows(b, offsets, experts, block_row, bm, w, w_stride, k);
-        TcRows { row0, m, w: w_e, k_end, ldy }
+        let (row0, m, w_off, k_end) = grouped_rows(b, offsets, experts, block_row, bm, w_stride, k);
+        let w_e = b.ptr_add(w, w_off);
+        TcRows { row0, m, w: w_e, w_split: None, k_end, ldy }
     });
     b.finish()
 }

@@ -20,13 +20,16 @@
 //! [`shared`]: Qwen3.5-MoE's gated shared expert, added to the routed experts' output.
 //!
 //! [`training`]: the weights of a fixed selection and their gradient with respect to the
-//! logits, for first-order router training (kernels in [`training_kernel`]).
+//! logits, for first-order router training (kernels in [`training_kernel`]);
+//! [`expert_training`]: the experts' and the combine's backward (scalar kernels in
+//! [`expert_training_kernel`], tensor-core ones in [`expert_training_tc`]).
 
 pub mod api;
 pub mod decode;
 pub mod dispatch;
 pub mod expert_training;
 pub mod expert_training_kernel;
+pub mod expert_training_tc;
 pub mod experts;
 pub mod grouped;
 pub mod kernel;
@@ -46,8 +49,10 @@ use dispatch::{
 };
 use expert_training_kernel::{
     moe_combine_grad_rows, moe_combine_grad_weights, moe_expert_grad_act, moe_expert_grad_input,
-    moe_expert_grad_weight, CombineGradWeightsConfig, ExpertGradConfig, ExpertGradInputConfig, ExpertGradWeightConfig,
+    moe_expert_grad_swiglu, moe_expert_grad_weight, CombineGradWeightsConfig, ExpertGradConfig, ExpertGradInputConfig,
+    ExpertGradWeightConfig,
 };
+use expert_training_tc::{moe_expert_grad_weight_tc, moe_grouped_tc_nn, registered_backward_configs};
 use grouped::{moe_grouped_simt, moe_grouped_tc, registered_tc_configs, GroupedSimtConfig};
 use kernel::{moe_route, moe_route_grouped, GroupedRouteConfig, RouteConfig};
 use ruda_ir::ScalarType;
@@ -278,8 +283,9 @@ impl Family for MoeRouterTraining {
 /// The experts' training kernels in every float dtype (ruDNN section 12): the combine's
 /// backward (`moe_combine_grad_rows`, `moe_combine_grad_weights` serial and plane), the SwiGLU
 /// experts' data gradients (`moe_expert_grad_act`, `moe_expert_grad_input` for split and fused
-/// gate/up) and weight
-/// gradients (`moe_expert_grad_weight`, an `f32` or dtype left operand times a dtype right one).
+/// gate/up) and weight gradients (`moe_expert_grad_weight`, an `f32` or dtype left operand times
+/// a dtype right one); in f16 and bf16 the tensor-core backward's (`moe_grouped_tc_nn`,
+/// `moe_expert_grad_swiglu`, `moe_expert_grad_weight_tc`).
 pub struct MoeExpertTraining;
 
 impl Family for MoeExpertTraining {
@@ -290,6 +296,9 @@ impl Family for MoeExpertTraining {
             "moe_expert_grad_act",
             "moe_expert_grad_input",
             "moe_expert_grad_weight",
+            "moe_expert_grad_swiglu",
+            "moe_grouped_tc_nn",
+            "moe_expert_grad_weight_tc",
         ]
     }
 
@@ -325,20 +334,38 @@ impl Family for MoeExpertTraining {
                     moe_expert_grad_weight(&cfg)
                 }));
             }
+            if dtype != ScalarType::F32 {
+                out.push(Registered::new(cfg.swiglu_id(), "moe_expert_grad_swiglu", Some(dtype), move || {
+                    moe_expert_grad_swiglu(&cfg)
+                }));
+            }
+        }
+        let (nn, weight) = registered_backward_configs();
+        for cfg in nn {
+            out.push(Registered::new(cfg.id(), "moe_grouped_tc_nn", Some(cfg.dtype()), move || {
+                moe_grouped_tc_nn(&cfg)
+            }));
+        }
+        for cfg in weight {
+            out.push(Registered::new(cfg.id(), "moe_expert_grad_weight_tc", Some(cfg.dtype()), move || {
+                moe_expert_grad_weight_tc(&cfg)
+            }));
         }
         out
     }
 
-    fn sample(&self, name: &str, _: &str) -> Option<Case> {
-        expert_training_sample(name)
+    fn sample(&self, name: &str, id: &str) -> Option<Case> {
+        expert_training_sample(name, id)
     }
 }
 
 /// The sample problems of the experts' training kernels: 70 tokens routed to 2 of 5 experts
 /// (140 rows; entry `i` goes to `(3i + i / 7) mod 5`, so the rows of an expert are uneven),
-/// hidden size 40, intermediate 24; the weight gradient over the rows of 3 experts, the middle
-/// one empty.
-fn expert_training_sample(name: &str) -> Option<Case> {
+/// hidden size 40, intermediate 24; the weight gradients over the rows of 3 experts, the middle
+/// one empty (on tensor cores a 72 × 80 output per expert: two block rows and columns of the
+/// small tile, 70 and 65 rows: partial `k` tiles from offsets that are not multiples of 8); the
+/// grouped GEMM as the forward's sample.
+fn expert_training_sample(name: &str, id: &str) -> Option<Case> {
     const TOKENS: u32 = 70;
     const TOP_K: u32 = 2;
     const EXPERTS: u32 = 5;
@@ -380,7 +407,7 @@ fn expert_training_sample(name: &str) -> Option<Case> {
             c.indices.insert("slot_rows", slot_rows);
             c.scalars.extend([("entries", ROWS as u64), ("top_k", TOP_K as u64), ("hidden", HIDDEN as u64)]);
         }
-        "moe_expert_grad_act" | "moe_expert_grad_input" => {
+        "moe_expert_grad_act" | "moe_expert_grad_input" | "moe_expert_grad_swiglu" => {
             let cols = if name == "moe_expert_grad_act" { INTER } else { HIDDEN };
             c.grid = [cols.div_ceil(expert_training_kernel::GRAD_THREADS), 64, 1];
             c.indices.insert("offsets", offsets);
@@ -403,6 +430,27 @@ fn expert_training_sample(name: &str) -> Option<Case> {
                 ("ldb", HIDDEN as u64),
                 ("a_offset", INTER as u64),
                 ("b_offset", 0),
+            ]);
+        }
+        "moe_expert_grad_weight_tc" => {
+            let (m, n) = (72u32, 80u32);
+            let (bm, bn) = id.split('.').find_map(crate::gemm::tile::TcTile::from_name)?.dims();
+            c.grid = [n.div_ceil(bn), m.div_ceil(bm), 3];
+            c.indices.insert("offsets", vec![0, 70, 70, 135]);
+            c.scalars.extend([("m", m as u64), ("n", n as u64), ("lda", 88), ("ldb", 80), ("a_offset", 8)]);
+        }
+        "moe_grouped_tc_nn" => {
+            let (rows, experts, n) = (135u32, 3u32, 72u32);
+            let (bm, bn) = id.split('.').find_map(crate::gemm::tile::TcTile::from_name)?.dims();
+            c.grid = [n.div_ceil(bn), grouped::row_tiles_bound(rows, experts, bm), 1];
+            c.indices.insert("offsets", vec![0, 70, 70, rows]);
+            c.scalars.extend([
+                ("experts", experts as u64),
+                ("n", n as u64),
+                ("k", 40),
+                ("ldy", 80),
+                ("w_stride", (n * 40) as u64),
+                ("split_k", 24),
             ]);
         }
         _ => return None,

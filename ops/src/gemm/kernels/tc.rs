@@ -24,11 +24,23 @@
 //! unchanged, so per-mma-tile offsets stay compile-time constants. (Padding rows to 80 bytes
 //! would also avoid conflicts, at 25% more shared memory.)
 //!
+//! **Layouts.** Either operand may instead be stored with its own dimension contiguous
+//! ([`Major::Mn`]: `x` as `[K, M]`, `w` as `[K, N]`, rows `ld` apart; the grouped GEMMs of the
+//! experts' backward). Its tile is staged as `BK` rows of `k`, each the tile's width (64 or 128
+//! halves: 8 or 16 chunks), chunk `c` of row `r` at chunk `c ^ (r & 7)` ([`swizzle_mn_chunk`]),
+//! and read with `ldmatrix.trans`. One phase reads 8 consecutive `k` rows at one logical chunk:
+//! rows are a multiple of 128 bytes, so its bank group is `c ^ (r & 7)` mod 8, distinct over the
+//! 8 rows; a quarter warp's stores are 8 aligned consecutive chunks of one row, permuted by the
+//! XOR. The tile offsets of a warp's mma tiles then change the swizzled chunk, so each lane
+//! keeps one address per mma tile (instead of one per k step) and the k steps are 16 rows apart.
+//!
 //! **Fragments** (see `Op::Mma` / `Op::LdMatrix`): A (`x` rows `m`, columns `k`) is
 //! `ldmatrix.x4` of the four 8x8 quadrants (rows 0-7/8-15 × k 0-7, then × k 8-15); B is
 //! `16 × 8` with rows `k`, whose column `n` is row `n` of `w`, so one `ldmatrix.x4` (not
 //! transposed) of `w`'s rows `n..n + 8` and `n + 8..n + 16` at k 0-7 and k 8-15 gives the B
-//! registers of two adjacent mma tiles.
+//! registers of two adjacent mma tiles. Transposed, a stored 8 × 8 matrix of rows `k` gives
+//! lane `(g, t)` its elements `[2t][g]` and `[2t + 1][g]`: the same fragments from the other
+//! layout.
 //!
 //! **Epilogue.** `acc + bias[col]` then `+ residual[row, col]`, in f32, rounded once to the
 //! output type (nearest even). A lane's two adjacent columns are one 2-element store (and
@@ -42,8 +54,8 @@
 use ruda_ir::{Kernel, KernelBuilder, MmaType, ScalarType, SharedId, SpecialReg, Value, VerifyError};
 
 use crate::blocks::{load_f32, offset, store_from_f32, to_f32};
-pub use crate::gemm::load::swizzle_chunk;
-use crate::gemm::load::{k_loop, swizzle, Chunk, CHUNKS_PER_ROW};
+use crate::gemm::load::{k_loop, swizzle, swizzle_mn, Chunk, Segment, CHUNKS_PER_ROW};
+pub use crate::gemm::load::{swizzle_chunk, swizzle_mn_chunk};
 use crate::gemm::tile::GemmTile;
 pub use crate::gemm::tile::{TcTile, BK, STAGES};
 
@@ -213,19 +225,30 @@ pub fn gemm_tc(cfg: &GemmTcConfig) -> Result<Kernel, VerifyError> {
     } else {
         (x_param, w_param, y_param, res_param)
     };
-    let io = TcOperands { x: x_ptr, y: y_ptr, bias: bias_ptr, residual: res_ptr, n, k };
+    let io = TcOperands::k_major(x_ptr, y_ptr, bias_ptr, res_ptr, n, k);
     tc_block(&mut b, cfg, io, tiles, |b, block_row, bm| TcRows {
         row0: b.mul(block_row, bm),
         m,
         w: w_ptr,
+        w_split: None,
         k_end: k,
         ldy: n,
     });
     b.finish()
 }
 
-/// The operands of [`tc_block`] other than the rows: `x` (rows `k` apart), `y`, the optional
-/// epilogue addends, `n` and `k`.
+/// How an operand of [`tc_block`] is stored.
+#[derive(Clone, Copy)]
+pub(crate) enum Major {
+    /// `K` contiguous: rows of `x` (`[M, K]`) or of `w` (`[N, K]`), `k` elements apart.
+    K,
+    /// Its own dimension contiguous: `x` as `[K, M]`, `w` as `[K, N]`, rows `ld` elements apart.
+    /// The host keeps that dimension and `ld` multiples of 8 (whole 16-byte chunks).
+    Mn { ld: Value },
+}
+
+/// The operands of [`tc_block`] other than the rows: `x`, `y`, the optional epilogue addends,
+/// `n`, `k` (the row stride of a `K`-major operand) and how `x` and `w` are stored.
 pub(crate) struct TcOperands {
     pub x: Value,
     pub y: Value,
@@ -233,16 +256,35 @@ pub(crate) struct TcOperands {
     pub residual: Option<Value>,
     pub n: Value,
     pub k: Value,
+    pub x_major: Major,
+    pub w_major: Major,
+}
+
+impl TcOperands {
+    /// Both operands `K`-major (the layout of `nn.Linear`).
+    pub fn k_major(x: Value, y: Value, bias: Option<Value>, residual: Option<Value>, n: Value, k: Value) -> Self {
+        TcOperands { x, y, bias, residual, n, k, x_major: Major::K, w_major: Major::K }
+    }
+}
+
+/// A `w` stored as two matrices along `k`: rows `k ≥ from_k` are rows `k - from_k` of `w`
+/// (a [`Major::Mn`] weight: split gate and up; `K`-major weights are never split).
+#[derive(Clone, Copy)]
+pub(crate) struct WSplit {
+    pub w: Value,
+    pub from_k: Value,
 }
 
 /// The rows a block computes and the weight it multiplies them by (see
-/// [`super::simt::BlockRows`]): rows `row0..` below `m` of `x` and `y`, `w`, the `k` loop's end
-/// (0 for a block with nothing to do) and the elements between rows of `y` (and the residual;
-/// the host keeps it even where `n` is, for the paired stores).
+/// [`super::simt::BlockRows`]): rows `row0..` below `m` of `x` and `y`, `w` (and where its
+/// later `k` rows live if it is two matrices), the `k` loop's end (0 for a block with nothing
+/// to do) and the elements between rows of `y` (and the residual; the host keeps it even where
+/// `n` is, for the paired stores).
 pub(crate) struct TcRows {
     pub row0: Value,
     pub m: Value,
     pub w: Value,
+    pub w_split: Option<WSplit>,
     pub k_end: Value,
     pub ldy: Value,
 }
@@ -267,7 +309,7 @@ pub(crate) fn tc_block(
     (x_tile, w_tile): (SharedId, SharedId),
     rows: impl FnOnce(&mut KernelBuilder, Value, Value) -> TcRows,
 ) {
-    let TcOperands { x: x_ptr, y: y_ptr, bias: bias_ptr, residual: res_ptr, n, k } = io;
+    let TcOperands { x: x_ptr, y: y_ptr, bias: bias_ptr, residual: res_ptr, n, k, x_major, w_major } = io;
     let (bm, bn) = cfg.tile.dims();
     let warps_n = cfg.tile.warps().1;
     let (wm, wn) = cfg.tile.warp_tile();
@@ -288,56 +330,56 @@ pub(crate) fn tc_block(
     let block_col = b.block_id_x();
     let block_row = b.block_id_y();
     let col0 = b.mul(block_col, bn_c);
-    let TcRows { row0, m, w: w_ptr, k_end, ldy } = rows(b, block_row, bm_c);
+    let TcRows { row0, m, w: w_ptr, w_split, k_end, ldy } = rows(b, block_row, bm_c);
     let x_smem = b.shared_ptr(x_tile);
     let w_smem = b.shared_ptr(w_tile);
-    let bk_c = b.const_u32(BK);
 
     // The chunks this thread copies per k-tile: thread `e` (plus multiples of the block size)
-    // takes row `e / 4`, chunk `e % 4` of the `x` tile, then of the `w` tile.
+    // takes chunk `e` of the `x` tile, then of the `w` tile (see `k_major_chunk`, `mn_chunk`).
     let mut chunks: Vec<(bool, Chunk)> = Vec::new();
-    for (is_x, rows, dim, base) in [(true, bm, m, row0), (false, bn, n, col0)] {
-        for r in 0..(rows * CHUNKS_PER_ROW / threads) {
+    for (is_x, width, dim, base, major) in [(true, bm, m, row0, x_major), (false, bn, n, col0, w_major)] {
+        let segment = match (is_x, w_split, major) {
+            (false, Some(split), Major::Mn { ld }) => {
+                Some(Segment { base: split.w, from_k: split.from_k, skip: b.mul(split.from_k, ld) })
+            }
+            _ => None,
+        };
+        for r in 0..(width * CHUNKS_PER_ROW / threads) {
             let e = offset(b, tid, r * threads);
-            let row = b.shr(e, two);
-            let three = b.const_u32(CHUNKS_PER_ROW - 1);
-            let chunk = b.and(e, three);
-            let phys = swizzle(b, row, chunk);
-            let p8 = b_mul(b, phys, 8);
-            let smem = b.fma(row, bk_c, p8);
-            let kc = b.mul(chunk, eight);
-            let grow = b.add(base, row);
-            let row_ok = b.lt(grow, dim);
-            let last = b.sub(dim, one);
-            let grow = b.min(grow, last);
-            let gidx = b.fma(grow, k, kc);
-            chunks.push((is_x, Chunk { smem, gidx, row_ok, kc }));
+            let mut chunk = match major {
+                Major::K => k_major_chunk(b, e, base, dim, k),
+                Major::Mn { ld } => mn_chunk(b, e, width, base, dim, ld),
+            };
+            chunk.segment = segment;
+            chunks.push((is_x, chunk));
         }
     }
 
-    // ldmatrix row addresses (element offsets into a stage, per k step of 16).
+    // ldmatrix row addresses (element offsets into a stage).
     // A (x4): lane l addresses row l % 16 of the 16-row tile, logical chunk l / 16 (+ 2 ks).
-    let c16 = b.const_u32(16);
-    let a_r = b.rem(lane, c16);
-    let a_c = b.div(lane, c16);
-    let a_row = b.add(warp_row, a_r);
     // B (x4): lane l addresses matrix q = l / 8: row l % 8 + 8 (q / 2), logical chunk q % 2.
-    let q = b.div(lane, eight);
-    let b_r = b.rem(lane, eight);
-    let q_hi = b.shr(q, one);
-    let b_r = b.fma(q_hi, eight, b_r);
-    let b_c = b.and(q, one);
-    let b_row = b.add(warp_col, b_r);
-    let mut a_off = Vec::new();
-    let mut b_off = Vec::new();
-    for ks in 0..BK / 16 {
-        for (row, c, out) in [(a_row, a_c, &mut a_off), (b_row, b_c, &mut b_off)] {
-            let c = offset(b, c, 2 * ks);
-            let phys = swizzle(b, row, c);
-            let p8 = b_mul(b, phys, 8);
-            out.push(b.fma(row, bk_c, p8));
+    let a_frags = match x_major {
+        Major::K => {
+            let c16 = b.const_u32(16);
+            let a_r = b.rem(lane, c16);
+            let a_c = b.div(lane, c16);
+            let a_row = b.add(warp_row, a_r);
+            k_major_frags(b, a_row, a_c)
         }
-    }
+        Major::Mn { .. } => mn_frags(b, lane, warp_row, bm, tiles_m, true),
+    };
+    let b_frags = match w_major {
+        Major::K => {
+            let q = b.div(lane, eight);
+            let b_r = b.rem(lane, eight);
+            let q_hi = b.shr(q, one);
+            let b_r = b.fma(q_hi, eight, b_r);
+            let b_c = b.and(q, one);
+            let b_row = b.add(warp_col, b_r);
+            k_major_frags(b, b_row, b_c)
+        }
+        Major::Mn { .. } => mn_frags(b, lane, warp_col, bn, tiles_n / 2, false),
+    };
 
     let zero_f = b.const_f32(0.0);
     let acc_len = (tiles_m * tiles_n * 4) as usize;
@@ -350,7 +392,7 @@ pub(crate) fn tc_block(
         [x_smem, w_smem],
         k_end,
         &init,
-        |b, (x_stage, w_stage), acc| mma_k_tile(b, cfg, x_stage, w_stage, &a_off, &b_off, acc),
+        |b, (x_stage, w_stage), acc| mma_k_tile(b, cfg, x_stage, w_stage, &a_frags, &b_frags, acc),
     );
 
     // Element e of mma tile (i, j) is y[16 i + g + 8 (e / 2)][8 j + 2 t + e % 2] of the warp tile.
@@ -431,40 +473,148 @@ pub(crate) fn tc_block(
     }
 }
 
+/// Chunk `e` of a `K`-major tile: row `e / 4` (of `x` or `w`, clamped into the matrix), chunk
+/// `e % 4` of its `BK` elements.
+#[track_caller]
+fn k_major_chunk(b: &mut KernelBuilder, e: Value, base: Value, dim: Value, k: Value) -> Chunk {
+    let (one, two, eight) = (b.const_u32(1), b.const_u32(2), b.const_u32(8));
+    let bk_c = b.const_u32(BK);
+    let row = b.shr(e, two);
+    let three = b.const_u32(CHUNKS_PER_ROW - 1);
+    let chunk = b.and(e, three);
+    let phys = swizzle(b, row, chunk);
+    let p8 = b_mul(b, phys, 8);
+    let smem = b.fma(row, bk_c, p8);
+    let kc = b.mul(chunk, eight);
+    let grow = b.add(base, row);
+    let row_ok = b.lt(grow, dim);
+    let last = b.sub(dim, one);
+    let grow = b.min(grow, last);
+    let gidx = b.fma(grow, k, kc);
+    Chunk { smem, gidx, row_ok, kc, k_stride: None, segment: None }
+}
+
+/// Chunk `e` of a tile whose rows are `k` (`width` elements each): row `e / (width / 8)`,
+/// chunk `e % (width / 8)`, columns `base + 8 chunk` of a matrix whose rows are `ld` apart.
+#[track_caller]
+fn mn_chunk(b: &mut KernelBuilder, e: Value, width: u32, base: Value, dim: Value, ld: Value) -> Chunk {
+    let per_row = width / 8;
+    let shift = b.const_u32(per_row.trailing_zeros());
+    let row = b.shr(e, shift);
+    let mask = b.const_u32(per_row - 1);
+    let chunk = b.and(e, mask);
+    let phys = swizzle_mn(b, row, chunk);
+    let p8 = b_mul(b, phys, 8);
+    let width_c = b.const_u32(width);
+    let smem = b.fma(row, width_c, p8);
+    let c8 = b_mul(b, chunk, 8);
+    let col = b.add(base, c8);
+    let row_ok = b.lt(col, dim);
+    let gidx = b.fma(row, ld, col);
+    Chunk { smem, gidx, row_ok, kc: row, k_stride: Some(ld), segment: None }
+}
+
+/// A lane's `ldmatrix` element offsets into a stage for one operand.
+enum Frags {
+    /// `K`-major: one offset per k step; a warp's mma tiles (pairs for B) are 16 rows apart.
+    PerStep(Vec<Value>),
+    /// Rows of `k`, `width` wide: one offset per mma tile (pair for B), read transposed; the k
+    /// steps are 16 rows apart.
+    PerTile { at: Vec<Value>, width: u32 },
+}
+
+impl Frags {
+    #[track_caller]
+    fn at(&self, b: &mut KernelBuilder, ks: u32, tile: u32) -> Value {
+        match self {
+            Frags::PerStep(at) => offset(b, at[ks as usize], tile * 16 * BK),
+            Frags::PerTile { at, width } => offset(b, at[tile as usize], ks * 16 * width),
+        }
+    }
+
+    fn trans(&self) -> bool {
+        matches!(self, Frags::PerTile { .. })
+    }
+}
+
+/// The `K`-major offsets of the lane's staged row `row` at logical chunk `chunk` (+ 2 per k step).
+#[track_caller]
+fn k_major_frags(b: &mut KernelBuilder, row: Value, chunk: Value) -> Frags {
+    let bk_c = b.const_u32(BK);
+    let at = (0..BK / 16)
+        .map(|ks| {
+            let c = offset(b, chunk, 2 * ks);
+            let phys = swizzle(b, row, c);
+            let p8 = b_mul(b, phys, 8);
+            b.fma(row, bk_c, p8)
+        })
+        .collect();
+    Frags::PerStep(at)
+}
+
+/// The offsets of `tiles` mma tiles (A) or tile pairs (B) of 16 columns from `warp_off` in a
+/// stage of `k` rows `width` wide. Lane `l` addresses matrix `q = l / 8` at `k` row `l % 8`
+/// plus 8 for the second `k` half; A orders its matrices (m 0-7, k 0-7), (m 8-15, k 0-7),
+/// (m 0-7, k 8-15), (m 8-15, k 8-15), B (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, ...).
+#[track_caller]
+fn mn_frags(b: &mut KernelBuilder, lane: Value, warp_off: Value, width: u32, tiles: u32, is_a: bool) -> Frags {
+    let (one, three, seven) = (b.const_u32(1), b.const_u32(3), b.const_u32(7));
+    let eight = b.const_u32(8);
+    let q = b.shr(lane, three);
+    let r8 = b.and(lane, seven);
+    let q_hi = b.shr(q, one);
+    let q_lo = b.and(q, one);
+    let (k_half, col_half) = if is_a { (q_hi, q_lo) } else { (q_lo, q_hi) };
+    let krow = b.fma(k_half, eight, r8);
+    let warp_chunk = b.shr(warp_off, three);
+    let chunk0 = b.add(warp_chunk, col_half);
+    let width_c = b.const_u32(width);
+    let row_base = b.mul(krow, width_c);
+    let at = (0..tiles)
+        .map(|t| {
+            let chunk = offset(b, chunk0, 2 * t);
+            let phys = b.xor(chunk, r8);
+            let p8 = b_mul(b, phys, 8);
+            b.add(row_base, p8)
+        })
+        .collect();
+    Frags::PerTile { at, width }
+}
+
 /// The mma work of one staged k-tile: two k steps of ldmatrix + `tiles_m × tiles_n` mma.
 fn mma_k_tile(
     b: &mut KernelBuilder,
     cfg: &GemmTcConfig,
     x_stage: Value,
     w_stage: Value,
-    a_off: &[Value],
-    b_off: &[Value],
+    a_frags: &Frags,
+    b_frags: &Frags,
     acc: &[Value],
 ) -> Vec<Value> {
     let (wm, wn) = cfg.tile.warp_tile();
     let (tiles_m, tiles_n) = ((wm / 16) as usize, (wn / 8) as usize);
     let mut acc = acc.to_vec();
-    for ks in 0..(BK / 16) as usize {
-        let a_frags: Vec<Value> = (0..tiles_m)
+    for ks in 0..BK / 16 {
+        let a_regs: Vec<Value> = (0..tiles_m as u32)
             .map(|i| {
-                let o = offset(b, a_off[ks], i as u32 * 16 * BK);
+                let o = a_frags.at(b, ks, i);
                 let p = b.ptr_add(x_stage, o);
-                b.ldmatrix(p, 4, false)
+                b.ldmatrix(p, 4, a_frags.trans())
             })
             .collect();
-        let mut b_frags = Vec::with_capacity(tiles_n);
-        for j2 in 0..tiles_n / 2 {
-            let o = offset(b, b_off[ks], j2 as u32 * 16 * BK);
+        let mut b_regs = Vec::with_capacity(tiles_n);
+        for j2 in 0..(tiles_n / 2) as u32 {
+            let o = b_frags.at(b, ks, j2);
             let p = b.ptr_add(w_stage, o);
-            let regs = b.ldmatrix(p, 4, false);
+            let regs = b.ldmatrix(p, 4, b_frags.trans());
             for half in 0..2u8 {
                 let lo = b.extract(regs, 2 * half);
                 let hi = b.extract(regs, 2 * half + 1);
-                b_frags.push(b.make_vector(&[lo, hi]));
+                b_regs.push(b.make_vector(&[lo, hi]));
             }
         }
-        for (i, &a) in a_frags.iter().enumerate() {
-            for (j, &bf) in b_frags.iter().enumerate() {
+        for (i, &a) in a_regs.iter().enumerate() {
+            for (j, &bf) in b_regs.iter().enumerate() {
                 let t = (i * tiles_n + j) * 4;
                 let c = b.make_vector(&acc[t..t + 4]);
                 let d = b.mma_m16n8k16(cfg.ty, a, bf, c);

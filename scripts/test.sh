@@ -12,6 +12,11 @@ if [[ -n "${CI:-}" ]]; then export CARGO_INCREMENTAL=0; fi
 export RUDA_REQUIRE_PTXAS=1 RUDA_REQUIRE_NVRTC=1
 # The differential test runs every registered configuration's NVRTC PTX in the emulator too.
 export RUDA_DIFF_NVRTC=all
+target=${CARGO_TARGET_DIR:-target}
+# NVRTC's PTX is kept per source, so `rudac check --compiler nvrtc` below reuses what the
+# differential test compiled instead of compiling every configuration again. Absolute, since
+# cargo runs each test binary in its own package's folder.
+export RUDA_NVRTC_CACHE=${RUDA_NVRTC_CACHE:-$(realpath -m "$target/nvrtc-cache")}
 
 # Quality gates: formatting (rustfmt.toml) and clippy with warnings as errors.
 cargo fmt --all --check
@@ -24,7 +29,6 @@ cargo test --locked --workspace
 # server (a loud WEB E2E SKIPPED when Chromium or playwright-core cannot be had).
 scripts/web-tests.sh
 
-target=${CARGO_TARGET_DIR:-target}
 rudac=$target/debug/rudac
 for compiler in ptx nvrtc; do
   echo "== rudac check: every registered configuration, compiler $compiler, sm_80 and sm_90"

@@ -60,12 +60,14 @@ use std::path::PathBuf;
 use ruda_ir::target::{Arch, PtxVersion, Target};
 use ruda_ir::{Kernel, VerifyError};
 
+mod cache;
 mod cvt;
 mod cxx;
 mod helpers;
 mod literal;
 mod nvrtc;
 
+pub use cache::CACHE_VAR;
 pub use nvrtc::{find_nvrtc, nvrtc_or_skip, nvrtc_version, pinned_nvrtc_path, Nvrtc, NVRTC_VAR, REQUIRE_VAR};
 
 /// Why C++ or PTX could not be produced.
@@ -151,7 +153,10 @@ pub fn virtual_arch(arch: Arch) -> String {
     arch.name().replace("sm_", "compute_")
 }
 
-/// Compile one kernel to PTX with the NVRTC [`find_nvrtc`] finds.
+/// Compile one kernel to PTX with the NVRTC [`find_nvrtc`] finds. This and the other
+/// functions that find NVRTC themselves reuse the PTX kept in `RUDA_NVRTC_CACHE` when it is
+/// set ([`CACHE_VAR`]); those given a library ([`compile_module_with`], [`compile_cuda`])
+/// always call it.
 pub fn compile_to_ptx(kernel: &Kernel, target: &Target) -> Result<String, NvrtcError> {
     compile_module_to_ptx(&[kernel], target)
 }
@@ -160,14 +165,28 @@ pub fn compile_to_ptx(kernel: &Kernel, target: &Target) -> Result<String, NvrtcE
 /// (for callers that keep the C++, such as `RUDA_DUMP_IR`).
 pub fn compile_with_source(kernel: &Kernel, target: &Target) -> Result<(String, String), NvrtcError> {
     let module = prepare(&[kernel], target)?;
-    let ptx = compile_prepared(&*find_nvrtc()?, &[kernel], target, &module.source)?;
+    let ptx = compile_found(&[kernel], target, &module.source)?;
     Ok((module.source, ptx))
 }
 
 /// Compile several kernels (distinct names) as one module with the NVRTC [`find_nvrtc`] finds.
 pub fn compile_module_to_ptx(kernels: &[&Kernel], target: &Target) -> Result<String, NvrtcError> {
     let module = prepare(kernels, target)?;
-    compile_prepared(&*find_nvrtc()?, kernels, target, &module.source)
+    compile_found(kernels, target, &module.source)
+}
+
+/// Compile prepared C++ with the NVRTC [`find_nvrtc`] finds, through the cache when one is set.
+fn compile_found(kernels: &[&Kernel], target: &Target, source: &str) -> Result<String, NvrtcError> {
+    let nvrtc = find_nvrtc()?;
+    let compile = || compile_prepared(&nvrtc, kernels, target, source);
+    match cache::PtxCache::from_env() {
+        None => compile(),
+        Some(cache) => {
+            let forced = target.ptx_version.map_or_else(|| "auto".to_string(), |v| v.to_string());
+            let options = nvrtc_options(target);
+            cache.get_or_compile(&nvrtc, program_name(kernels), &options, &forced, source, compile)
+        }
+    }
 }
 
 /// Compile several kernels as one module with a given NVRTC.
@@ -207,8 +226,12 @@ fn compile_prepared(nvrtc: &Nvrtc, kernels: &[&Kernel], target: &Target, source:
         [one] => format!("kernel `{}`", one.name),
         many => format!("kernels {}", many.iter().map(|k| format!("`{}`", k.name)).collect::<Vec<_>>().join(", ")),
     };
-    let program = kernels.first().map_or("module", |k| k.name.as_str());
-    compile_cuda(nvrtc, source, program, &what, target)
+    compile_cuda(nvrtc, source, program_name(kernels), &what, target)
+}
+
+/// The translation unit's name: its first kernel's.
+fn program_name<'k>(kernels: &[&'k Kernel]) -> &'k str {
+    kernels.first().map_or("module", |k| k.name.as_str())
 }
 
 /// Compile CUDA C++ text (such as [`emit_cuda`]'s) for `target` with `nvrtc`: `program` names

@@ -5,9 +5,11 @@
 //! bit for bit.
 //!
 //! NVRTC takes seconds per attention kernel, so the NVRTC engine covers the first
-//! configuration of each family on sm_80 and the last on sm_90, as one module per target,
-//! compiled on other CPU threads while the rest runs; `RUDA_DIFF_NVRTC=all` covers every
-//! configuration (minutes).
+//! configuration of each family on sm_80 and the last on sm_90, compiled on other CPU threads
+//! while the rest runs; `RUDA_DIFF_NVRTC=all` covers every configuration (minutes). Each
+//! configuration is its own module, compiled as the runtime compiles it, so that with
+//! `RUDA_NVRTC_CACHE` set (`scripts/test.sh` sets it) `rudac check --compiler nvrtc` reuses
+//! this test's PTX instead of compiling everything again.
 //!
 //! Inputs are each configuration's sample problem with seed 0 (`ruda_ops::sample`, the one
 //! `rudac run` uses): 256 KiB per buffer, scalars per family that keep every access in bounds,
@@ -111,19 +113,19 @@ fn nvrtc_subset(configs: &[Config], arch: Arch) -> Vec<&Config> {
     chosen.into_values().collect()
 }
 
-/// NVRTC's PTX of `configs` for `arch`, compiled as one module.
-fn nvrtc_module(configs: &[&Config], arch: Arch) -> Option<(String, Module)> {
-    let nvrtc =
-        ruda_codegen_nvrtc::nvrtc_or_skip("the differential test's NVRTC engine").unwrap_or_else(|e| panic!("{e}"))?;
-    let kernels: Vec<&Kernel> = configs.iter().map(|c| &c.kernel).collect();
-    let ptx = ruda_codegen_nvrtc::compile_module_with(&nvrtc, &kernels, &Target::new(arch))
-        .unwrap_or_else(|e| panic!("NVRTC for {arch}: {e}"));
-    let module = Module::parse(&ptx).unwrap_or_else(|e| {
-        let path = dump_dir().join(format!("registry.nvrtc.{arch}.ptx"));
-        let _ = std::fs::write(&path, &ptx);
-        panic!("NVRTC's PTX for {arch} ({}): {e}", path.display())
+/// NVRTC's PTX of each of `configs` for `arch`, parsed; `None` without NVRTC.
+fn nvrtc_modules(configs: &[&Config], arch: Arch) -> Option<Vec<Module>> {
+    ruda_codegen_nvrtc::nvrtc_or_skip("the differential test's NVRTC engine").unwrap_or_else(|e| panic!("{e}"))?;
+    let parsed = configs.iter().map(|c| {
+        let ptx = ruda_codegen_nvrtc::compile_to_ptx(&c.kernel, &Target::new(arch))
+            .unwrap_or_else(|e| panic!("`{}`: NVRTC for {arch}: {e}", c.id));
+        Module::parse(&ptx).unwrap_or_else(|e| {
+            let path = dump_dir().join(format!("{}.nvrtc.{arch}.ptx", c.id));
+            let _ = std::fs::write(&path, &ptx);
+            panic!("`{}`: NVRTC's PTX for {arch} ({}): {e}", c.id, path.display())
+        })
     });
-    Some((ptx, module))
+    Some(parsed.collect())
 }
 
 #[test]
@@ -162,8 +164,8 @@ fn every_registered_kernel_agrees_across_engines() {
     let nvrtc = std::thread::scope(|s| {
         let h = s.spawn(|| {
             std::thread::scope(|t| {
-                let sm90 = t.spawn(|| nvrtc_module(&subsets[1].1, subsets[1].0));
-                let sm80 = nvrtc_module(&subsets[0].1, subsets[0].0);
+                let sm90 = t.spawn(|| nvrtc_modules(&subsets[1].1, subsets[1].0));
+                let sm80 = nvrtc_modules(&subsets[0].1, subsets[0].0);
                 [sm80, sm90.join().expect("the sm_90 NVRTC thread")]
             })
         });
@@ -182,23 +184,16 @@ fn every_registered_kernel_agrees_across_engines() {
     let mut failures = vec![];
     for ((arch, subset), nvrtc) in subsets.iter().zip(&nvrtc) {
         let arch = *arch;
-        let Some((ptx, module)) = nvrtc else { continue };
-        let path = dump_dir().join(format!("registry.nvrtc.{arch}.ptx"));
+        let Some(modules) = nvrtc else { continue };
         let before = failures.len();
-        for c in subset {
+        for (c, module) in subset.iter().zip(modules) {
             let verdict = match run_emu(module, &c.kernel.name, &c.problem) {
                 Err(e) => Some(format!("the emulator failed: {e}")),
                 Ok(got) => compare(&c.problem, &got, &c.want),
             };
             if let Some(v) = verdict {
-                let _ = std::fs::write(&path, ptx);
-                let direct = dump_direct(c, arch);
-                failures.push(format!(
-                    "`{}` through NVRTC for {arch}: {v}\n  PTX: {} and {}",
-                    c.id,
-                    path.display(),
-                    direct
-                ));
+                let (direct, nvrtc) = (dump_direct(c, arch), dump_nvrtc(c, arch));
+                failures.push(format!("`{}` through NVRTC for {arch}: {v}\n  PTX: {direct} and {nvrtc}", c.id));
             }
         }
         println!(

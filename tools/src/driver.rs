@@ -21,7 +21,7 @@ use ruda_runtime::Compiler;
 const ENVIRONMENT: &str = "\
 environment: RUDA_PTX_VERSION (PTX ISA version, e.g. 8.0), RUDA_CUDA_COMPILER (ptx|nvrtc),
 RUDA_PTXAS (path to ptxas), RUDA_NVDISASM (path to nvdisasm), RUDA_NVRTC (path to libnvrtc),
-RUDA_DUMP_IR (folder for the IR after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache
+RUDA_NVRTC_CACHE (folder keeping NVRTC's PTX), RUDA_DUMP_IR (folder for the IR after each pass), RUDA_AUTOTUNE (on|off), RUDA_CACHE_DIR (cache
 folder), RUDA_DEVICE (tune), RUDA_INTERP_THREADS (interpreter threads)";
 
 /// What `rudac emit` prints.

@@ -673,6 +673,10 @@ fn rows() -> Vec<Row> {
 
 /// The built examples by name. Under cargo they are (re)built first, so a row never runs a
 /// stale binary; without cargo (copied test executables) they are looked up beside this one.
+/// The build names the whole workspace, as the README's test command does: with `-p ruda-llm`
+/// cargo resolves features for this package alone (serde_json without the server's
+/// `raw_value`), a second build of every crate above serde_json: about 2 minutes of both cores
+/// inside this test on a fresh clone.
 fn example(name: &str) -> PathBuf {
     static BUILT: OnceLock<HashMap<String, PathBuf>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
@@ -684,7 +688,7 @@ fn example(name: &str) -> PathBuf {
             return ["qwen2_generate", "qwen3_generate"].iter().map(|n| (n.to_string(), dir.join(n))).collect();
         };
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--offline", "-p", "ruda-llm", "--examples", "--message-format=json"]);
+        cmd.args(["build", "--offline", "--workspace", "--examples", "--message-format=json"]);
         if profile_dir.file_name() == Some(OsStr::new("release")) {
             cmd.arg("--release");
         }
@@ -698,7 +702,7 @@ fn example(name: &str) -> PathBuf {
             .collect()
     });
     let path = built.get(name).unwrap_or_else(|| panic!("no example {name} was built: {built:?}"));
-    assert!(path.exists(), "{} is missing: build the examples (cargo build -p ruda-llm --examples)", path.display());
+    assert!(path.exists(), "{} is missing: build the examples (cargo build --workspace --examples)", path.display());
     path.clone()
 }
 

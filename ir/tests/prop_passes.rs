@@ -4,7 +4,10 @@
 //! fixed seed (`PROPTEST_RNG_SEED` overrides), the same every time; and 4096 cases per pipeline
 //! (`RUDA_PROP_CASES` overrides) from a seed drawn afresh on every run and printed, so that
 //! coverage grows from run to run (`RUDA_PROP_SEED=<printed>` replays it). Each case is a byte
-//! string the generator reads, so proptest's shrinking of the bytes shrinks the kernel.
+//! string the generator reads, so proptest's shrinking of the bytes shrinks the kernel. Every
+//! pipeline sees the same cases, so each case generates and runs its kernel once and checks
+//! every pipeline on it; a run's cases are split into four shards with seeds derived from the
+//! run's, on every core.
 //!
 //! A failure writes the shrunk kernel as a `test optimize` file test to
 //! `ir/filetests/regressions/` (where the file-test harness keeps checking it after the
@@ -12,11 +15,12 @@
 //! test fails.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestError, TestRunner};
-use ruda_ir::gen::{filetest, generate, run_generated, Entropy, GenConfig, GeneratedKernel};
+use ruda_ir::gen::{filetest, generate, run_generated_on, Entropy, GenConfig, GeneratedKernel};
 use ruda_ir::passes::{all_passes, default_pipeline, run_pipeline, Pass};
 use ruda_ir::{fnv1a64, print_kernel, verify, verify_form, BinaryOp, Kernel, Op};
 
@@ -58,13 +62,41 @@ fn kernel_from(bytes: &[u8]) -> GeneratedKernel {
 
 /// The property for one pipeline on one generated kernel.
 fn preserves(bytes: &[u8], passes: &[Box<dyn Pass>]) -> Result<(), String> {
+    let (g, before) = generated(bytes)?;
+    preserved(&g, &before, passes)
+}
+
+/// The property for every pipeline on one generated kernel, which is generated and run once
+/// (most of a case's time): the first failing pipeline's name and why.
+fn preserves_all(bytes: &[u8], pipelines: &[(String, Vec<Box<dyn Pass>>)]) -> Result<(), String> {
+    let (g, before) = generated(bytes)?;
+    for (name, passes) in pipelines {
+        preserved(&g, &before, passes).map_err(|why| format!("pipeline `{name}`: {why}"))?;
+    }
+    Ok(())
+}
+
+/// Each case runs its kernels on one interpreter thread: the shards already keep every core
+/// busy, and a thread pool per run of a kernel this small costs more than it runs (blocks are
+/// independent, so how they are scheduled is `prop_gen`'s test, not this one's).
+const INTERP_THREADS: Option<usize> = Some(1);
+
+/// The kernel `bytes` generate, and its outputs before optimization.
+fn generated(bytes: &[u8]) -> Result<(GeneratedKernel, Vec<Vec<u8>>), String> {
     let g = kernel_from(bytes);
     verify(&g.kernel).map_err(|e| format!("generator bug: the kernel does not verify: {e}"))?;
-    let before = run_generated(&g, &g.kernel).map_err(|e| format!("generator bug: the kernel fails to run: {e}"))?;
+    let before = run_generated_on(&g, &g.kernel, INTERP_THREADS)
+        .map_err(|e| format!("generator bug: the kernel fails to run: {e}"))?;
+    Ok((g, before))
+}
+
+/// `passes` on `g` still verify and give the outputs `before`.
+fn preserved(g: &GeneratedKernel, before: &[Vec<u8>], passes: &[Box<dyn Pass>]) -> Result<(), String> {
     let mut optimized = g.kernel.clone();
     run_pipeline(&mut optimized, passes, None).map_err(|e| e.to_string())?;
     verify_form(&optimized).map_err(|e| format!("the optimized kernel does not verify: {e}"))?;
-    let after = run_generated(&g, &optimized).map_err(|e| format!("the optimized kernel fails to run: {e}"))?;
+    let after = run_generated_on(g, &optimized, INTERP_THREADS)
+        .map_err(|e| format!("the optimized kernel fails to run: {e}"))?;
     if let Some(i) = (0..before.len()).find(|&i| before[i] != after[i]) {
         let param = &g.kernel.params.iter().filter(|p| g.kernel.ty(p.value).is_ptr()).nth(i);
         let name = param.map_or("?".to_string(), |p| format!("{} {}", p.value, p.name));
@@ -163,30 +195,78 @@ fn report(dir: &std::path::Path, pipeline: &str, bytes: &[u8], why: &str) -> Str
 
 /// Run the property for every pass and the default pipeline under `config`; the reports of
 /// the failing ones, their shrunk kernels written to `dir`.
-fn check_pipelines(config: impl Fn() -> Config, dir: &std::path::Path) -> Vec<String> {
+fn check_pipelines(config: Config, dir: &std::path::Path) -> Vec<String> {
     let mut pipelines: Vec<(String, Vec<Box<dyn Pass>>)> =
         all_passes().into_iter().map(|p| (p.name().to_string(), vec![p])).collect();
     pipelines.push(("default".to_string(), default_pipeline()));
     check(&pipelines, config, dir)
 }
 
-fn check(
-    pipelines: &[(String, Vec<Box<dyn Pass>>)],
-    config: impl Fn() -> Config,
-    dir: &std::path::Path,
-) -> Vec<String> {
+/// The cases of a run are split into this many shards, each from its own seed derived from the
+/// run's, run on as many cores as there are: a fixed count, so that a seed replays the same
+/// cases on any machine.
+const SHARDS: u64 = 4;
+
+/// Shard `i` of the run `config`: its share of the cases, and a seed derived from the run's (a
+/// random run stays random).
+fn shard(config: &Config, i: u64) -> Config {
+    let rng_seed = match config.rng_seed {
+        RngSeed::Fixed(seed) => RngSeed::Fixed(fnv1a64(format!("{seed} shard {i}").as_bytes())),
+        random => random,
+    };
+    Config { cases: config.cases.div_ceil(SHARDS as u32), rng_seed, ..config.clone() }
+}
+
+/// Every pipeline on the same cases under `config` (every case checks them all on one generated
+/// kernel); the reports of the failing pipelines, each failure shrunk for its pipeline and
+/// written to `dir`.
+fn check(pipelines: &[(String, Vec<Box<dyn Pass>>)], config: Config, dir: &std::path::Path) -> Vec<String> {
+    let next = AtomicU64::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(SHARDS as usize);
+    // Per shard that fails: its shrunk input, or the runner's own error.
+    let mut outcomes: Vec<(u64, Result<Vec<u8>, String>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut failed = vec![];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= SHARDS {
+                            break failed;
+                        }
+                        let mut runner = TestRunner::new(shard(&config, i));
+                        let property = |bytes: Vec<u8>| preserves_all(&bytes, pipelines).map_err(TestCaseError::fail);
+                        match runner.run(&entropy(), property) {
+                            Ok(()) => {}
+                            Err(TestError::Fail(_, bytes)) => failed.push((i, Ok(bytes))),
+                            Err(e) => failed.push((i, Err(format!("the property run (shard {i}): {e}")))),
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a property thread panicked")).collect()
+    });
+    outcomes.sort_by_key(|o| o.0);
     let mut failures = vec![];
-    for (name, passes) in pipelines {
-        let mut runner = TestRunner::new(config());
-        let result = runner.run(&entropy(), |bytes| preserves(&bytes, passes).map_err(TestCaseError::fail));
-        match result {
-            Ok(()) => {}
-            Err(TestError::Fail(why, bytes)) => {
-                let bytes = minimize(&bytes, |b| preserves(b, passes).is_err());
-                let why = preserves(&bytes, passes).err().unwrap_or_else(|| why.to_string());
-                failures.push(report(dir, name, &bytes, &why));
+    let mut reported = vec![false; pipelines.len()];
+    for (_, outcome) in outcomes {
+        let bytes = match outcome {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                failures.push(e);
+                continue;
             }
-            Err(e) => failures.push(format!("pipeline `{name}`: {e}")),
+        };
+        // Every pipeline that fails on this input, each shrunk on its own.
+        for ((name, passes), reported) in pipelines.iter().zip(&mut reported) {
+            if *reported || preserves(&bytes, passes).is_ok() {
+                continue;
+            }
+            let bytes = minimize(&bytes, |b| preserves(b, passes).is_err());
+            let why = preserves(&bytes, passes).err().unwrap_or_else(|| "(passes after minimizing)".to_string());
+            failures.push(report(dir, name, &bytes, &why));
+            *reported = true;
         }
     }
     failures
@@ -194,7 +274,7 @@ fn check(
 
 #[test]
 fn passes_preserve_interpreter_results() {
-    let failures = check_pipelines(config, &regressions_dir());
+    let failures = check_pipelines(config(), &regressions_dir());
     assert!(failures.is_empty(), "{} pipeline(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
 }
 
@@ -206,7 +286,7 @@ fn passes_preserve_interpreter_results_on_a_drawn_seed() {
     // shows it.
     let line = format!("prop_passes: drawn seed {seed} (replay with RUDA_PROP_SEED={seed})\n");
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-    let failures = check_pipelines(|| drawn_config(seed), &regressions_dir());
+    let failures = check_pipelines(drawn_config(seed), &regressions_dir());
     assert!(
         failures.is_empty(),
         "{} pipeline(s) failed on the drawn seed (replay with RUDA_PROP_SEED={seed}):\n\n{}",
@@ -286,7 +366,7 @@ fn a_wrong_pass_is_caught_and_shrunk() {
 fn a_failure_is_written_as_a_file_test_and_reported() {
     let dir = std::env::temp_dir().join(format!("ruda-prop-regressions-{}", std::process::id()));
     let pipelines: Vec<(String, Vec<Box<dyn Pass>>)> = vec![("broken".to_string(), vec![Box::new(Broken)])];
-    let failures = check(&pipelines, || Config { cases: 64, ..config() }, &dir);
+    let failures = check(&pipelines, Config { cases: 64, ..config() }, &dir);
     assert_eq!(failures.len(), 1, "{failures:?}");
     let files: Vec<PathBuf> = std::fs::read_dir(&dir).expect("the folder exists").flatten().map(|e| e.path()).collect();
     assert_eq!(files.len(), 1, "{files:?}");

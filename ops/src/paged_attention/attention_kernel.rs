@@ -3,9 +3,13 @@
 //! form's partials are merged by [`super::mla_kernel::mla_combine`], whose workspace layout it
 //! shares (`R := Dv`).
 
-use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, Value, VerifyError};
+use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, VerifyError};
 
-use crate::blocks::{combine, load_f32, store_from_f32, warp_reduce, Combine};
+use super::tile::{
+    accumulate, lane_dot, load_at, normalize, online_softmax, stage_keys, store_at, store_stats, BlockValues,
+    PagedRows, SoftmaxState,
+};
+use crate::blocks::{store_from_f32, warp_reduce, Combine};
 
 /// Threads per block.
 pub const PAGED_ATTENTION_THREADS: u32 = 128;
@@ -93,18 +97,6 @@ crate::kernel_params! {
         causal: scalar(u32),
         queries: opt_scalar(u32, cfg.split),
     }
-}
-
-/// `base[index]`.
-fn load_at(b: &mut KernelBuilder, base: Value, index: Value) -> Value {
-    let p = b.ptr_add(base, index);
-    b.load(p)
-}
-
-/// `base[index] = v`.
-fn store_at(b: &mut KernelBuilder, base: Value, index: Value, v: Value) {
-    let p = b.ptr_add(base, index);
-    b.store(p, v);
 }
 
 /// Build the fused paged attention kernel (see [`PagedAttentionConfig`]).
@@ -216,29 +208,15 @@ pub fn paged_attention(cfg: &PagedAttentionConfig) -> Result<Kernel, VerifyError
     // The score tile's rows are `tile | 1` apart: an odd stride keeps the per-row walks of the
     // softmax free of bank conflicts.
     let sc_stride = b.or(tile, one);
+    let v = BlockValues { tid, threads, zero, one, zf };
+    let softmax = SoftmaxState { scores: sc_s, stride: sc_stride, row_max: m_s, row_sum: l_s, alpha: al_s };
+    let rows = PagedRows { tables: p.tables, table_row, page_size, heads: Some((p.kv_heads, kvh)) };
     b.for_each(begin, stop, tile, |b, k0| {
         let rest = b.sub(stop, k0);
         let n = b.min(tile, rest);
         // Stage keys k0 .. k0 + n of kv head `kvh` as f32, read through the block table.
-        let stage = |b: &mut KernelBuilder, src: Value, dst: Value, width: Value| {
-            let elems = b.mul(n, width);
-            b.for_each(tid, elems, threads, |b, i| {
-                let jj = b.div(i, width);
-                let col = b.rem(i, width);
-                let key = b.add(k0, jj);
-                let page_idx = b.div(key, page_size);
-                let slot = b.rem(key, page_size);
-                let tp = b.add(table_row, page_idx);
-                let page = load_at(b, p.tables, tp);
-                let cache_row = b.fma(page, page_size, slot);
-                let kv_row = b.fma(cache_row, p.kv_heads, kvh);
-                let at = b.fma(kv_row, width, col);
-                let x = load_f32(b, src, at);
-                store_at(b, dst, i, x);
-            });
-        };
-        stage(b, p.k_cache, k_s, dim);
-        stage(b, p.v_cache, v_s, value_dim);
+        stage_keys(b, v, rows, k0, n, p.k_cache, k_s, dim);
+        stage_keys(b, v, rows, k0, n, p.v_cache, v_s, value_dim);
         b.barrier();
 
         // Scores (log2 domain) of the block's rows against the tile, one warp per pair; a key
@@ -248,15 +226,7 @@ pub fn paged_attention(cfg: &PagedAttentionConfig) -> Result<Kernel, VerifyError
             let hl = b.div(pair, n);
             let jj = b.rem(pair, n);
             let qrow = load_at(b, rq_s, hl);
-            let qbase = b.mul(qrow, dim);
-            let tbase = b.mul(jj, dim);
-            let d = b.for_range(lane, dim, warp_size, &[zf], |b, r, acc| {
-                let qa = b.add(qbase, r);
-                let x = load_f32(b, p.q, qa);
-                let ta = b.add(tbase, r);
-                let y = load_at(b, k_s, ta);
-                vec![b.fma(x, y, acc[0])]
-            })[0];
+            let d = lane_dot(b, (lane, warp_size), p.q, qrow, k_s, jj, dim, zf);
             let d = warp_reduce(b, Combine::Sum, d);
             let first_lane = b.eq(lane, zero);
             b.if_then(first_lane, |b| {
@@ -271,55 +241,10 @@ pub fn paged_attention(cfg: &PagedAttentionConfig) -> Result<Kernel, VerifyError
         });
         b.barrier();
 
-        // Online softmax per row: new max, probabilities in place, rescale factor. A row whose
-        // max is still -inf (no live key yet) gets probabilities 0 and alpha 1, never NaN.
-        b.if_then(row_lt, |b| {
-            let row = b.mul(tid, sc_stride);
-            let m_old = load_at(b, m_s, tid);
-            let mx = b.for_range(zero, n, one, &[m_old], |b, jj, acc| {
-                let at = b.add(row, jj);
-                let s = load_at(b, sc_s, at);
-                vec![combine(b, Combine::MaxNan, acc[0], s)]
-            })[0];
-            let dead = b.eq(mx, ninf);
-            let base = b.select(dead, zf, mx);
-            let sum = b.for_range(zero, n, one, &[zf], |b, jj, acc| {
-                let at = b.add(row, jj);
-                let s = load_at(b, sc_s, at);
-                let d = b.sub(s, base);
-                let e = b.ex2(d);
-                store_at(b, sc_s, at, e);
-                vec![b.add(acc[0], e)]
-            })[0];
-            let d = b.sub(m_old, base);
-            let alpha = b.ex2(d);
-            let onef = b.const_f32(1.0);
-            let alpha = b.select(dead, onef, alpha);
-            let l_old = load_at(b, l_s, tid);
-            let l_new = b.fma(l_old, alpha, sum);
-            store_at(b, l_s, tid, l_new);
-            store_at(b, m_s, tid, mx);
-            store_at(b, al_s, tid, alpha);
-        });
+        // Online softmax per row, then acc[row, c] = acc[row, c] · alpha[row] + Σ_j p[row, j] · v[j, c].
+        online_softmax(b, v, softmax, row_lt, n, Some(ninf));
         b.barrier();
-
-        // acc[row, c] = acc[row, c] · alpha[row] + Σ_j p[row, j] · v[j, c].
-        b.for_each(tid, acc_len, threads, |b, i| {
-            let hl = b.div(i, value_dim);
-            let c = b.rem(i, value_dim);
-            let alpha = load_at(b, al_s, hl);
-            let a = load_at(b, acc_s, i);
-            let a = b.mul(a, alpha);
-            let row = b.mul(hl, sc_stride);
-            let a = b.for_range(zero, n, one, &[a], |b, jj, acc| {
-                let at = b.add(row, jj);
-                let pj = load_at(b, sc_s, at);
-                let va = b.fma(jj, value_dim, c);
-                let x = load_at(b, v_s, va);
-                vec![b.fma(pj, x, acc[0])]
-            })[0];
-            store_at(b, acc_s, i, a);
-        });
+        accumulate(b, v, softmax, acc_s, acc_len, v_s, value_dim, n);
         b.barrier();
     });
 
@@ -332,10 +257,7 @@ pub fn paged_attention(cfg: &PagedAttentionConfig) -> Result<Kernel, VerifyError
                 let qrow = load_at(b, rq_s, hl);
                 let l = load_at(b, l_s, hl);
                 let a = load_at(b, acc_s, i);
-                let any = b.gt(l, zf);
-                let inv = b.rcp(l);
-                let inv = b.select(any, inv, zf);
-                let y = b.mul(a, inv);
+                let y = normalize(b, zf, a, l);
                 let at = b.fma(qrow, value_dim, c);
                 store_from_f32(b, out, at, y);
             });
@@ -358,13 +280,7 @@ pub fn paged_attention(cfg: &PagedAttentionConfig) -> Result<Kernel, VerifyError
                 let stats = b.mul(all, value_dim);
                 let qrow = load_at(b, rq_s, tid);
                 let entry = b.fma(qrow, splits, split);
-                let two = b.const_u32(2);
-                let at = b.fma(entry, two, stats);
-                let m = load_at(b, m_s, tid);
-                let l = load_at(b, l_s, tid);
-                store_from_f32(b, ws, at, m);
-                let at1 = b.add(at, one);
-                store_from_f32(b, ws, at1, l);
+                store_stats(b, v, softmax, ws, stats, entry);
             });
         }
         _ => {}

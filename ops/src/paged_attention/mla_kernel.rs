@@ -3,7 +3,11 @@
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, SpecialReg, Value, VerifyError};
 
-use crate::blocks::{combine, load_f32, store_from_f32, warp_reduce, Combine};
+use super::tile::{
+    accumulate, lane_dot, load_at, normalize, online_softmax, stage_keys, store_at, store_stats, BlockValues,
+    PagedRows, SoftmaxState,
+};
+use crate::blocks::{load_f32, store_from_f32, warp_reduce, Combine};
 
 /// Threads per block.
 pub const MLA_THREADS: u32 = 128;
@@ -94,23 +98,6 @@ crate::kernel_params! {
     }
 }
 
-/// `u32` constant.
-fn c32(b: &mut KernelBuilder, v: u32) -> Value {
-    b.const_u32(v)
-}
-
-/// Load `ptr[index]` from shared memory.
-fn lds(b: &mut KernelBuilder, base: Value, index: Value) -> Value {
-    let p = b.ptr_add(base, index);
-    b.load(p)
-}
-
-/// Store `v` at `ptr[index]` in shared memory.
-fn sts(b: &mut KernelBuilder, base: Value, index: Value, v: Value) {
-    let p = b.ptr_add(base, index);
-    b.store(p, v);
-}
-
 /// Build the paged MLA kernel (see [`PagedMlaConfig`]).
 pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
@@ -137,12 +124,13 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
     let split = b.block_id_x();
     let chunk = b.block_id_y();
     let qi = b.special(SpecialReg::CtaidZ);
-    let threads = c32(&mut b, MLA_THREADS);
-    let zero = c32(&mut b, 0);
-    let one = c32(&mut b, 1);
+    let threads = b.const_u32(MLA_THREADS);
+    let zero = b.const_u32(0);
+    let one = b.const_u32(1);
     // The score tile's rows are `tile | 1` apart: an odd stride keeps the per-head walks of the
     // softmax free of bank conflicts.
     let sc_stride = b.or(tile, one);
+    let softmax = SoftmaxState { scores: sc_s, stride: sc_stride, row_max: m_s, row_sum: l_s, alpha: al_s };
     let h0 = b.mul(chunk, p.heads_per_block);
     let left = b.sub(heads, h0);
     let nh = b.min(p.heads_per_block, left);
@@ -167,50 +155,35 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
         None => (zero, end),
     };
     let table_row = b.mul(seq, p.table_width);
+    let rows = PagedRows { tables: p.tables, table_row, page_size, heads: None };
     // Rows of q and qp: (query · H + h0 + hl).
     let q_row0 = b.fma(qi, heads, h0);
 
     let zf = b.const_f32(0.0);
     let ninf = b.const_f32(f32::NEG_INFINITY);
+    let v = BlockValues { tid, threads, zero, one, zf };
     let acc_len = b.mul(nh, rank);
-    b.for_each(tid, acc_len, threads, |b, i| sts(b, acc_s, i, zf));
+    b.for_each(tid, acc_len, threads, |b, i| store_at(b, acc_s, i, zf));
     let head_lt = b.lt(tid, nh);
     b.if_then(head_lt, |b| {
-        sts(b, m_s, tid, ninf);
-        sts(b, l_s, tid, zf);
+        store_at(b, m_s, tid, ninf);
+        store_at(b, l_s, tid, zf);
     });
     b.barrier();
 
     let log2e = b.const_f32(std::f32::consts::LOG2_E);
     let s2 = b.mul(p.scale, log2e);
-    let five = c32(&mut b, 5);
+    let five = b.const_u32(5);
     let warp = b.shr(tid, five);
     let lane = b.lane_id();
-    let warps = c32(&mut b, MLA_THREADS / 32);
-    let warp_size = c32(&mut b, 32);
+    let warps = b.const_u32(MLA_THREADS / 32);
+    let warp_size = b.const_u32(32);
     b.for_each(begin, stop, tile, |b, k0| {
         let rest = b.sub(stop, k0);
         let n = b.min(tile, rest);
         // Stage rows k0 .. k0 + n of the latent and positional caches, read through the table.
-        let stage = |b: &mut KernelBuilder, src: Value, dst: Value, width: Value| {
-            let count = b.mul(n, width);
-            b.for_each(tid, count, threads, |b, i| {
-                let jj = b.div(i, width);
-                let col = b.rem(i, width);
-                let key = b.add(k0, jj);
-                let page_idx = b.div(key, page_size);
-                let slot = b.rem(key, page_size);
-                let tp = b.add(table_row, page_idx);
-                let tpp = b.ptr_add(p.tables, tp);
-                let page = b.load(tpp);
-                let row = b.fma(page, page_size, slot);
-                let at = b.fma(row, width, col);
-                let x = load_f32(b, src, at);
-                sts(b, dst, i, x);
-            });
-        };
-        stage(b, p.latent, lat_s, rank);
-        stage(b, p.kp, pos_s, pos_dim);
+        stage_keys(b, v, rows, k0, n, p.latent, lat_s, rank);
+        stage_keys(b, v, rows, k0, n, p.kp, pos_s, pos_dim);
         b.barrier();
 
         // Scores (log2 domain) of the block's heads against the tile, one warp per pair.
@@ -219,73 +192,22 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
             let hl = b.div(pair, n);
             let jj = b.rem(pair, n);
             let qrow = b.add(q_row0, hl);
-            let part = |b: &mut KernelBuilder, src: Value, tile_s: Value, width: Value, acc: Value| {
-                let qbase = b.mul(qrow, width);
-                let tbase = b.mul(jj, width);
-                b.for_range(lane, width, warp_size, &[acc], |b, r, acc| {
-                    let qa = b.add(qbase, r);
-                    let x = load_f32(b, src, qa);
-                    let ta = b.add(tbase, r);
-                    let y = lds(b, tile_s, ta);
-                    vec![b.fma(x, y, acc[0])]
-                })[0]
-            };
-            let d = part(b, p.q, lat_s, rank, zf);
-            let d = part(b, p.qp, pos_s, pos_dim, d);
+            let d = lane_dot(b, (lane, warp_size), p.q, qrow, lat_s, jj, rank, zf);
+            let d = lane_dot(b, (lane, warp_size), p.qp, qrow, pos_s, jj, pos_dim, d);
             let d = warp_reduce(b, Combine::Sum, d);
             let first = b.eq(lane, zero);
             b.if_then(first, |b| {
                 let s = b.mul(d, s2);
                 let at = b.fma(hl, sc_stride, jj);
-                sts(b, sc_s, at, s);
+                store_at(b, sc_s, at, s);
             });
         });
         b.barrier();
 
-        // Online softmax per head: new max, probabilities in place, rescale factor.
-        b.if_then(head_lt, |b| {
-            let row = b.mul(tid, sc_stride);
-            let m_old = lds(b, m_s, tid);
-            let mx = b.for_range(zero, n, one, &[m_old], |b, jj, acc| {
-                let at = b.add(row, jj);
-                let s = lds(b, sc_s, at);
-                vec![combine(b, Combine::MaxNan, acc[0], s)]
-            })[0];
-            let sum = b.for_range(zero, n, one, &[zf], |b, jj, acc| {
-                let at = b.add(row, jj);
-                let s = lds(b, sc_s, at);
-                let d = b.sub(s, mx);
-                let e = b.ex2(d);
-                sts(b, sc_s, at, e);
-                vec![b.add(acc[0], e)]
-            })[0];
-            let d = b.sub(m_old, mx);
-            let alpha = b.ex2(d);
-            let l_old = lds(b, l_s, tid);
-            let l_new = b.fma(l_old, alpha, sum);
-            sts(b, l_s, tid, l_new);
-            sts(b, m_s, tid, mx);
-            sts(b, al_s, tid, alpha);
-        });
+        // Online softmax per head, then acc[h, r] = acc[h, r] · alpha[h] + Σ_j p[h, j] · latent[j, r].
+        online_softmax(b, v, softmax, head_lt, n, None);
         b.barrier();
-
-        // acc[h, r] = acc[h, r] · alpha[h] + Σ_j p[h, j] · latent[j, r].
-        b.for_each(tid, acc_len, threads, |b, i| {
-            let hl = b.div(i, rank);
-            let r = b.rem(i, rank);
-            let alpha = lds(b, al_s, hl);
-            let a = lds(b, acc_s, i);
-            let a = b.mul(a, alpha);
-            let row = b.mul(hl, sc_stride);
-            let a = b.for_range(zero, n, one, &[a], |b, jj, acc| {
-                let at = b.add(row, jj);
-                let pj = lds(b, sc_s, at);
-                let la = b.fma(jj, rank, r);
-                let x = lds(b, lat_s, la);
-                vec![b.fma(pj, x, acc[0])]
-            })[0];
-            sts(b, acc_s, i, a);
-        });
+        accumulate(b, v, softmax, acc_s, acc_len, lat_s, rank, n);
         b.barrier();
     });
 
@@ -294,12 +216,9 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
             // out[query, h0 + hl, r] = acc / l, zeros for a query without keys.
             b.for_each(tid, acc_len, threads, |b, i| {
                 let hl = b.div(i, rank);
-                let l = lds(b, l_s, hl);
-                let a = lds(b, acc_s, i);
-                let any = b.gt(l, zf);
-                let inv = b.rcp(l);
-                let inv = b.select(any, inv, zf);
-                let y = b.mul(a, inv);
+                let l = load_at(b, l_s, hl);
+                let a = load_at(b, acc_s, i);
+                let y = normalize(b, zf, a, l);
                 let base = b.mul(q_row0, rank);
                 let at = b.add(base, i);
                 store_from_f32(b, out, at, y);
@@ -315,7 +234,7 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
                 let row = b.add(q_row0, hl);
                 let entry = b.fma(row, splits, split);
                 let at = b.fma(entry, rank, r);
-                let a = lds(b, acc_s, i);
+                let a = load_at(b, acc_s, i);
                 store_from_f32(b, ws, at, a);
             });
             b.if_then(head_lt, |b| {
@@ -324,13 +243,7 @@ pub fn paged_mla(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
                 let stats = b.mul(all, rank);
                 let row = b.add(q_row0, tid);
                 let entry = b.fma(row, splits, split);
-                let two = c32(b, 2);
-                let at = b.fma(entry, two, stats);
-                let m = lds(b, m_s, tid);
-                let l = lds(b, l_s, tid);
-                store_from_f32(b, ws, at, m);
-                let at1 = b.add(at, one);
-                store_from_f32(b, ws, at1, l);
+                store_stats(b, v, softmax, ws, stats, entry);
             });
         }
         (None, None) => {}
@@ -363,9 +276,9 @@ pub fn mla_combine(cfg: &PagedMlaConfig) -> Result<Kernel, VerifyError> {
     let queries = b.special(SpecialReg::NctaidZ);
     let in_range = b.lt(r, rank);
     b.if_then(in_range, |b| {
-        let zero = c32(b, 0);
-        let one = c32(b, 1);
-        let two = c32(b, 2);
+        let zero = b.const_u32(0);
+        let one = b.const_u32(1);
+        let two = b.const_u32(2);
         let zf = b.const_f32(0.0);
         let ninf = b.const_f32(f32::NEG_INFINITY);
         let row = b.fma(qi, heads, h);

@@ -14,6 +14,9 @@
 //!   its split form over a [`SplitWorkspace`](attention::SplitWorkspace); kernels in
 //!   `attention_kernel`);
 //! - [`mla`]: paged MLA over a shared latent cache (kernels in `mla_kernel`).
+//!
+//! The two fused kernels share their per-tile steps (staging through the block table, the online
+//! softmax, the `P · V` accumulation) in `tile`.
 
 pub mod api;
 pub mod attention;
@@ -21,6 +24,7 @@ mod attention_kernel;
 pub mod kernel;
 pub mod mla;
 mod mla_kernel;
+mod tile;
 
 use crate::blocks::FLOAT_DTYPES;
 use crate::family::Family;

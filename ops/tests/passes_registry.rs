@@ -5,9 +5,9 @@
 //! Inputs come from the parameter list: buffers of small values of their element type (with a
 //! NaN, an infinity and a negative zero among the floats; integers small enough to index with),
 //! `u32` sizes and `f32` scalars from a per-family table (a default for families it does not
-//! know), two blocks of the kernel's launch bound.
+//! know), two blocks of the kernel's launch bound, run on one interpreter thread.
 
-use ruda_ir::interp::{run, KernelArg, LaunchConfig};
+use ruda_ir::interp::{run_with_threads, KernelArg, LaunchConfig};
 use ruda_ir::passes::optimize;
 use ruda_ir::{print_kernel, verify, AddrSpace, Constant, Kernel, ScalarType, Type};
 
@@ -75,7 +75,11 @@ fn outputs(k: &Kernel, family: &str) -> Result<Vec<Vec<u8>>, String> {
     }
     let threads = k.launch_bounds.map_or(256, |lb| lb.max_threads);
     let launch = LaunchConfig { grid, block: [threads, 1, 1], dynamic_shared_bytes: 0 };
-    run(k, &launch, &mut args).map_err(|e| e.to_string())?;
+    // One interpreter thread, so the blocks run in a fixed order: the generic grid of two blocks
+    // races for kernels launched as one block (the dispatch scan rewrites its counts in place),
+    // and the order of atomics (the dispatch scatter's slots) is free, so with several threads
+    // two runs of the same kernel may differ.
+    run_with_threads(k, &launch, &mut args, 1).map_err(|e| e.to_string())?;
     drop(args);
     Ok(buffers)
 }

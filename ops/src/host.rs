@@ -70,6 +70,13 @@ pub(crate) fn expect_dtype(op: &'static str, name: &str, t: &Tensor, dtype: DTyp
     Ok(())
 }
 
+/// A contiguous, non-empty tensor of `dtype` and `shape` (checked in that order).
+pub(crate) fn expect_tensor(op: &'static str, name: &str, t: &Tensor, dtype: DType, shape: &[usize]) -> Result<()> {
+    contiguous_nonempty(op, name, t)?;
+    expect_dtype(op, name, t, dtype)?;
+    expect_shape(op, name, t, shape)
+}
+
 pub(crate) fn to_u32(op: &'static str, what: &str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| OpError::InvalidArgument { op, message: format!("{what} = {n} exceeds u32") })
 }

@@ -49,9 +49,7 @@ pub fn argmax_into(stream: &Stream, x: &Tensor, out: &Tensor, workspace: Option<
     let name = "argmax";
     let dtype = float_dtype(name, x)?;
     contiguous_nonempty(name, "input", x)?;
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, &reduced_shape(x))?;
-    expect_dtype(name, "out", out, DType::U32)?;
+    expect_tensor(name, "out", out, DType::U32, &reduced_shape(x))?;
     same_device(name, stream, &[("input", x), ("out", out)])?;
     let (rows, cols) = rows_cols(name, x)?;
     let mut splits = argmax_splits(stream.device(), rows as usize, cols as usize);

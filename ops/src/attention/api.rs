@@ -334,9 +334,7 @@ fn check_kv_cache(
     let (kv_heads, s_max, dv) = (k_cache.shape()[1], k_cache.shape()[2], v_cache.shape()[3]);
     expect_shape(op, "k_cache", k_cache, &[batch, kv_heads, s_max, d])?;
     expect_shape(op, "v_cache", v_cache, &[batch, kv_heads, s_max, dv])?;
-    contiguous_nonempty(op, "seq_lens", seq_lens)?;
-    expect_dtype(op, "seq_lens", seq_lens, DType::U32)?;
-    expect_shape(op, "seq_lens", seq_lens, &[batch])?;
+    expect_tensor(op, "seq_lens", seq_lens, DType::U32, &[batch])?;
     Ok((kv_heads, s_max, dv))
 }
 

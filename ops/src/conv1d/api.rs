@@ -76,9 +76,7 @@ pub fn causal_conv1d_into(
         same_device(op, stream, &[("initial_state", s)])?;
     }
     check_state(op, "final_state", final_state, x, channels, width)?;
-    contiguous_nonempty(op, "y", y)?;
-    expect_shape(op, "y", y, x.shape())?;
-    expect_dtype(op, "y", y, x.dtype())?;
+    expect_tensor(op, "y", y, x.dtype(), x.shape())?;
     same_device(op, stream, &[("x", x), ("weight", weight), ("y", y), ("final_state", final_state)])?;
     let tokens = to_u32(op, "tokens", x.shape()[0])?;
     let channels = to_u32(op, "channels", channels)?;
@@ -131,9 +129,7 @@ pub fn causal_conv1d_update_into(
         });
     }
     check_state(op, "state", state, x, channels, width)?;
-    contiguous_nonempty(op, "y", y)?;
-    expect_shape(op, "y", y, x.shape())?;
-    expect_dtype(op, "y", y, x.dtype())?;
+    expect_tensor(op, "y", y, x.dtype(), x.shape())?;
     same_device(op, stream, &[("x", x), ("weight", weight), ("state", state), ("y", y)])?;
     let channels = to_u32(op, "channels", channels)?;
     let cfg = Conv1dConfig { dtype, width, silu, initial_state: true };
@@ -182,12 +178,8 @@ pub fn causal_conv1d_update_slots_into(
     let slots = states.shape()[0];
     expect_shape(op, "states", states, &[slots, channels, width as usize - 1])?;
     expect_dtype(op, "states", states, x.dtype())?;
-    contiguous_nonempty(op, "state_slots", state_slots)?;
-    expect_shape(op, "state_slots", state_slots, &[n])?;
-    expect_dtype(op, "state_slots", state_slots, DType::U32)?;
-    contiguous_nonempty(op, "y", y)?;
-    expect_shape(op, "y", y, x.shape())?;
-    expect_dtype(op, "y", y, x.dtype())?;
+    expect_tensor(op, "state_slots", state_slots, DType::U32, &[n])?;
+    expect_tensor(op, "y", y, x.dtype(), x.shape())?;
     let tensors = [("x", x), ("weight", weight), ("states", states), ("state_slots", state_slots), ("y", y)];
     same_device(op, stream, &tensors)?;
     let (channels, slots) = (to_u32(op, "channels", channels)?, to_u32(op, "slots", slots)?);
@@ -254,16 +246,12 @@ pub fn causal_conv1d_varlen_into(
             message: format!("{n} sequences, more than one launch takes ({CONV_MAX_SEQUENCES})"),
         });
     }
-    contiguous_nonempty(op, "cu_seqlens", cu_seqlens)?;
-    expect_shape(op, "cu_seqlens", cu_seqlens, &[n + 1])?;
-    expect_dtype(op, "cu_seqlens", cu_seqlens, DType::U32)?;
+    expect_tensor(op, "cu_seqlens", cu_seqlens, DType::U32, &[n + 1])?;
     contiguous_nonempty(op, "states", states)?;
     let slots = states.shape()[0];
     expect_shape(op, "states", states, &[slots, channels, width as usize - 1])?;
     expect_dtype(op, "states", states, x.dtype())?;
-    contiguous_nonempty(op, "y", y)?;
-    expect_shape(op, "y", y, x.shape())?;
-    expect_dtype(op, "y", y, x.dtype())?;
+    expect_tensor(op, "y", y, x.dtype(), x.shape())?;
     let tensors = [
         ("x", x),
         ("weight", weight),

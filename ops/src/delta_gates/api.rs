@@ -24,9 +24,7 @@ pub fn gated_delta_gates_into(
     let op = "gated_delta_gates";
     let dtype = float_dtype(op, a)?;
     contiguous_nonempty(op, "a", a)?;
-    contiguous_nonempty(op, "b", b)?;
-    expect_shape(op, "b", b, a.shape())?;
-    expect_dtype(op, "b", b, a.dtype())?;
+    expect_tensor(op, "b", b, a.dtype(), a.shape())?;
     let heads = *a.shape().last().unwrap_or(&0);
     for (name, p) in [("a_log", a_log), ("dt_bias", dt_bias)] {
         contiguous_nonempty(op, name, p)?;

@@ -26,9 +26,7 @@ pub fn embedding_into(stream: &Stream, ids: &Tensor, table: &Tensor, out: &Tenso
         });
     }
     let (tokens, (vocab, hidden)) = (ids.shape()[0], (table.shape()[0], table.shape()[1]));
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, &[tokens, hidden])?;
-    expect_dtype(name, "out", out, table.dtype())?;
+    expect_tensor(name, "out", out, table.dtype(), &[tokens, hidden])?;
     same_device(name, stream, &[("ids", ids), ("table", table), ("out", out)])?;
     let size = table.dtype().size();
     let aligned = |t: &Tensor| (t.offset() * size).is_multiple_of(16);

@@ -429,9 +429,7 @@ fn check_pool(
     expect_rank(op, "state_slots", state_slots, 1, "[sequences]")?;
     expect_dtype(op, "state_slots", state_slots, DType::U32)?;
     expect_shape(op, "state_slots", state_slots, &[p.batch as usize])?;
-    contiguous_nonempty(op, "output", output)?;
-    expect_dtype(op, "output", output, input.query.dtype())?;
-    expect_shape(op, "output", output, output_shape)?;
+    expect_tensor(op, "output", output, input.query.dtype(), output_shape)?;
     same_device(op, stream, &[("state_pool", state_pool), ("state_slots", state_slots), ("output", output)])?;
     p.cfg.slots = true;
     Ok(p)

@@ -98,9 +98,7 @@ pub(crate) fn gemv_launch(
 ) -> Result<()> {
     let g = check(name, stream, x, w, out)?;
     if let Some(b) = bias {
-        contiguous_nonempty(name, "bias", b)?;
-        expect_dtype(name, "bias", b, x.dtype())?;
-        expect_shape(name, "bias", b, &[g.n as usize])?;
+        expect_tensor(name, "bias", b, x.dtype(), &[g.n as usize])?;
         same_device(name, stream, &[("bias", b)])?;
     }
     let chunk = match g.loads {

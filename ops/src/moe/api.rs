@@ -271,9 +271,7 @@ pub fn route_sigmoid_grouped_into(
     let GroupRoutingOptions { top_k, groups, selected_groups, group_top_two, renormalize, scale } = *options;
     check_group_options(op, experts, options)?;
     if let Some(bias) = bias {
-        contiguous_nonempty(op, "bias", bias)?;
-        expect_dtype(op, "bias", bias, DType::F32)?;
-        expect_shape(op, "bias", bias, &[experts])?;
+        expect_tensor(op, "bias", bias, DType::F32, &[experts])?;
         same_device(op, stream, &[("bias", bias)])?;
     }
     check_outputs(op, stream, logits, indices, weights, &[tokens, top_k])?;

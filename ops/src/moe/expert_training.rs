@@ -111,9 +111,7 @@ impl DispatchedTokens {
             expect_shape(op, name, t, &shape)?;
             expect_dtype(op, name, t, self.dtype())?;
         }
-        contiguous_nonempty(op, "grad_weights", grad_weights)?;
-        expect_shape(op, "grad_weights", grad_weights, &[self.tokens(), self.top_k()])?;
-        expect_dtype(op, "grad_weights", grad_weights, DType::F32)?;
+        expect_tensor(op, "grad_weights", grad_weights, DType::F32, &[self.tokens(), self.top_k()])?;
         same_device(
             op,
             stream,
@@ -291,9 +289,7 @@ impl ExpertsTrainingCache {
         let dtype = self.down.dtype();
         let (n, h, i, e) = (self.rows.shape()[0], self.hidden, self.inter, self.experts);
         float_dtype(op, grad_out)?;
-        contiguous_nonempty(op, "grad_out", grad_out)?;
-        expect_shape(op, "grad_out", grad_out, &[n, h])?;
-        expect_dtype(op, "grad_out", grad_out, dtype)?;
+        expect_tensor(op, "grad_out", grad_out, dtype, &[n, h])?;
         let device = self.rows.device();
         let stream = device.default_stream();
         same_device(op, &stream, &[("grad_out", grad_out), ("dispatched rows", &self.rows)])?;

@@ -627,9 +627,7 @@ impl SwiGluExperts {
         self.check_dispatched(op, dispatched)?;
         let rows = dispatched.len();
         let (h, i) = (self.hidden, self.inter);
-        contiguous_nonempty(op, "out", out)?;
-        expect_shape(op, "out", out, &[rows, h])?;
-        expect_dtype(op, "out", out, self.dtype())?;
+        expect_tensor(op, "out", out, self.dtype(), &[rows, h])?;
         for (name, t, cols) in [("workspace gate_up", &workspace.gate_up, 2 * i), ("workspace act", &workspace.act, i)]
         {
             expect_shape(op, name, t, &[rows, cols])?;

@@ -103,9 +103,7 @@ pub fn selected_router_weights_into(
 ) -> Result<()> {
     let op = OP_WEIGHTS;
     let (tokens, experts, top_k) = check_inputs(op, logits, indices, options)?;
-    contiguous_nonempty(op, "weights", weights)?;
-    expect_dtype(op, "weights", weights, DType::F32)?;
-    expect_shape(op, "weights", weights, &[tokens, top_k])?;
+    expect_tensor(op, "weights", weights, DType::F32, &[tokens, top_k])?;
     same_device(op, stream, &[("logits", logits), ("indices", indices), ("weights", weights)])?;
     let cfg = config(logits, indices);
     let k = kernel(cfg.weights_id(), || moe_router_weights(&cfg))?;
@@ -145,12 +143,8 @@ pub fn selected_router_backward_into(
 ) -> Result<()> {
     let op = OP_BACKWARD;
     let (tokens, experts, top_k) = check_inputs(op, logits, indices, options)?;
-    contiguous_nonempty(op, "grad_weights", grad_weights)?;
-    expect_dtype(op, "grad_weights", grad_weights, DType::F32)?;
-    expect_shape(op, "grad_weights", grad_weights, &[tokens, top_k])?;
-    contiguous_nonempty(op, "grad_logits", grad_logits)?;
-    expect_dtype(op, "grad_logits", grad_logits, logits.dtype())?;
-    expect_shape(op, "grad_logits", grad_logits, &[tokens, experts])?;
+    expect_tensor(op, "grad_weights", grad_weights, DType::F32, &[tokens, top_k])?;
+    expect_tensor(op, "grad_logits", grad_logits, logits.dtype(), &[tokens, experts])?;
     same_device(
         op,
         stream,

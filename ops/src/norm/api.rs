@@ -26,9 +26,7 @@ pub(super) fn check_norm(
         expect_shape(name, pname, p, &[hidden])?;
         expect_dtype(name, pname, p, DType::F32)?;
     }
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, input.shape())?;
-    expect_dtype(name, "out", out, input.dtype())?;
+    expect_tensor(name, "out", out, input.dtype(), input.shape())?;
     same_device(name, stream, &[("input", input), ("out", out)])?;
     same_device(name, stream, params)?;
     if !(eps.is_finite() && eps > 0.0) {

@@ -173,9 +173,7 @@ pub fn rope_into(stream: &Stream, x: &Tensor, positions: &Tensor, table: &RopeTa
     let name = "rope";
     let (dtype, tokens, heads, d) = check_heads(name, "x", x, table)?;
     check_positions(name, "positions", positions, tokens)?;
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, x.shape())?;
-    expect_dtype(name, "out", out, x.dtype())?;
+    expect_tensor(name, "out", out, x.dtype(), x.shape())?;
     same_device(name, stream, &[("x", x), ("positions", positions), ("out", out)])?;
     check_table(name, stream, table)?;
     let cfg = RopeConfig { dtype, head_dim: d, rotary_dim: table.rotary_dim as u32 };
@@ -218,9 +216,7 @@ pub fn rope_kv_cache_into(
 ) -> Result<()> {
     let name = "rope_kv_cache";
     let (dtype, tokens, heads, d) = check_heads(name, "k", k, table)?;
-    contiguous_nonempty(name, "v", v)?;
-    expect_shape(name, "v", v, k.shape())?;
-    expect_dtype(name, "v", v, k.dtype())?;
+    expect_tensor(name, "v", v, k.dtype(), k.shape())?;
     check_positions(name, "positions", positions, tokens)?;
     check_positions(name, "slots", slots, tokens)?;
     for (what, c) in [("k_cache", k_cache), ("v_cache", v_cache)] {

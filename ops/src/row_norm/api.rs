@@ -37,14 +37,10 @@ fn launch_row_norm(kind: RowNormKind, stream: &Stream, ops: Operands<'_>, eps: f
         same_device(name, stream, &[(what, t)])?;
     }
     if let Some(w) = weight {
-        contiguous_nonempty(name, "weight", w)?;
-        expect_shape(name, "weight", w, &[cols])?;
-        expect_dtype(name, "weight", w, DType::F32)?;
+        expect_tensor(name, "weight", w, DType::F32, &[cols])?;
         same_device(name, stream, &[("weight", w)])?;
     }
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, x.shape())?;
-    expect_dtype(name, "out", out, x.dtype())?;
+    expect_tensor(name, "out", out, x.dtype(), x.shape())?;
     same_device(name, stream, &[("x", x), ("out", out)])?;
     if !(eps.is_finite() && eps > 0.0) {
         return Err(OpError::InvalidArgument {

@@ -21,9 +21,7 @@ fn reduced_shape(t: &Tensor) -> Vec<usize> {
 fn reduce_into(op: RowReduceOp, name: &'static str, stream: &Stream, x: &Tensor, out: &Tensor) -> Result<()> {
     let dtype = float_dtype(name, x)?;
     contiguous_nonempty(name, "input", x)?;
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, &reduced_shape(x))?;
-    expect_dtype(name, "out", out, DType::F32)?;
+    expect_tensor(name, "out", out, DType::F32, &reduced_shape(x))?;
     same_device(name, stream, &[("input", x), ("out", out)])?;
     let (rows, cols) = rows_cols(name, x)?;
     let cfg = RowReduceConfig { op, dtype };
@@ -64,9 +62,7 @@ pub fn softmax_last_axis_into(stream: &Stream, x: &Tensor, out: &Tensor) -> Resu
     let name = "softmax_last_axis";
     let dtype = float_dtype(name, x)?;
     contiguous_nonempty(name, "input", x)?;
-    contiguous_nonempty(name, "out", out)?;
-    expect_shape(name, "out", out, x.shape())?;
-    expect_dtype(name, "out", out, x.dtype())?;
+    expect_tensor(name, "out", out, x.dtype(), x.shape())?;
     same_device(name, stream, &[("input", x), ("out", out)])?;
     let (rows, cols) = rows_cols(name, x)?;
     let cfg = SoftmaxConfig { dtype };

@@ -67,12 +67,8 @@ pub fn sample_into(
         });
     }
     let (rows, cols) = (logits.shape()[0], logits.shape()[1]);
-    contiguous_nonempty(name, "offsets", offsets)?;
-    expect_dtype(name, "offsets", offsets, DType::U64)?;
-    expect_shape(name, "offsets", offsets, &[rows])?;
-    contiguous_nonempty(name, "out", out)?;
-    expect_dtype(name, "out", out, DType::U32)?;
-    expect_shape(name, "out", out, &[rows])?;
+    expect_tensor(name, "offsets", offsets, DType::U64, &[rows])?;
+    expect_tensor(name, "out", out, DType::U32, &[rows])?;
     same_device(name, stream, &[("logits", logits), ("offsets", offsets), ("out", out)])?;
     let SamplingParams { temperature, top_k, top_p, seed, min_p } = *params;
     if !(temperature.is_finite() && temperature >= 0.0) {

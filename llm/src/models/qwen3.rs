@@ -14,13 +14,16 @@ impl Architecture for Qwen3 {
     }
 
     fn spec(&self, c: &ModelConfig) -> DecoderSpec {
-        let heads =
-            AttentionShape { q_heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, head_dim: c.head_dim };
-        let attention = |prefix: &str| {
-            AttentionSpec::new(prefix, c.hidden_size, heads)
-                .with_bias(c.qkv_bias, c.o_proj_bias)
-                .with_qk_norm(prefix, c.rms_norm_eps)
-        };
+        let attention = |prefix: &str| attention(c, prefix);
         DecoderSpec::new(c, (0..c.num_hidden_layers).map(|l| LayerSpec::standard(c, l, attention)).collect())
     }
+}
+
+/// Qwen3's attention at `prefix` (`model.layers.{l}.self_attn`), shared with Qwen3-MoE.
+pub(super) fn attention(c: &ModelConfig, prefix: &str) -> AttentionSpec {
+    let heads =
+        AttentionShape { q_heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, head_dim: c.head_dim };
+    AttentionSpec::new(prefix, c.hidden_size, heads)
+        .with_bias(c.qkv_bias, c.o_proj_bias)
+        .with_qk_norm(prefix, c.rms_norm_eps)
 }

@@ -9,7 +9,7 @@ use ruda_ops::api::RoutingOptions;
 use super::decoder::FfnSpec;
 use super::{Architecture, DecoderSpec, LayerSpec};
 use crate::config::{ModelConfig, ModelType};
-use crate::layers::{AttentionShape, AttentionSpec, MoeSpec};
+use crate::layers::MoeSpec;
 
 pub struct Qwen3Moe;
 
@@ -19,13 +19,7 @@ impl Architecture for Qwen3Moe {
     }
 
     fn spec(&self, c: &ModelConfig) -> DecoderSpec {
-        let heads =
-            AttentionShape { q_heads: c.num_attention_heads, kv_heads: c.num_key_value_heads, head_dim: c.head_dim };
-        let attention = |prefix: &str| {
-            AttentionSpec::new(prefix, c.hidden_size, heads)
-                .with_bias(c.qkv_bias, c.o_proj_bias)
-                .with_qk_norm(prefix, c.rms_norm_eps)
-        };
+        let attention = |prefix: &str| super::qwen3::attention(c, prefix);
         let layers = (0..c.num_hidden_layers)
             .map(|l| {
                 let mut layer = LayerSpec::standard(c, l, attention);

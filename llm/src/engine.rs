@@ -395,7 +395,7 @@ impl Engine {
         if !self.shared.accepting.load(Ordering::SeqCst) {
             return Err(EngineError::Closed("shutting down".into()));
         }
-        request.params.validate().map_err(|e| EngineError::Invalid(e.to_string()))?;
+        request.params.validate_for(self.info.vocab_size).map_err(|e| EngineError::Invalid(e.to_string()))?;
         let total = request.prompt.len() + request.params.max_new_tokens;
         if request.prompt.is_empty() || total > self.info.max_model_len {
             return Err(EngineError::Invalid(format!(

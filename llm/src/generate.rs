@@ -126,6 +126,19 @@ impl From<SamplingGenerationConfig> for GenerateParams {
 }
 
 impl GenerateParams {
+    /// [`validate`](Self::validate), and every `logit_bias` token id inside a vocabulary of
+    /// `vocab_size` (checked when a request is queued, so a bad id is that request's error and
+    /// never fails a batch it would have joined).
+    pub(crate) fn validate_for(&self, vocab_size: usize) -> Result<(), LlmError> {
+        self.validate()?;
+        if let Some((id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab_size) {
+            return Err(LlmError::InvalidArgument(format!(
+                "logit_bias: token id {id} is outside the vocabulary ({vocab_size})"
+            )));
+        }
+        Ok(())
+    }
+
     /// Reject settings that cannot generate.
     pub(crate) fn validate(&self) -> Result<(), LlmError> {
         let bad = |m: String| Err(LlmError::InvalidArgument(m));
@@ -342,5 +355,13 @@ mod tests {
             let err = bad.validate().unwrap_err().to_string();
             assert!(!err.is_empty());
         }
+    }
+
+    #[test]
+    fn a_logit_bias_outside_the_vocabulary_is_an_error_before_generation() {
+        let biased = GenerateParams { logit_bias: vec![(5, 1.0), (9, -1.0)], ..GenerateParams::default() };
+        assert!(biased.validate_for(10).is_ok());
+        let err = biased.validate_for(9).unwrap_err().to_string();
+        assert!(err.contains("token id 9 is outside the vocabulary (9)"), "{err}");
     }
 }

@@ -343,7 +343,7 @@ impl Pipeline {
         skip_special_tokens: bool,
         mut on_token: impl FnMut(u32, &str) -> StreamControl,
     ) -> Result<GeneratedText, LlmError> {
-        params.validate()?;
+        params.validate_for(self.loaded.config.vocab_size)?;
         if prompt_ids.is_empty() {
             return Err(LlmError::InvalidArgument("the prompt has no tokens".into()));
         }

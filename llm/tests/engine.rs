@@ -110,6 +110,14 @@ fn admission_is_bounded_and_bad_requests_are_refused() {
         (EngineRequest { prompt: vec![], params: greedy(4) }, "prompt tokens"),
         (EngineRequest { prompt: prompt.clone(), params: greedy(95) }, "context of 96"),
         (EngineRequest { prompt: vec![1, 400], params: greedy(4) }, "outside the vocabulary"),
+        // Refused at once: in a batch, it would fail every request beside it.
+        (
+            EngineRequest {
+                prompt: prompt.clone(),
+                params: GenerateParams { logit_bias: vec![(1 << 20, 1.0)], ..greedy(4) },
+            },
+            "logit_bias: token id 1048576 is outside the vocabulary",
+        ),
         (
             EngineRequest { prompt: prompt.clone(), params: GenerateParams { max_new_tokens: 0, ..greedy(1) } },
             "max_new_tokens",

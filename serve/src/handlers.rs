@@ -257,6 +257,13 @@ async fn compile(s: &AppState, format: ResponseFormat, field: &'static str) -> R
 
 /// Check the lengths, submit every prompt (all or none), and answer in one body or a stream.
 async fn generate(s: &AppState, mut g: Generation) -> Result<Response> {
+    let vocab = s.info().vocab_size;
+    if let Some((id, _)) = g.common.params.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        return Err(ApiError::param(
+            "logit_bias",
+            format!("'logit_bias' token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
     if let Some(format) = g.common.response_format.take() {
         g.common.params.constraint = Some(compile(s, format, g.constraint_field).await?);
     }

@@ -483,6 +483,13 @@ async fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         ("/v1/completions", with("frequency_penalty", json!("1")), 400, Some("frequency_penalty")),
         ("/v1/completions", with("logit_bias", json!({"five": 1})), 400, Some("logit_bias")),
         ("/v1/completions", with("logit_bias", json!({"5": 101})), 400, Some("logit_bias")),
+        ("/v1/completions", with("logit_bias", json!({"999999999": 1})), 400, Some("logit_bias")),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"4294967295": -1}}),
+            400,
+            Some("logit_bias"),
+        ),
         ("/v1/completions", with("min_p", json!(1.5)), 400, Some("min_p")),
         ("/v1/completions", with("min_p", json!(-0.1)), 400, Some("min_p")),
         ("/v1/completions", with("echo", json!(true)), 400, Some("echo")),

@@ -187,7 +187,7 @@ impl<'p> BatchRunner<'p> {
     /// settings, an empty prompt, or one whose prompt plus `max_new_tokens` exceeds the
     /// runner's `max_sequence_length`.
     pub fn submit(&mut self, tag: usize, prompt: Vec<u32>, params: &GenerateParams) -> Result<RequestId, LlmError> {
-        params.validate()?;
+        params.validate_for(self.pipeline.model().config().vocab_size)?;
         let device = self.pipeline.model().device().clone();
         let picker = TokenPicker::new(&device, params)?;
         let id = self.scheduler.submit(prompt.clone(), params.clone())?;
@@ -406,7 +406,7 @@ impl Pipeline {
         let max_positions = self.model().config().max_position_embeddings;
         let mut prompts = Vec::with_capacity(requests.len());
         for r in requests {
-            r.params.validate()?;
+            r.params.validate_for(self.model().config().vocab_size)?;
             let ids = self.encode(&r.prompt, true)?;
             let total = ids.len() + r.params.max_new_tokens;
             if ids.is_empty() || total > max_positions {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Random mutations of valid OpenAI requests against a running ruda-serve.
 
-Every answer must be JSON (or a stream) with a status below 500, and the server must keep
-answering. Run two at once so that bad requests meet good ones in the same batch:
+Every answer must be JSON, or a stream that ends with `data: [DONE]` and has no error event,
+with a status below 500, and the server must keep answering. Run two at once so that bad requests meet good ones in the same batch:
 
     target/release/ruda-serve llm/models/tiny-qwen3 --bind 127.0.0.1:8123 --max-model-len 128 &
     python3 scripts/fuzz-http.py --port 8123 --requests 1500 --seed 1 &
@@ -93,6 +93,9 @@ def main():
             continue
         statuses[status] = statuses.get(status, 0) + 1
         ok = status < 500
+        # A stream must end with [DONE] and carry no error event.
+        if "event-stream" in ctype and (b'"error"' in data or not data.rstrip().endswith(b"data: [DONE]")):
+            ok = False
         if "event-stream" not in ctype:
             try:
                 json.loads(data)

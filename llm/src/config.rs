@@ -2,15 +2,19 @@
 //! (`qwen3_moe`), Qwen3.5 (`qwen3_5_text`, or the image-text `qwen3_5` read for its
 //! `text_config`) or Qwen3.5-MoE (`qwen3_5_moe_text`, or the composite `qwen3_5_moe`) checkpoint,
 //! read into one typed [`ModelConfig`] with the defaults of transformers' `Qwen2Config`,
-//! `Qwen3Config`, `Qwen3MoeConfig`, `Qwen3_5TextConfig` and `Qwen3_5MoeTextConfig`. What RUDA does not implement (quantisation, rope scaling, sliding windows,
+//! `Qwen3Config`, `Qwen3MoeConfig`, `Qwen3_5TextConfig` and `Qwen3_5MoeTextConfig`. What RUDA does not implement (quantisation, rope scaling other than linear and YaRN, sliding windows,
 //! activations other than SiLU) is rejected here, so later stages never meet it.
 
 use std::path::Path;
 
+use ruda_ops::api::{OpError, RopeScaling, YarnScaling};
 use ruda_runtime::DType;
 use serde_json::{Map, Value};
 
 use crate::error::{read_json, LoadError};
+
+/// transformers' `max_position_embeddings` when a config leaves it out.
+const DEFAULT_MAX_POSITION_EMBEDDINGS: usize = 32768;
 
 /// The architectures RUDA implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -184,6 +188,8 @@ pub struct ModelConfig {
     /// The base of the rotary embedding frequencies (`rope_theta`, at the top level or in
     /// `rope_parameters`).
     pub rope_theta: f64,
+    /// How the rotary frequencies are scaled (`rope_scaling` or `rope_parameters`).
+    pub rope_scaling: RopeScaling,
     pub rms_norm_eps: f64,
     /// `lm_head` is the embedding matrix (`lm_head.weight` may then be absent).
     pub tie_word_embeddings: bool,
@@ -365,6 +371,8 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         Some(shared) => shared,
         None => f.required_usize("intermediate_size")?,
     };
+    let max_position_embeddings = f.usize("max_position_embeddings")?;
+    let (rope_theta, rope_scaling) = rope(&f, max_position_embeddings)?;
     let config = ModelConfig {
         model_type,
         vocab_size: f.required_usize("vocab_size")?,
@@ -374,10 +382,11 @@ pub fn parse_config(path: &Path, json: &Value) -> Result<ModelConfig, LoadError>
         num_attention_heads,
         num_key_value_heads,
         head_dim,
-        rope_theta: rope_theta(&f)?,
+        rope_theta,
+        rope_scaling,
         rms_norm_eps: f.f64("rms_norm_eps")?.unwrap_or(1e-6),
         tie_word_embeddings,
-        max_position_embeddings: f.usize("max_position_embeddings")?.unwrap_or(32768),
+        max_position_embeddings: max_position_embeddings.unwrap_or(DEFAULT_MAX_POSITION_EMBEDDINGS),
         qkv_bias,
         o_proj_bias,
         qk_norm,
@@ -610,31 +619,121 @@ fn partial_rotary_factor(f: &Fields) -> Result<f64, LoadError> {
     }
 }
 
-/// `rope_theta` at the top level (transformers 4.x) or in `rope_parameters` (5.x); any rope
-/// type but `default` in either `rope_scaling` or `rope_parameters` is unsupported.
-fn rope_theta(f: &Fields) -> Result<f64, LoadError> {
-    let mut theta = f.f64("rope_theta")?;
-    for key in ["rope_scaling", "rope_parameters"] {
-        let Some(params) = f.obj.get(key).filter(|v| !v.is_null()) else {
-            continue;
-        };
-        let Some(params) = params.as_object() else {
-            return Err(LoadError::invalid(f.path, format!("{key} is not an object")));
-        };
-        let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
-        if kind != "default" {
+/// The rotary embedding's base and scaling, as transformers 5 reads them: the parameters are
+/// `rope_scaling` (the older key, which wins when both are set) or `rope_parameters`, with
+/// `rope_theta` there or at the top level (10000 when absent). Types:
+/// - `default` (or none given): unscaled;
+/// - `linear`: every frequency divided by `factor`;
+/// - `dynamic` (dynamic NTK): its frequencies only change for positions past
+///   `max_position_embeddings`, which RUDA never computes, so within that range it is the
+///   unscaled RoPE (`factor` is still checked);
+/// - `yarn`: `factor` (when null, `max_position_embeddings / original_max_position_embeddings`),
+///   `original_max_position_embeddings` (a top-level one first, then this one, else
+///   `max_position_embeddings`), `attention_factor` (else from `mscale` and `mscale_all_dim`
+///   when both are non-zero, else from `factor`), `beta_fast` (32) and `beta_slow` (1) where
+///   absent, null or 0, `truncate` (true where absent).
+///
+/// Any other type (`llama3`, `longrope`, ...) and per-layer-type parameters are unsupported.
+fn rope(f: &Fields, max_position_embeddings: Option<usize>) -> Result<(f64, RopeScaling), LoadError> {
+    let nonempty = |key: &str| f.get(key).filter(|v| v.as_object().is_none_or(|o| !o.is_empty()));
+    let Some((key, params)) = nonempty("rope_scaling")
+        .map(|v| ("rope_scaling", v))
+        .or_else(|| nonempty("rope_parameters").map(|v| ("rope_parameters", v)))
+    else {
+        return Ok((f.f64("rope_theta")?.unwrap_or(10000.0), RopeScaling::None));
+    };
+    let Some(params) = params.as_object() else {
+        return Err(LoadError::invalid(f.path, format!("{key} is not an object")));
+    };
+    let field = |name: &str| params.get(name).filter(|v| !v.is_null());
+    let number = |name: &str| -> Result<Option<f64>, LoadError> {
+        field(name)
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| LoadError::invalid(f.path, format!("{key}.{name} is not a number (found {v})")))
+            })
+            .transpose()
+    };
+    let theta = match number("rope_theta")? {
+        Some(t) => t,
+        None => f.f64("rope_theta")?.unwrap_or(10000.0),
+    };
+    let kind = match field("rope_type").or_else(|| field("type")) {
+        None => "default",
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| LoadError::invalid(f.path, format!("{key}.rope_type is not a string (found {v})")))?,
+    };
+    if kind == "default" {
+        if let Some((layer_type, _)) = params.iter().find(|(_, v)| v.is_object()) {
             return Err(LoadError::unsupported(
                 f.path,
-                format!("{key} with rope_type \"{kind}\" (only unscaled rotary embeddings are implemented)"),
+                format!("{key} per layer type (\"{layer_type}\"): one rotary embedding for every layer is implemented"),
             ));
         }
-        if let Some(t) = params.get("rope_theta") {
-            theta = Some(
-                t.as_f64().ok_or_else(|| LoadError::invalid(f.path, format!("{key}.rope_theta is not a number")))?,
-            );
-        }
     }
-    Ok(theta.unwrap_or(10000.0))
+    let max_positions = max_position_embeddings.unwrap_or(DEFAULT_MAX_POSITION_EMBEDDINGS) as f64;
+    let factor = |required: bool| -> Result<Option<f64>, LoadError> {
+        match number("factor")? {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+            Some(x) => Err(LoadError::invalid(f.path, format!("{key}.factor {x} is not a positive number"))),
+            None if required => Err(LoadError::invalid(f.path, format!("{key} of rope_type \"{kind}\" has no factor"))),
+            None => Ok(None),
+        }
+    };
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "dynamic" => {
+            factor(true)?;
+            RopeScaling::None
+        }
+        "linear" => RopeScaling::Linear { factor: factor(true)?.unwrap_or(1.0) },
+        "yarn" => {
+            let original = match f.f64("original_max_position_embeddings")? {
+                Some(x) => x,
+                None => number("original_max_position_embeddings")?.unwrap_or(max_positions),
+            };
+            if !(original.is_finite() && original > 0.0) {
+                return Err(LoadError::invalid(
+                    f.path,
+                    format!("{key}.original_max_position_embeddings {original} is not a positive number"),
+                ));
+            }
+            let factor = factor(false)?.unwrap_or(max_positions / original);
+            // Python's truthiness: a null or 0 counts as absent.
+            let nonzero = |name: &str| -> Result<Option<f64>, LoadError> { Ok(number(name)?.filter(|&x| x != 0.0)) };
+            let attention_factor = match (number("attention_factor")?, nonzero("mscale")?, nonzero("mscale_all_dim")?) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) => YarnScaling::mscale(factor, m) / YarnScaling::mscale(factor, all),
+                (None, _, _) => YarnScaling::mscale(factor, 1.0),
+            };
+            let truncate = match params.get("truncate") {
+                None => true,
+                Some(Value::Null) => false, // transformers' `if truncate:` on None
+                Some(v) => v.as_bool().ok_or_else(|| {
+                    LoadError::invalid(f.path, format!("{key}.truncate is not true or false (found {v})"))
+                })?,
+            };
+            RopeScaling::Yarn(YarnScaling {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: nonzero("beta_fast")?.unwrap_or(32.0),
+                beta_slow: nonzero("beta_slow")?.unwrap_or(1.0),
+                attention_factor,
+                truncate,
+            })
+        }
+        other => {
+            return Err(LoadError::unsupported(
+                f.path,
+                format!("{key} with rope_type \"{other}\" (default, linear, dynamic and yarn are implemented)"),
+            ))
+        }
+    };
+    if let Err(OpError::InvalidArgument { message, .. }) = scaling.validate() {
+        return Err(LoadError::invalid(f.path, format!("{key}: {message}")));
+    }
+    Ok((theta, scaling))
 }
 
 /// Sliding-window attention is not implemented: reject any layer that would use it. Like

@@ -123,8 +123,8 @@ fn rope_theta_in_rope_parameters() {
     v.as_object_mut().unwrap().remove("rope_theta");
     v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5000000.0});
     assert_eq!(config_of(&v).unwrap().rope_theta, 5e6);
-    v["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6});
-    assert!(err_of(&v).contains("rope_parameters with rope_type \"yarn\""), "{}", err_of(&v));
+    v["rope_parameters"] = json!({"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e6});
+    assert!(err_of(&v).contains("rope_parameters with rope_type \"longrope\""), "{}", err_of(&v));
 }
 
 #[test]
@@ -133,8 +133,8 @@ fn rejected_configs_name_the_problem() {
         (with(qwen3_json(), "model_type", json!("llama")), "model_type \"llama\""),
         (with(qwen3_json(), "quantization_config", json!({"quant_method": "awq", "bits": 4})), "quant_method \"awq\""),
         (
-            with(qwen2_json(), "rope_scaling", json!({"type": "yarn", "factor": 4.0})),
-            "rope_scaling with rope_type \"yarn\"",
+            with(qwen2_json(), "rope_scaling", json!({"type": "llama3", "factor": 8.0})),
+            "rope_scaling with rope_type \"llama3\"",
         ),
         (with(qwen2_json(), "use_sliding_window", json!(true)), "layer 0 uses sliding-window"),
         (

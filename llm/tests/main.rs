@@ -17,5 +17,6 @@ mod model_goldens;
 mod moe;
 mod pipeline;
 mod profile;
+mod rope_scaling;
 mod text;
 mod tokenizer_goldens;

@@ -1,22 +1,23 @@
 //! Rotary position embeddings: one table of `cos`/`sin` per position shared by every layer.
 
-use ruda_ops::api::{self, OpError, RopeTable};
+use ruda_ops::api::{self, OpError, RopeScaling, RopeTable};
 use ruda_runtime::{Device, Stream, Tensor};
 
 use crate::error::LlmError;
 
-/// Unscaled RoPE (`rope_theta`) of the first `rotary_dim` dimensions of each head (all of them,
-/// or Qwen3.5's partial RoPE) for up to `max_positions`; it has no tensors.
+/// RoPE (`rope_theta`, scaled as `scaling` says) of the first `rotary_dim` dimensions of each
+/// head (all of them, or Qwen3.5's partial RoPE) for up to `max_positions`; it has no tensors.
 #[derive(Clone, Debug)]
 pub struct RopeSpec {
     pub theta: f64,
+    pub scaling: RopeScaling,
     pub rotary_dim: usize,
     pub max_positions: usize,
 }
 
 impl RopeSpec {
     pub fn load(&self, device: &Device) -> Result<Rope, LlmError> {
-        RopeTable::new(device, self.theta, self.rotary_dim, self.max_positions)
+        RopeTable::scaled(device, self.theta, self.rotary_dim, self.max_positions, &self.scaling)
             .map(Rope)
             .map_err(|e| LlmError::op("building the rotary table", e))
     }

@@ -89,6 +89,7 @@ impl DecoderSpec {
             embedding: EmbeddingSpec::new(v, h),
             rope: RopeSpec {
                 theta: config.rope_theta,
+                scaling: config.rope_scaling.clone(),
                 rotary_dim: config.rotary_dim,
                 max_positions: config.max_position_embeddings,
             },

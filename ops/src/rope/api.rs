@@ -6,8 +6,9 @@
 //! the kernel then rounds them to the model dtype as Hugging Face does. In-kernel `sin.approx` /
 //! `cos.approx` lose accuracy fast outside `[-π, π]` (`freqs` reach the position count, tens of
 //! thousands of radians), so they would need a range reduction and still differ from Hugging
-//! Face in bf16 roundings; a table also serves every RoPE scaling variant (linear, dynamic,
-//! YaRN's attention factor) through [`RopeTable::from_inv_freq`].
+//! Face in bf16 roundings. A table also serves the scaled variants: [`RopeScaling`] (linear and
+//! YaRN, with YaRN's attention factor) through [`RopeTable::scaled`], any other through
+//! [`RopeTable::from_inv_freq`].
 
 use ruda_runtime::{DType, Device, LaunchConfig, Stream, Tensor};
 
@@ -16,18 +17,140 @@ use crate::error::{OpError, Result};
 use crate::host::*;
 use crate::params;
 
-/// Hugging Face's default `inv_freq`: `1 / theta^(2i / rotary_dim)` for `i < rotary_dim / 2`,
-/// computed as it does in `f32` (`theta` rounded to `f32`, the exponent an `f32` division, the
-/// power rounded to `f32`, then an `f32` reciprocal).
-pub fn rope_inv_freq(theta: f64, rotary_dim: usize) -> Vec<f32> {
+/// `theta^(2i / rotary_dim)` for `i < rotary_dim / 2`, computed as Hugging Face does in `f32`
+/// (`theta` rounded to `f32`, the exponent an `f32` division, the power rounded to `f32`).
+fn rope_powers(theta: f64, rotary_dim: usize) -> Vec<f32> {
     let base = theta as f32;
     (0..rotary_dim / 2)
         .map(|i| {
             let exponent = (2 * i) as f32 / rotary_dim as f32;
-            let power = (base as f64).powf(exponent as f64) as f32;
-            1.0 / power
+            (base as f64).powf(exponent as f64) as f32
         })
         .collect()
+}
+
+/// Hugging Face's default `inv_freq`: `1 / theta^(2i / rotary_dim)` for `i < rotary_dim / 2`,
+/// computed as it does in `f32` (the powers of `rope_powers`, then an `f32` reciprocal).
+pub fn rope_inv_freq(theta: f64, rotary_dim: usize) -> Vec<f32> {
+    rope_powers(theta, rotary_dim).into_iter().map(|p| 1.0 / p).collect()
+}
+
+/// How a checkpoint scales its rotary frequencies (`rope_scaling` or `rope_parameters` in its
+/// `config.json`), with every default already resolved: the variants of Hugging Face's
+/// `ROPE_INIT_FUNCTIONS` that keep one table for every position.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `rope_type: default`: `inv_freq` as [`rope_inv_freq`].
+    None,
+    /// `rope_type: linear` (position interpolation): every frequency divided by `factor`.
+    Linear { factor: f64 },
+    /// `rope_type: yarn`: see [`YarnScaling`].
+    Yarn(YarnScaling),
+}
+
+/// YaRN (arXiv 2309.00071) as Hugging Face's `_compute_yarn_parameters` computes it: the
+/// frequencies that turn fewer than `beta_slow` times over `original_max_position_embeddings`
+/// positions are divided by `factor`, those that turn more than `beta_fast` times are kept, a
+/// linear ramp over the dimensions between blends the two, and `cos`/`sin` are multiplied by
+/// `attention_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub original_max_position_embeddings: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// Already resolved: given, or `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`,
+    /// or `mscale(factor)` with `mscale(s, m) = 0.1 · m · ln(s) + 1` (1 for `s ≤ 1`).
+    pub attention_factor: f64,
+    /// Round the ramp's ends outwards to whole dimensions (Hugging Face's default, true).
+    pub truncate: bool,
+}
+
+impl YarnScaling {
+    /// The paper's `mscale` (its equation 21): `0.1 · mscale · ln(scale) + 1`, 1 for `scale ≤ 1`.
+    pub fn mscale(scale: f64, mscale: f64) -> f64 {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * scale.ln() + 1.0
+        }
+    }
+
+    /// The inverse frequencies, in Hugging Face's `f32` order of operations.
+    fn inv_freq(&self, theta: f64, rotary_dim: usize) -> Vec<f32> {
+        let dim = rotary_dim as f64;
+        // The dimension at which a frequency turns `rotations` times over the original context.
+        let correction_dim = |rotations: f64| {
+            dim * (self.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (correction_dim(self.beta_fast), correction_dim(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+        if low == high {
+            high += 0.001; // Hugging Face's guard against a zero-width ramp.
+        }
+        let (low32, width32) = (low as f32, (high - low) as f32);
+        let factor = self.factor as f32;
+        rope_powers(theta, rotary_dim)
+            .into_iter()
+            .enumerate()
+            .map(|(i, power)| {
+                let extrapolation = 1.0 / power;
+                let interpolation = 1.0 / (factor * power);
+                let ramp = ((i as f32 - low32) / width32).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                interpolation * (1.0 - keep) + extrapolation * keep
+            })
+            .collect()
+    }
+}
+
+impl RopeScaling {
+    /// The inverse frequencies for `theta` over `rotary_dim` dimensions, and the factor
+    /// `cos`/`sin` are multiplied by.
+    pub fn inv_freq(&self, theta: f64, rotary_dim: usize) -> (Vec<f32>, f32) {
+        match self {
+            RopeScaling::None => (rope_inv_freq(theta, rotary_dim), 1.0),
+            RopeScaling::Linear { factor } => {
+                let factor = *factor as f32;
+                (rope_inv_freq(theta, rotary_dim).into_iter().map(|f| f / factor).collect(), 1.0)
+            }
+            RopeScaling::Yarn(y) => (y.inv_freq(theta, rotary_dim), y.attention_factor as f32),
+        }
+    }
+
+    /// Every parameter finite and positive (`beta_fast` at least `beta_slow`).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |message: String| Err(OpError::InvalidArgument { op: "rope", message });
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        match self {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } if !positive(*factor) => {
+                bad(format!("the linear scaling factor must be finite and positive, got {factor}"))
+            }
+            RopeScaling::Linear { .. } => Ok(()),
+            RopeScaling::Yarn(y) => {
+                for (name, v) in [
+                    ("factor", y.factor),
+                    ("original_max_position_embeddings", y.original_max_position_embeddings),
+                    ("beta_fast", y.beta_fast),
+                    ("beta_slow", y.beta_slow),
+                    ("attention_factor", y.attention_factor),
+                ] {
+                    if !positive(v) {
+                        return bad(format!("YaRN's {name} must be finite and positive, got {v}"));
+                    }
+                }
+                if y.beta_fast < y.beta_slow {
+                    return bad(format!("YaRN's beta_fast {} is below its beta_slow {}", y.beta_fast, y.beta_slow));
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// `cos` and `sin` tables `[max_positions, inv_freq.len()]`, row `p` holding
@@ -60,6 +183,17 @@ pub struct RopeTable {
 impl RopeTable {
     /// Hugging Face's default RoPE (`rope_type: default`) for `theta` (`rope_theta`).
     pub fn new(device: &Device, theta: f64, rotary_dim: usize, max_positions: usize) -> Result<RopeTable> {
+        RopeTable::scaled(device, theta, rotary_dim, max_positions, &RopeScaling::None)
+    }
+
+    /// The RoPE of `theta` with its frequencies scaled as `scaling` says.
+    pub fn scaled(
+        device: &Device,
+        theta: f64,
+        rotary_dim: usize,
+        max_positions: usize,
+        scaling: &RopeScaling,
+    ) -> Result<RopeTable> {
         if !(theta.is_finite() && theta > 0.0) {
             return Err(OpError::InvalidArgument {
                 op: "rope",
@@ -72,7 +206,9 @@ impl RopeTable {
                 message: format!("rotary_dim must be even and positive, got {rotary_dim}"),
             });
         }
-        RopeTable::from_inv_freq(device, &rope_inv_freq(theta, rotary_dim), 1.0, max_positions)
+        scaling.validate()?;
+        let (inv_freq, attention_scaling) = scaling.inv_freq(theta, rotary_dim);
+        RopeTable::from_inv_freq(device, &inv_freq, attention_scaling, max_positions)
     }
 
     /// A table from any inverse frequencies (`rotary_dim / 2` of them: scaled variants compute

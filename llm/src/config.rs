@@ -2,7 +2,7 @@
 //! (`qwen3_moe`), Qwen3.5 (`qwen3_5_text`, or the image-text `qwen3_5` read for its
 //! `text_config`) or Qwen3.5-MoE (`qwen3_5_moe_text`, or the composite `qwen3_5_moe`) checkpoint,
 //! read into one typed [`ModelConfig`] with the defaults of transformers' `Qwen2Config`,
-//! `Qwen3Config`, `Qwen3MoeConfig`, `Qwen3_5TextConfig` and `Qwen3_5MoeTextConfig`. What RUDA does not implement (quantisation, rope scaling other than linear and YaRN, sliding windows,
+//! `Qwen3Config`, `Qwen3MoeConfig`, `Qwen3_5TextConfig` and `Qwen3_5MoeTextConfig`. What RUDA does not implement (quantisation, rope scaling other than linear, dynamic and YaRN, sliding windows,
 //! activations other than SiLU) is rejected here, so later stages never meet it.
 
 use std::path::Path;

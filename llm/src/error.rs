@@ -27,7 +27,7 @@ pub enum LoadError {
     #[error("{}: {message}", path.display())]
     Invalid { path: PathBuf, message: String },
     /// The file describes something valid that RUDA does not implement (yet): another model
-    /// type, quantisation, rope scaling, sliding-window attention, a tensor dtype.
+    /// type, quantisation, a rope scaling type, sliding-window attention, a tensor dtype.
     #[error("{}: not supported: {message}", path.display())]
     Unsupported { path: PathBuf, message: String },
     /// Creating a device tensor from the mapped bytes failed.

@@ -8,7 +8,7 @@
 //!
 //! | file | read by | gives |
 //! | --- | --- | --- |
-//! | `config.json` | [`load_config`] | [`ModelConfig`] for `qwen2` (Qwen2, Qwen2.5) and `qwen3`, with transformers' defaults; other model types, `quantization_config`, rope scaling and enabled sliding windows are errors |
+//! | `config.json` | [`load_config`] | [`ModelConfig`] for `qwen2` (Qwen2, Qwen2.5) and `qwen3`, with transformers' defaults; other model types, `quantization_config`, rope scaling other than linear, dynamic and YaRN, and enabled sliding windows are errors |
 //! | `model.safetensors`, or `model.safetensors.index.json` and its shards | [`Weights::load`] | memory-mapped tensors checked against [`expected_tensors`] (names, shapes, dtypes bf16/f16/f32), uploaded by the layers (through [`TensorSource`]) from slices of the mappings, each tensor refused as it is read if it holds NaN or infinities (`RUDA_CHECK_WEIGHTS`) |
 //! | `tokenizer.json` | [`Tokenizer::load`] | encode / decode through the `tokenizers` crate (pure Rust) |
 //! | `generation_config.json` | [`GenerationConfig::load`] | EOS ids and sampling defaults |

@@ -162,6 +162,13 @@ fn qwen2_untied_matches_transformers() {
     check_model("qwen2-untied");
 }
 
+/// Qwen2.5 with YaRN as its model cards give it (`rope_scaling` of `type` yarn, factor 4 from an
+/// original 64 positions): most frequencies divided by 4, `cos`/`sin` scaled by 1.139.
+#[test]
+fn qwen2_yarn_matches_transformers() {
+    check_model("qwen2-yarn");
+}
+
 #[test]
 fn qwen3_matches_transformers() {
     check_model("qwen3");
@@ -245,9 +252,17 @@ const ROUTING_NEAR_TIES: &[&str] = &["qwen3-moe/code", "qwen3-moe/non_ascii"];
 
 #[test]
 fn bf16_forward_tracks_transformers_bf16() {
-    for name in
-        ["qwen2-tied", "qwen2-untied", "qwen3", "qwen3-bias", "qwen3-moe", "qwen35-text", "qwen35-vl", "qwen35-moe"]
-    {
+    for name in [
+        "qwen2-tied",
+        "qwen2-untied",
+        "qwen2-yarn",
+        "qwen3",
+        "qwen3-bias",
+        "qwen3-moe",
+        "qwen35-text",
+        "qwen35-vl",
+        "qwen35-moe",
+    ] {
         let g = goldens(name);
         let p = pipeline(name, DType::BF16);
         let vocab = g["vocab_size"].as_u64().unwrap() as usize;

@@ -381,7 +381,7 @@ impl Pipeline {
             }
             generated.push(id);
             history.push(id);
-            reply = self.decode(&generated, skip_special_tokens)?;
+            reply = self.tokenizer.decode_generated(&generated, skip_special_tokens)?;
             let cut = stream.stop_at(&reply);
             if let Some(end) = cut {
                 reply.truncate(end);
@@ -408,9 +408,9 @@ impl Pipeline {
         };
         let decode_seconds = decode_start.elapsed().as_secs_f64();
         let text = if stop == StopReason::StopSequence {
-            self.decode(prompt_ids, skip_special_tokens)? + &reply
+            self.tokenizer.decode_generated(prompt_ids, skip_special_tokens)? + &reply
         } else {
-            self.decode(&history, skip_special_tokens)?
+            self.tokenizer.decode_generated(&history, skip_special_tokens)?
         };
         let decoded_after_first = generated.len() - 1;
         Ok(GeneratedText {

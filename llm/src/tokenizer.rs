@@ -49,6 +49,19 @@ impl Tokenizer {
         self.inner.decode(ids, skip_special_tokens).map_err(|e| self.error(format!("decoding {} ids: {e}", ids.len())))
     }
 
+    /// The text of ids a model produced (each below its `vocab_size`), as transformers' decode
+    /// gives it: an id past the tokenizer's vocabulary (a checkpoint's padding rows: Qwen2.5
+    /// has 151936 embedding rows for 151665 tokens) has no text and is left out, where
+    /// [`Tokenizer::decode`] refuses it. Generation decodes with this, so a sampled padding id
+    /// cannot fail a request.
+    pub fn decode_generated(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {
+        if ids.iter().all(|&id| self.inner.id_to_token(id).is_some()) {
+            return self.decode(ids, skip_special_tokens);
+        }
+        let known: Vec<u32> = ids.iter().copied().filter(|&id| self.inner.id_to_token(id).is_some()).collect();
+        self.decode(&known, skip_special_tokens)
+    }
+
     /// The id of a token string (`"<|im_end|>"`), if the vocabulary has it.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

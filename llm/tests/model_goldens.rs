@@ -1,19 +1,29 @@
 //! The forward pass and greedy generation against what Hugging Face `transformers` computed for
 //! the tiny fixture models (`scripts/fixtures/make_fixtures.py`), through the interpreter device.
 
+use std::path::Path;
+
 use crate::common::{device, fixture};
 use ruda_llm::{load_pipeline, GenerateParams, Pipeline, PipelineOptions, StreamControl};
 use ruda_runtime::DType;
 use serde_json::Value;
 
 fn goldens(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixture(name).join("goldens.json")).unwrap();
+    goldens_at(&fixture(name))
+}
+
+fn goldens_at(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("goldens.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
 fn pipeline(name: &str, dtype: DType) -> Pipeline {
+    pipeline_at(&fixture(name), dtype)
+}
+
+fn pipeline_at(dir: &Path, dtype: DType) -> Pipeline {
     let options = PipelineOptions { device: Some(device()), dtype: Some(dtype), ..Default::default() };
-    load_pipeline(fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
+    load_pipeline(dir, &options).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -87,8 +97,12 @@ const ATOL: f32 = 1e-4;
 const RTOL: f32 = 1e-4;
 
 fn check_model(name: &str) {
-    let g = goldens(name);
-    let p = pipeline(name, DType::F32);
+    check_model_at(&fixture(name), name);
+}
+
+fn check_model_at(dir: &Path, name: &str) {
+    let g = goldens_at(dir);
+    let p = pipeline_at(dir, DType::F32);
     let vocab = g["vocab_size"].as_u64().unwrap() as usize;
     for (i, prompt) in g["prompts"].as_array().unwrap().iter().enumerate() {
         let label = format!("{name}/{}", prompt["name"].as_str().unwrap());
@@ -193,6 +207,33 @@ fn qwen3_moe_matches_transformers() {
 #[test]
 fn qwen35_moe_matches_transformers() {
     check_model("qwen35-moe");
+}
+
+/// The model sweep: every folder under `RUDA_MODEL_SWEEP` (random architectures and shapes from
+/// `scripts/fixtures/sweep_models.py`, with transformers' goldens) through the fixtures' f32
+/// checks. Not part of the ordinary run (its models are made by hand, with torch); run it with
+/// `-- --ignored`. Every failing model is listed before the test fails.
+#[test]
+#[ignore = "needs RUDA_MODEL_SWEEP, a folder made by scripts/fixtures/sweep_models.py"]
+fn model_sweep() {
+    let root = std::env::var_os("RUDA_MODEL_SWEEP").expect("set RUDA_MODEL_SWEEP to a folder of sweep_models.py");
+    let mut dirs: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|d| d.join("goldens.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no model folders in {}", Path::new(&root).display());
+    let mut failed = Vec::new();
+    for dir in &dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let outcome = std::panic::catch_unwind(|| check_model_at(dir, &name));
+        eprintln!("{name}: {}", if outcome.is_ok() { "ok" } else { "FAILED" });
+        if outcome.is_err() {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "{} of {} models failed: {failed:?}", failed.len(), dirs.len());
 }
 
 /// bf16 compute (the GPU's dtype) stays close to the f32 reference: a check of the bf16 kernels

@@ -109,6 +109,9 @@ fn byte_level_bpe_tokenizer() {
     assert!(e.contains("tokenizer.json") && e.contains("<|nope|>"), "{e}");
     let e = tok.decode(&[1, 9999], false).unwrap_err().to_string();
     assert!(e.contains("token id 9999 is not in the vocabulary (264 tokens)"), "{e}");
+    // What a model produced: an id past the tokenizer (a padding row) has no text.
+    assert_eq!(tok.decode_generated(&[104, 9999, 105, 264], false).unwrap(), "hi");
+    assert_eq!(tok.decode_generated(&ids, false).unwrap(), "café 😀");
 }
 
 #[test]

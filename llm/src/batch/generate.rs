@@ -155,8 +155,8 @@ impl IncrementalDecoder {
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<&str, LlmError> {
         self.ids.push(id);
         let skip = self.skip_special_tokens;
-        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], skip)?;
-        let window = tokenizer.decode(&self.ids[self.prefix_offset..], skip)?;
+        let prefix = tokenizer.decode_generated(&self.ids[self.prefix_offset..self.read_offset], skip)?;
+        let window = tokenizer.decode_generated(&self.ids[self.prefix_offset..], skip)?;
         if window.len() > prefix.len() && !window.ends_with('\u{FFFD}') && window.starts_with(&prefix) {
             self.text.push_str(&window[prefix.len()..]);
             self.prefix_offset = self.read_offset;
@@ -172,7 +172,7 @@ impl IncrementalDecoder {
 
     /// The whole reply decoded at once (its final text).
     pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<&str, LlmError> {
-        self.text = tokenizer.decode(&self.ids, self.skip_special_tokens)?;
+        self.text = tokenizer.decode_generated(&self.ids, self.skip_special_tokens)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
         Ok(&self.text)

@@ -114,16 +114,37 @@ fn check_model_at(dir: &Path, name: &str) {
         // position's logits and, for the first prompt, every position's. (Later positions of
         // the longer prompts are further from f64 in f32 on either side: random weights amplify
         // rounding; the bf16 test below compares every position with transformers' own error.)
+        // A drawn model (the sweep's) records how far transformers' own f32 is from f64
+        // (`transformers_f32_noise`); random weights over wide layers can take either side past
+        // the elementwise bound, so such a model also passes when its relative L2 error is
+        // within 4 times transformers' (measured: 1.8 to 3.3 times, a plain f32 sum against
+        // BLAS's blocked one; a wrong layer is hundreds of times).
+        let noise = |key: &str| prompt.get("transformers_f32_noise").and_then(|n| n[key].as_f64());
+        let within_noise = |got: &[f32], want: &[f32], key: &str| {
+            noise(key).is_some_and(|theirs| relative_l2(got, want) <= 4.0 * theirs)
+        };
         let want_last = floats(&prompt["last_logits"]);
         for chunk in [want_ids.len(), 5] {
             let logits = p.logits(&want_ids, chunk).unwrap();
             let last = &logits[(want_ids.len() - 1) * vocab..];
             let (e, at) = worst(last, &want_last, ATOL, RTOL);
-            assert!(e <= 1.0, "{label} (chunk {chunk}): last logits differ at {at}: {} vs {}", last[at], want_last[at]);
+            assert!(
+                e <= 1.0 || within_noise(last, &want_last, "last_rel_l2"),
+                "{label} (chunk {chunk}): last logits differ at {at}: {} vs {} ({e} bounds, relative L2 {:e})",
+                last[at],
+                want_last[at],
+                relative_l2(last, &want_last)
+            );
             if let Some(all) = prompt.get("all_logits").and_then(Value::as_array).filter(|_| i == 0) {
                 let want: Vec<f32> = all.iter().flat_map(floats).collect();
                 let (e, at) = worst(&logits, &want, ATOL, RTOL);
-                assert!(e <= 1.0, "{label} (chunk {chunk}): logits differ at row {}, id {}", at / vocab, at % vocab);
+                assert!(
+                    e <= 1.0 || within_noise(&logits, &want, "all_rel_l2"),
+                    "{label} (chunk {chunk}): logits differ at row {}, id {} ({e} bounds, relative L2 {:e})",
+                    at / vocab,
+                    at % vocab,
+                    relative_l2(&logits, &want)
+                );
             }
         }
 
@@ -134,9 +155,11 @@ fn check_model_at(dir: &Path, name: &str) {
         let margins = floats(&greedy["margins"]);
         let params = GenerateParams { max_new_tokens: want.len(), eos_token_ids: vec![], ..Default::default() };
         let out = p.generate_from_ids(&want_ids, &params, false, |_, _| StreamControl::Continue).unwrap();
+        // (A margin within a few times transformers' own f32 error is a near-tie too.)
+        let near_tie = (4.0 * noise("last_abs").unwrap_or(0.0)).max(1e-3) as f32;
         let mut compared = 0;
         for (step, (&got, &w)) in out.generated_token_ids.iter().zip(&want).enumerate() {
-            if margins[step] < 1e-3 {
+            if margins[step] < near_tie {
                 break;
             }
             assert_eq!(got, w, "{label}: greedy token {step} (reference margin {})", margins[step]);
@@ -145,7 +168,9 @@ fn check_model_at(dir: &Path, name: &str) {
         if compared == want.len() {
             assert_eq!(out.generated_text, greedy["text"].as_str().unwrap(), "{label}: decoded reply");
         }
-        assert!(compared > 0, "{label}: the fixture's first greedy step is a near-tie; regenerate it");
+        // (A sweep model's first step may be a near-tie: it was drawn, not chosen.)
+        let drawn = prompt.get("transformers_f32_noise").is_some();
+        assert!(compared > 0 || drawn, "{label}: the fixture's first greedy step is a near-tie; regenerate it");
 
         // transformers' repetition penalty over the prompt and the reply (it changes qwen3's
         // reply from step 7 on; the random qwen2 fixtures never repeat a token anyway).
@@ -158,7 +183,7 @@ fn check_model_at(dir: &Path, name: &str) {
                 ..Default::default()
             };
             let out = p.generate_from_ids(&want_ids, &params, false, |_, _| StreamControl::Continue).unwrap();
-            let agree = out.generated_token_ids.iter().zip(&want).zip(&margins).take_while(|(_, &m)| m >= 1e-3);
+            let agree = out.generated_token_ids.iter().zip(&want).zip(&margins).take_while(|(_, &m)| m >= near_tie);
             for (step, ((got, w), _)) in agree.enumerate() {
                 assert_eq!(got, w, "{label}: penalised greedy token {step}");
             }

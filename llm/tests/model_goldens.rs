@@ -4,7 +4,10 @@
 use std::path::Path;
 
 use crate::common::{device, fixture};
-use ruda_llm::{load_pipeline, GenerateParams, Pipeline, PipelineOptions, StreamControl};
+use ruda_llm::{
+    load_pipeline, BatchOptions, Engine, EngineConfig, EngineEvent, EngineRequest, GenerateParams, Pipeline,
+    PipelineOptions, StreamControl,
+};
 use ruda_runtime::DType;
 use serde_json::Value;
 
@@ -155,8 +158,7 @@ fn check_model_at(dir: &Path, name: &str) {
         let margins = floats(&greedy["margins"]);
         let params = GenerateParams { max_new_tokens: want.len(), eos_token_ids: vec![], ..Default::default() };
         let out = p.generate_from_ids(&want_ids, &params, false, |_, _| StreamControl::Continue).unwrap();
-        // (A margin within a few times transformers' own f32 error is a near-tie too.)
-        let near_tie = (4.0 * noise("last_abs").unwrap_or(0.0)).max(1e-3) as f32;
+        let near_tie = near_tie(prompt);
         let mut compared = 0;
         for (step, (&got, &w)) in out.generated_token_ids.iter().zip(&want).enumerate() {
             if margins[step] < near_tie {
@@ -236,7 +238,7 @@ fn qwen35_moe_matches_transformers() {
 
 /// The model sweep: every folder under `RUDA_MODEL_SWEEP` (random architectures and shapes from
 /// `scripts/fixtures/sweep_models.py`, with transformers' goldens) through the fixtures' f32
-/// checks. Not part of the ordinary run (its models are made by hand, with torch); run it with
+/// and bf16 checks. Not part of the ordinary run (its models are made by hand, with torch); run it with
 /// `-- --ignored`. Every failing model is listed before the test fails.
 #[test]
 #[ignore = "needs RUDA_MODEL_SWEEP, a folder made by scripts/fixtures/sweep_models.py"]
@@ -252,13 +254,64 @@ fn model_sweep() {
     let mut failed = Vec::new();
     for dir in &dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let outcome = std::panic::catch_unwind(|| check_model_at(dir, &name));
+        // bf16 on a drawn model: within 1.5 times transformers' relative L2 error and f64's
+        // top-1 at every prompt position, except on prompts where a token's f64 routing is a
+        // near-tie (`routing_near_tie`: which expert bf16 picks there is chance, and one flip
+        // moves that position far). Not the greedy replies: past the prompt, transformers' bf16
+        // error is unknown, and on these random models it can flip a margin of 3.9 (seen:
+        // sweep-3-057, where transformers' bf16 picks the same other token as ours).
+        let clear = |prompt: &Value| !prompt["routing_near_tie"].as_bool().unwrap_or(false);
+        let outcome = std::panic::catch_unwind(|| {
+            check_model_at(dir, &name);
+            check_bf16_at(dir, &name, Bf16Checks { l2: &|_, p| clear(p), top1: &clear, greedy: false });
+            check_batched_at(dir, &name);
+        });
         eprintln!("{name}: {}", if outcome.is_ok() { "ok" } else { "FAILED" });
         if outcome.is_err() {
             failed.push(name);
         }
     }
     assert!(failed.is_empty(), "{} of {} models failed: {failed:?}", failed.len(), dirs.len());
+}
+
+/// Every prompt of the model in `dir` submitted to the serving engine at once (continuous
+/// batching over KV pages of 4 positions, `RUDA_PAGED_ATTENTION` as set), in f32: each greedy
+/// reply equals f64's up to its first near-tie, as [`check_model_at`] holds the pipeline's.
+fn check_batched_at(dir: &Path, name: &str) {
+    let g = goldens_at(dir);
+    let batch = BatchOptions { max_active: 3, block_size: 4, ..Default::default() };
+    let engine = Engine::start(pipeline_at(dir, DType::F32), EngineConfig { batch, ..Default::default() }).unwrap();
+    let mut requests = Vec::new();
+    for prompt in g["prompts"].as_array().unwrap() {
+        let label = format!("{name}/{} (batched)", prompt["name"].as_str().unwrap());
+        let (want, margins) = (ids(&prompt["greedy"]["ids"]), floats(&prompt["greedy"]["margins"]));
+        let params = GenerateParams { max_new_tokens: want.len(), eos_token_ids: vec![], ..Default::default() };
+        let handle = engine.submit(EngineRequest { prompt: ids(&prompt["prompt_ids"]), params }).unwrap();
+        requests.push((label, handle, want, margins, near_tie(prompt)));
+    }
+    for (label, mut handle, want, margins, near_tie) in requests {
+        let got = loop {
+            match handle.recv() {
+                Some(EngineEvent::Token { .. }) => continue,
+                Some(EngineEvent::Finished { output, .. }) => break output.generated_token_ids,
+                other => panic!("{label}: {other:?}"),
+            }
+        };
+        for (step, (&got, &w)) in got.iter().zip(&want).enumerate() {
+            if margins[step] < near_tie {
+                break;
+            }
+            assert_eq!(got, w, "{label}: greedy token {step} (reference margin {})", margins[step]);
+        }
+    }
+}
+
+/// The margin below which a golden greedy step is a near-tie that our f32 may resolve either
+/// way: 1e-3, or for a drawn model four times transformers' own f32 error at the prompt's last
+/// position when that is larger.
+fn near_tie(prompt: &Value) -> f32 {
+    let noise = prompt.get("transformers_f32_noise").and_then(|n| n["last_abs"].as_f64()).unwrap_or(0.0);
+    (4.0 * noise).max(1e-3) as f32
 }
 
 /// bf16 compute (the GPU's dtype) stays close to the f32 reference: a check of the bf16 kernels
@@ -329,55 +382,78 @@ fn bf16_forward_tracks_transformers_bf16() {
         "qwen35-vl",
         "qwen35-moe",
     ] {
-        let g = goldens(name);
-        let p = pipeline(name, DType::BF16);
-        let vocab = g["vocab_size"].as_u64().unwrap() as usize;
-        let (mut longest, mut top1_checked, mut greedy_checked) = (0, 0, 0);
-        for prompt in g["prompts"].as_array().unwrap() {
-            let label = format!("{name}/{}", prompt["name"].as_str().unwrap());
-            let ids = ids(&prompt["prompt_ids"]);
-            // (The Qwen3.5 fixtures' chat prompt keeps its last logits only.)
-            let Some(all) = prompt.get("all_logits").and_then(Value::as_array) else { continue };
-            longest = longest.max(ids.len());
-            let want: Vec<f32> = all.iter().flat_map(floats).collect();
-            let theirs: Vec<f32> = prompt["bf16_all_logits"].as_array().unwrap().iter().flat_map(floats).collect();
-            let ours = p.logits(&ids, ids.len()).unwrap();
-            let (e_ours, e_theirs) = (relative_l2(&ours, &want), relative_l2(&theirs, &want));
-            println!("{label}: bf16 relative L2 error against f64: ours {e_ours:.4}, transformers {e_theirs:.4}");
-            assert!(
-                ROUTING_NEAR_TIES.contains(&label.as_str()) || e_ours <= BF16_ERROR_FACTOR * e_theirs,
-                "{label}: bf16 relative L2 error {e_ours:.4} exceeds {BF16_ERROR_FACTOR} x transformers' {e_theirs:.4}"
-            );
-            let mut noise: f32 = 0.0;
-            for pos in 0..ids.len() {
-                let row = |v: &[f32]| v[pos * vocab..][..vocab].to_vec();
-                let (w, t, o) = (row(&want), row(&theirs), row(&ours));
-                let their_err = t.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                // Decoding continues from the last position: its error is the scale there.
-                noise = their_err;
-                let (top, margin) = top1_margin(&w);
-                if margin > 2.0 * their_err {
-                    assert_eq!(top1_margin(&o).0, top, "{label}: bf16 top-1 at position {pos} (f64 margin {margin})");
-                    top1_checked += 1;
-                }
-            }
-            let greedy = &prompt["greedy"];
-            let (want_ids, margins) = (self::ids(&greedy["ids"]), floats(&greedy["margins"]));
-            let params = GenerateParams { max_new_tokens: want_ids.len(), eos_token_ids: vec![], ..Default::default() };
-            let out = p.generate_from_ids(&ids, &params, false, |_, _| StreamControl::Continue).unwrap();
-            for (step, (&got, &w)) in out.generated_token_ids.iter().zip(&want_ids).enumerate() {
-                // Four times: the error grows along the reply, past the last known position.
-                if margins[step] <= 4.0 * noise {
-                    break;
-                }
-                assert_eq!(got, w, "{label}: bf16 greedy token {step} (f64 margin {}, noise {noise})", margins[step]);
-                greedy_checked += 1;
-            }
-        }
-        println!("{name}: top-1 compared at {top1_checked} positions, {greedy_checked} greedy steps");
+        let l2 = |label: &str, _: &Value| !ROUTING_NEAR_TIES.contains(&label);
+        let checks = Bf16Checks { l2: &l2, top1: &|_| true, greedy: true };
+        let (longest, top1_checked, greedy_checked) = check_bf16_at(&fixture(name), name, checks);
         assert!(longest > 16, "{name}: no prompt reaches the GEMM path");
         assert!(top1_checked > 0 && greedy_checked > 0, "{name}: no position's margin is clear of bf16 noise");
     }
+}
+
+/// Which checks of [`bf16_forward_tracks_transformers_bf16`] apply to a model.
+struct Bf16Checks<'a> {
+    /// Per prompt (its label and goldens): whether our relative L2 error is held to
+    /// [`BF16_ERROR_FACTOR`] times transformers'.
+    l2: &'a dyn Fn(&str, &Value) -> bool,
+    /// Per prompt: whether our top-1 must be f64's where f64's margin is clear of the noise.
+    top1: &'a dyn Fn(&Value) -> bool,
+    greedy: bool,
+}
+
+/// The bf16 checks `checks` selects on the model in `dir`; returns the longest prompt checked
+/// and how many positions' top-1 and greedy steps were compared.
+fn check_bf16_at(dir: &Path, name: &str, checks: Bf16Checks) -> (usize, usize, usize) {
+    let g = goldens_at(dir);
+    let p = pipeline_at(dir, DType::BF16);
+    let vocab = g["vocab_size"].as_u64().unwrap() as usize;
+    let (mut longest, mut top1_checked, mut greedy_checked) = (0, 0, 0);
+    for prompt in g["prompts"].as_array().unwrap() {
+        let label = format!("{name}/{}", prompt["name"].as_str().unwrap());
+        let ids = ids(&prompt["prompt_ids"]);
+        // (The Qwen3.5 fixtures' chat prompt keeps its last logits only.)
+        let Some(all) = prompt.get("all_logits").and_then(Value::as_array) else { continue };
+        longest = longest.max(ids.len());
+        let want: Vec<f32> = all.iter().flat_map(floats).collect();
+        let theirs: Vec<f32> = prompt["bf16_all_logits"].as_array().unwrap().iter().flat_map(floats).collect();
+        let ours = p.logits(&ids, ids.len()).unwrap();
+        let (e_ours, e_theirs) = (relative_l2(&ours, &want), relative_l2(&theirs, &want));
+        println!("{label}: bf16 relative L2 error against f64: ours {e_ours:.4}, transformers {e_theirs:.4}");
+        assert!(
+            !(checks.l2)(&label, prompt) || e_ours <= BF16_ERROR_FACTOR * e_theirs,
+            "{label}: bf16 relative L2 error {e_ours:.4} exceeds {BF16_ERROR_FACTOR} x transformers' {e_theirs:.4}"
+        );
+        let top1 = (checks.top1)(prompt);
+        let mut noise: f32 = 0.0;
+        for pos in 0..ids.len() {
+            let row = |v: &[f32]| v[pos * vocab..][..vocab].to_vec();
+            let (w, t, o) = (row(&want), row(&theirs), row(&ours));
+            let their_err = t.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            // Decoding continues from the last position: its error is the scale there.
+            noise = their_err;
+            let (top, margin) = top1_margin(&w);
+            if top1 && margin > 2.0 * their_err {
+                assert_eq!(top1_margin(&o).0, top, "{label}: bf16 top-1 at position {pos} (f64 margin {margin})");
+                top1_checked += 1;
+            }
+        }
+        if !checks.greedy {
+            continue;
+        }
+        let greedy = &prompt["greedy"];
+        let (want_ids, margins) = (self::ids(&greedy["ids"]), floats(&greedy["margins"]));
+        let params = GenerateParams { max_new_tokens: want_ids.len(), eos_token_ids: vec![], ..Default::default() };
+        let out = p.generate_from_ids(&ids, &params, false, |_, _| StreamControl::Continue).unwrap();
+        for (step, (&got, &w)) in out.generated_token_ids.iter().zip(&want_ids).enumerate() {
+            // Four times: the error grows along the reply, past the last known position.
+            if margins[step] <= 4.0 * noise {
+                break;
+            }
+            assert_eq!(got, w, "{label}: bf16 greedy token {step} (f64 margin {}, noise {noise})", margins[step]);
+            greedy_checked += 1;
+        }
+    }
+    println!("{name}: top-1 compared at {top1_checked} positions, {greedy_checked} greedy steps");
+    (longest, top1_checked, greedy_checked)
 }
 
 /// Qwen3.5 text (`qwen3_5_text`, layer types from `full_attention_interval`): gated DeltaNet

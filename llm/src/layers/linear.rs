@@ -156,8 +156,9 @@ impl Linear {
 
     /// `out = x·Wᵀ (+ bias)` through `api::linear_with_into`: a decode step's GEMV with its
     /// tuned split count and the bias in its epilogue, a prefill chunk's tensor-core GEMM with its
-    /// tuned tile and the bias in its epilogue, else by shape (GEMV or GEMM by rows) and
-    /// `add_bias` through `scratch` (unused without a bias).
+    /// tuned tile and the bias in its epilogue, a prefill chunk of at most `GEMV_MAX_M` rows the
+    /// GEMV with the bias in its epilogue, else by shape and `add_bias` through `scratch` (unused
+    /// without a bias).
     pub fn forward(
         &self,
         s: &Stream,
@@ -187,6 +188,13 @@ impl Linear {
             (Some((splits, workspace)), Some(_)) => gemv(splits, workspace),
             (Some((splits, workspace)), None) if splits > 1 => gemv(splits, workspace),
             (_, None) => api::linear_with_into(s, LinearProblem::new(x, w, out), Epilogue::NONE, Strategy::Auto),
+            // A prefill chunk of at most GEMV_MAX_M rows: the GEMV with the bias in its epilogue
+            // rounds `x·Wᵀ + b` once, as transformers' addmm does. (The product and then
+            // `add_bias` round twice; where a model's residual stream nearly cancels, the norm
+            // after it amplified that one extra rounding fivefold: seen in the model sweep.)
+            (None, Some(_)) if x.shape()[0] <= GEMV_MAX_M => {
+                api::linear_with_into(s, LinearProblem::new(x, w, out), bias_only, Strategy::Gemv { splits: Some(1) })
+            }
             (None, Some(b)) => {
                 api::linear_with_into(s, LinearProblem::new(x, w, scratch), Epilogue::NONE, Strategy::Auto)?;
                 api::add_bias_into(s, scratch, b, out)

@@ -120,11 +120,15 @@ fn check_model_at(dir: &Path, name: &str) {
         // A drawn model (the sweep's) records how far transformers' own f32 is from f64
         // (`transformers_f32_noise`); random weights over wide layers can take either side past
         // the elementwise bound, so such a model also passes when its relative L2 error is
-        // within 4 times transformers' (measured: 1.8 to 3.3 times, a plain f32 sum against
-        // BLAS's blocked one; a wrong layer is hundreds of times).
+        // within 4 times transformers' (measured: 1.8 to 4.2 times, a plain f32 sum against
+        // BLAS's blocked one; a wrong layer is hundreds of times). The last position's error is
+        // one draw of the rounding, and transformers' there another (across one model's prompts
+        // it moved 15-fold), so its scale is the larger of transformers' last-position and
+        // all-position errors.
         let noise = |key: &str| prompt.get("transformers_f32_noise").and_then(|n| n[key].as_f64());
-        let within_noise = |got: &[f32], want: &[f32], key: &str| {
-            noise(key).is_some_and(|theirs| relative_l2(got, want) <= 4.0 * theirs)
+        let within_noise = |got: &[f32], want: &[f32], keys: &[&str]| {
+            let theirs = keys.iter().filter_map(|key| noise(key)).reduce(f64::max);
+            theirs.is_some_and(|theirs| relative_l2(got, want) <= 4.0 * theirs)
         };
         let want_last = floats(&prompt["last_logits"]);
         for chunk in [want_ids.len(), 5] {
@@ -132,7 +136,7 @@ fn check_model_at(dir: &Path, name: &str) {
             let last = &logits[(want_ids.len() - 1) * vocab..];
             let (e, at) = worst(last, &want_last, ATOL, RTOL);
             assert!(
-                e <= 1.0 || within_noise(last, &want_last, "last_rel_l2"),
+                e <= 1.0 || within_noise(last, &want_last, &["last_rel_l2", "all_rel_l2"]),
                 "{label} (chunk {chunk}): last logits differ at {at}: {} vs {} ({e} bounds, relative L2 {:e})",
                 last[at],
                 want_last[at],
@@ -142,7 +146,7 @@ fn check_model_at(dir: &Path, name: &str) {
                 let want: Vec<f32> = all.iter().flat_map(floats).collect();
                 let (e, at) = worst(&logits, &want, ATOL, RTOL);
                 assert!(
-                    e <= 1.0 || within_noise(&logits, &want, "all_rel_l2"),
+                    e <= 1.0 || within_noise(&logits, &want, &["all_rel_l2"]),
                     "{label} (chunk {chunk}): logits differ at row {}, id {} ({e} bounds, relative L2 {:e})",
                     at / vocab,
                     at % vocab,
@@ -255,12 +259,12 @@ fn model_sweep() {
     for dir in &dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         // bf16 on a drawn model: within 1.5 times transformers' relative L2 error and f64's
-        // top-1 at every prompt position, except on prompts where a token's f64 routing is a
-        // near-tie (`routing_near_tie`: which expert bf16 picks there is chance, and one flip
-        // moves that position far). Not the greedy replies: past the prompt, transformers' bf16
-        // error is unknown, and on these random models it can flip a margin of 3.9 (seen:
-        // sweep-3-057, where transformers' bf16 picks the same other token as ours).
-        let clear = |prompt: &Value| !prompt["routing_near_tie"].as_bool().unwrap_or(false);
+        // top-1 at every prompt position before the first routing near-tie
+        // (`routing_near_tie_at`: which expert bf16 picks there is chance, one flip moves that
+        // position far, and attention carries it on). Not the greedy replies: past the prompt,
+        // transformers' bf16 error is unknown, and on these random models it can flip a margin of
+        // 3.9 (seen: sweep-3-057, where transformers' bf16 picks the same other token as ours).
+        let clear = |prompt: &Value| prompt["routing_near_tie_at"].as_u64().map_or(usize::MAX, |at| at as usize);
         let outcome = std::panic::catch_unwind(|| {
             check_model_at(dir, &name);
             check_bf16_at(dir, &name, Bf16Checks { l2: &|_, p| clear(p), top1: &clear, greedy: false });
@@ -403,8 +407,8 @@ fn bf16_forward_tracks_transformers_bf16() {
         "qwen35-vl",
         "qwen35-moe",
     ] {
-        let l2 = |label: &str, _: &Value| !ROUTING_NEAR_TIES.contains(&label);
-        let checks = Bf16Checks { l2: &l2, top1: &|_| true, greedy: true };
+        let l2 = |label: &str, _: &Value| if ROUTING_NEAR_TIES.contains(&label) { 0 } else { usize::MAX };
+        let checks = Bf16Checks { l2: &l2, top1: &|_| usize::MAX, greedy: true };
         let (longest, top1_checked, greedy_checked) = check_bf16_at(&fixture(name), name, checks);
         assert!(longest > 16, "{name}: no prompt reaches the GEMM path");
         assert!(top1_checked > 0 && greedy_checked > 0, "{name}: no position's margin is clear of bf16 noise");
@@ -413,11 +417,12 @@ fn bf16_forward_tracks_transformers_bf16() {
 
 /// Which checks of [`bf16_forward_tracks_transformers_bf16`] apply to a model.
 struct Bf16Checks<'a> {
-    /// Per prompt (its label and goldens): whether our relative L2 error is held to
-    /// [`BF16_ERROR_FACTOR`] times transformers'.
-    l2: &'a dyn Fn(&str, &Value) -> bool,
-    /// Per prompt: whether our top-1 must be f64's where f64's margin is clear of the noise.
-    top1: &'a dyn Fn(&Value) -> bool,
+    /// Per prompt (its label and goldens): over how many leading positions (`usize::MAX`: all)
+    /// our relative L2 error is held to [`BF16_ERROR_FACTOR`] times transformers'.
+    l2: &'a dyn Fn(&str, &Value) -> usize,
+    /// Per prompt: at how many leading positions our top-1 must be f64's where f64's margin is
+    /// clear of the noise.
+    top1: &'a dyn Fn(&Value) -> usize,
     greedy: bool,
 }
 
@@ -439,10 +444,17 @@ fn check_bf16_at(dir: &Path, name: &str, checks: Bf16Checks) -> (usize, usize, u
         let ours = p.logits(&ids, ids.len()).unwrap();
         let (e_ours, e_theirs) = (relative_l2(&ours, &want), relative_l2(&theirs, &want));
         println!("{label}: bf16 relative L2 error against f64: ours {e_ours:.4}, transformers {e_theirs:.4}");
-        assert!(
-            !(checks.l2)(&label, prompt) || e_ours <= BF16_ERROR_FACTOR * e_theirs,
-            "{label}: bf16 relative L2 error {e_ours:.4} exceeds {BF16_ERROR_FACTOR} x transformers' {e_theirs:.4}"
-        );
+        let held = (checks.l2)(&label, prompt).min(ids.len()) * vocab;
+        if held > 0 {
+            let (e_ours, e_theirs) =
+                (relative_l2(&ours[..held], &want[..held]), relative_l2(&theirs[..held], &want[..held]));
+            assert!(
+                e_ours <= BF16_ERROR_FACTOR * e_theirs,
+                "{label}: bf16 relative L2 error {e_ours:.4} over the first {} positions exceeds \
+                 {BF16_ERROR_FACTOR} x transformers' {e_theirs:.4}",
+                held / vocab
+            );
+        }
         let top1 = (checks.top1)(prompt);
         let mut noise: f32 = 0.0;
         for pos in 0..ids.len() {
@@ -452,7 +464,7 @@ fn check_bf16_at(dir: &Path, name: &str, checks: Bf16Checks) -> (usize, usize, u
             // Decoding continues from the last position: its error is the scale there.
             noise = their_err;
             let (top, margin) = top1_margin(&w);
-            if top1 && margin > 2.0 * their_err {
+            if pos < top1 && margin > 2.0 * their_err {
                 assert_eq!(top1_margin(&o).0, top, "{label}: bf16 top-1 at position {pos} (f64 margin {margin})");
                 top1_checked += 1;
             }

@@ -111,6 +111,46 @@ fn gemv_and_split_k_sum_exactly() {
     }
 }
 
+/// A bias joins the f32 sum before the one rounding (cuBLAS's epilogue, transformers' addmm) on
+/// every path a biased `linear` takes without the tensor cores: the GEMV (M ≤ 16) and the SIMT
+/// GEMM (K odd), through `linear_bias_into` and the allocating `linear_bias`. Integers in
+/// −40..=40 (−15..=15 at K = 1001) make sums past every half dtype's integer range, and quarter biases make the sum
+/// exact in f32: the result must be that sum rounded once, and the data are checked to
+/// distinguish it from the product rounded first and then the bias added.
+#[test]
+fn a_bias_joins_the_sum_before_the_one_rounding() {
+    let dev = device();
+    let stream = dev.default_stream();
+    let mut rng = Rng::new(15);
+    let ints = |rng: &mut Rng, n: usize, range: u64| {
+        (0..n).map(|_| (rng.next_u64() % (2 * range + 1)) as f32 - range as f32).collect::<Vec<_>>()
+    };
+    for dtype in FLOAT_DTYPES {
+        for (m, n, k) in [(37, 70, 33), (5, 70, 33), (17, 9, 1001)] {
+            // Sums past f16's integers (2048) yet within its range (65504) at either depth.
+            let range = if k < 100 { 40 } else { 15 };
+            let (x, w) = (ints(&mut rng, m * k, range), ints(&mut rng, n * k, range));
+            let bias: Vec<f32> = ints(&mut rng, n, 31).iter().map(|b| b / 4.0).collect();
+            let sums = exact_linear(&x, &w, m, n, k);
+            let want: Vec<f64> = sums.iter().enumerate().map(|(i, s)| s + bias[i % n] as f64).collect();
+            if dtype != DType::F32 {
+                let twice = sums.iter().enumerate().filter(|&(i, s)| {
+                    let product = round_to(dtype, *s as f32);
+                    round_to(dtype, product + bias[i % n]) != round_to(dtype, want[i] as f32)
+                });
+                assert!(twice.count() > 0, "{dtype} {m}x{n}x{k}: the data do not tell one rounding from two");
+            }
+            let (xt, wt, bt) =
+                (tensor(&dev, dtype, &x, &[m, k]), tensor(&dev, dtype, &w, &[n, k]), tensor(&dev, dtype, &bias, &[n]));
+            let out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+            api::linear_bias_into(&stream, &xt, &wt, Some(&bt), None, &out).unwrap();
+            assert_bits_equal(&format!("linear_bias_into {dtype} {m}x{n}x{k}"), dtype, &out, &want);
+            let out = api::linear_bias(&xt, &wt, Some(&bt), None).unwrap();
+            assert_bits_equal(&format!("linear_bias {dtype} {m}x{n}x{k}"), dtype, &out, &want);
+        }
+    }
+}
+
 /// `[1, heads, len, d]` of small integers.
 fn ints_tensor(rng: &mut Rng, dev: &ruda_runtime::Device, dtype: DType, shape: &[usize]) -> (Vec<f32>, Tensor) {
     let xs = small_ints(rng, shape.iter().product());

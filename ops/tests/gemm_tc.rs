@@ -335,12 +335,13 @@ fn linear_bias_rejects_bad_shapes_and_dtypes() {
     assert!(e.contains("`residual` is f32, expected bf16"), "{e}");
     let e = err(api::linear_bias_into(&stream, &x, &z(DType::BF16, &[8, 24]), None, None, &out));
     assert!(e.contains("x is [20, 16] but w is [8, 24]"), "{e}");
+    // f32 takes a bias (the SIMT GEMM's epilogue) but not a residual.
     let e = err(api::linear_bias_into(
         &stream,
         &z(DType::F32, &[20, 16]),
         &z(DType::F32, &[8, 16]),
         Some(&z(DType::F32, &[8])),
-        None,
+        Some(&z(DType::F32, &[20, 8])),
         &z(DType::F32, &[20, 8]),
     ));
     assert!(e.contains("use `linear_bias`"), "{e}");
@@ -361,11 +362,13 @@ fn linear_bias_rejects_bad_shapes_and_dtypes() {
         &z(DType::BF16, &[2, 20, 8]),
     ));
     assert!(e.contains("expected [8, 16] or [2, 8, 16]"), "{e}");
-    // An output starting at an odd element: no paired stores, so no tensor cores.
+    // An output starting at an odd element: no paired stores, so no tensor cores: a residual is
+    // an error, a bias alone the SIMT GEMM's epilogue.
     let big = z(DType::BF16, &[20 * 8 + 1]);
     let odd = big.narrow(0, 1, 160).unwrap().reshape(&[20, 8]).unwrap();
-    let e = err(api::linear_bias_into(&stream, &x, &w, Some(&z(DType::BF16, &[8])), None, &odd));
+    let e = err(api::linear_bias_into(&stream, &x, &w, None, Some(&z(DType::BF16, &[20, 8])), &odd));
     assert!(e.contains("starting at even elements"), "{e}");
+    api::linear_bias_into(&stream, &x, &w, Some(&z(DType::BF16, &[8])), None, &odd).unwrap();
     api::linear_into(&stream, &x, &w, &odd).unwrap();
     let e = err(api::linear_batched_into(&stream, &x, &w, &out));
     assert!(e.contains("expected x [B, M, K]"), "{e}");

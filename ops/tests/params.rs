@@ -10,7 +10,7 @@ use ruda_runtime::{DType, Device, HashedKernel, LaunchConfig, Launchable, Tensor
 fn swapped_same_typed_arguments_are_caught_by_name() {
     let dev = Device::cpu();
     let stream = dev.default_stream();
-    let cfg = GemmConfig { dtype: ScalarType::F32, b_layout: BLayout::RowMajor };
+    let cfg = GemmConfig { dtype: ScalarType::F32, b_layout: BLayout::RowMajor, bias: false };
     let kernel = HashedKernel::new(gemm_simt(&cfg).unwrap());
     let (m, n, k) = (2u32, 3u32, 4u32);
     // 4 × 4 buffers hold either reading of the dimensions.
@@ -19,7 +19,7 @@ fn swapped_same_typed_arguments_are_caught_by_name() {
     let c = Tensor::zeros(&dev, DType::F32, &[4, 4]).unwrap();
     let grid =
         LaunchConfig { grid: GemmConfig::grid(m, n), block: [GemmConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
-    let args = GemmSimtParams { a: &a, b: &b, c: &c, m, n, k }.args();
+    let args = GemmSimtParams { a: &a, b: &b, bias: None, c: &c, m, n, k }.args();
     launch(&stream, &kernel, grid, &args).unwrap();
 
     // `m` and `n` swapped: both u32, so the runtime's type check alone accepts them.

@@ -203,19 +203,16 @@ pub struct AttentionScratch {
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    /// A projection before its bias is added, or (q, k) the per-head norms of them.
-    q_scratch: Tensor,
-    k_scratch: Tensor,
-    v_scratch: Tensor,
+    /// The per-head norms of the query and key projections.
+    q_normed: Tensor,
+    k_normed: Tensor,
     q_rot: Tensor,
     /// Rotated keys before a paged append.
     k_rot: Tensor,
     attn: Tensor,
-    /// The output projection before its bias is added.
-    out_scratch: Tensor,
-    /// With an output gate: `q_proj`'s output `[tokens, 2·Hq·head_dim]`, its bias scratch, and
-    /// the gated attention output `[tokens, Hq·head_dim]`.
-    gated: Option<(Tensor, Tensor, Tensor)>,
+    /// With an output gate: `q_proj`'s output `[tokens, 2·Hq·head_dim]` and the gated
+    /// attention output `[tokens, Hq·head_dim]`.
+    gated: Option<(Tensor, Tensor)>,
 }
 
 impl AttentionScratch {
@@ -223,7 +220,6 @@ impl AttentionScratch {
         device: &Device,
         dtype: DType,
         tokens: usize,
-        hidden: usize,
         shape: AttentionShape,
         output_gate: bool,
     ) -> Result<AttentionScratch, LlmError> {
@@ -234,18 +230,13 @@ impl AttentionScratch {
             q: empty(&q)?,
             k: empty(&kv)?,
             v: empty(&kv)?,
-            q_scratch: empty(&q)?,
-            k_scratch: empty(&kv)?,
-            v_scratch: empty(&kv)?,
+            q_normed: empty(&q)?,
+            k_normed: empty(&kv)?,
             q_rot: empty(&[tokens, q_heads, head_dim])?,
             k_rot: empty(&[tokens, kv_heads, head_dim])?,
             attn: empty(&q)?,
-            out_scratch: empty(&[tokens, hidden])?,
             gated: match output_gate {
-                true => {
-                    let proj = [tokens, 2 * q_heads * head_dim];
-                    Some((empty(&proj)?, empty(&proj)?, empty(&q)?))
-                }
+                true => Some((empty(&[tokens, 2 * q_heads * head_dim])?, empty(&q)?)),
                 false => None,
             },
         })
@@ -406,11 +397,11 @@ impl Attention {
         // (RoPE takes a dense query) they are split into two tensors.
         let (q_raw, gate) = match (self.output_gate, &a.gated) {
             (false, _) => {
-                self.q.forward(s, plan, x, &a.q, &a.q_scratch).map_err(op("projection"))?;
+                self.q.forward(s, plan, x, &a.q).map_err(op("projection"))?;
                 (a.q.reshape(&[t, hq, d])?, None)
             }
-            (true, Some((proj, proj_scratch, _))) => {
-                self.q.forward(s, plan, x, proj, proj_scratch).map_err(op("projection"))?;
+            (true, Some((proj, _))) => {
+                self.q.forward(s, plan, x, proj).map_err(op("projection"))?;
                 let heads = proj.reshape(&[t, hq, 2 * d])?;
                 match self.qk_norm {
                     Some(_) => (heads.narrow(2, 0, d)?, Some(heads.narrow(2, d, d)?)),
@@ -424,16 +415,16 @@ impl Attention {
                 return Err(LlmError::InvalidArgument("gated attention needs a gated attention scratch".into()))
             }
         };
-        self.k.forward(s, plan, x, &a.k, &a.k_scratch).map_err(op("projection"))?;
-        self.v.forward(s, plan, x, &a.v, &a.v_scratch).map_err(op("projection"))?;
+        self.k.forward(s, plan, x, &a.k).map_err(op("projection"))?;
+        self.v.forward(s, plan, x, &a.v).map_err(op("projection"))?;
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => {
                 // Rows of `D` (a view of the query halves stays `[T, Hq, D]`).
                 let q_in = if q_raw.is_contiguous() { q_raw.reshape(&[t * hq, d])? } else { q_raw.clone() };
-                qn.forward(s, &q_in, &a.q_scratch.reshape(q_in.shape())?).map_err(op("q norm"))?;
-                kn.forward(s, &a.k.reshape(&[t * hkv, d])?, &a.k_scratch.reshape(&[t * hkv, d])?)
+                qn.forward(s, &q_in, &a.q_normed.reshape(q_in.shape())?).map_err(op("q norm"))?;
+                kn.forward(s, &a.k.reshape(&[t * hkv, d])?, &a.k_normed.reshape(&[t * hkv, d])?)
                     .map_err(op("k norm"))?;
-                (&a.q_scratch, &a.k_scratch)
+                (&a.q_normed, &a.k_normed)
             }
             None => (&q_raw, &a.k),
         };
@@ -474,12 +465,12 @@ impl Attention {
             KvTarget::Paged(paged) => self.paged_attention(s, rope, step, &k3, &v3, &paged, a, &attn)?,
         }
         match (gate, &a.gated) {
-            (Some(gate), Some((_, _, gated))) => {
+            (Some(gate), Some((_, gated))) => {
                 api::sigmoid_gate_into(s, &attn, &gate, &gated.reshape(&[t, hq, d])?)
                     .map_err(op("attention output gate"))?;
-                self.o.forward(s, plan, gated, out, &a.out_scratch).map_err(op("projection"))
+                self.o.forward(s, plan, gated, out).map_err(op("projection"))
             }
-            _ => self.o.forward(s, plan, &a.attn, out, &a.out_scratch).map_err(op("projection")),
+            _ => self.o.forward(s, plan, &a.attn, out).map_err(op("projection")),
         }
     }
 

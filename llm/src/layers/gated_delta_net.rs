@@ -319,7 +319,7 @@ impl GatedDeltaNet {
         let project = |lin: &Linear, y: &Tensor| -> Result<Tensor, LlmError> {
             let y = rows(y)?;
             // No bias: the scratch is unused.
-            lin.forward(s, plan, x, &y, &y).map_err(op("projection"))?;
+            lin.forward(s, plan, x, &y).map_err(op("projection"))?;
             Ok(y)
         };
         let mut mixed = Vec::with_capacity(3);
@@ -402,7 +402,7 @@ impl GatedDeltaNet {
         )
         .map_err(op("gated rms norm"))?;
         // No bias: the scratch is unused.
-        self.out.forward(s, plan, &normed.reshape(&[t, hv * vd])?, out, out).map_err(op("projection"))
+        self.out.forward(s, plan, &normed.reshape(&[t, hv * vd])?, out).map_err(op("projection"))
     }
 }
 

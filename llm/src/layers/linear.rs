@@ -154,19 +154,14 @@ impl Linear {
         }
     }
 
-    /// `out = x·Wᵀ (+ bias)` through `api::linear_with_into`: a decode step's GEMV with its
-    /// tuned split count and the bias in its epilogue, a prefill chunk's tensor-core GEMM with its
-    /// tuned tile and the bias in its epilogue, a prefill chunk of at most `GEMV_MAX_M` rows the
-    /// GEMV with the bias in its epilogue, else by shape and `add_bias` through `scratch` (unused
-    /// without a bias).
-    pub fn forward(
-        &self,
-        s: &Stream,
-        plan: &LinearPlan,
-        x: &Tensor,
-        out: &Tensor,
-        scratch: &Tensor,
-    ) -> Result<(), OpError> {
+    /// `out = x·Wᵀ (+ bias)` through `api::linear_with_into`, the bias always in the product's
+    /// epilogue, so `x·Wᵀ + b` is rounded once, as transformers' addmm does (the product and
+    /// then `add_bias` would round twice; where a model's residual stream nearly cancels, the
+    /// norm after it amplified that one extra rounding fivefold: seen in the model sweep): a
+    /// decode step's GEMV with its tuned split count, a prefill chunk's tensor-core GEMM with its
+    /// tuned tile, a prefill chunk of at most `GEMV_MAX_M` rows the GEMV, else by shape (the
+    /// tensor-core GEMM, or the SIMT GEMM where it does not apply).
+    pub fn forward(&self, s: &Stream, plan: &LinearPlan, x: &Tensor, out: &Tensor) -> Result<(), OpError> {
         let Linear::Dense { weight: w, bias } = self;
         let shape = self.shape();
         // Every product goes through the linear family's one entry point; the plan picks the
@@ -187,18 +182,11 @@ impl Linear {
         match (decode, bias) {
             (Some((splits, workspace)), Some(_)) => gemv(splits, workspace),
             (Some((splits, workspace)), None) if splits > 1 => gemv(splits, workspace),
-            (_, None) => api::linear_with_into(s, LinearProblem::new(x, w, out), Epilogue::NONE, Strategy::Auto),
-            // A prefill chunk of at most GEMV_MAX_M rows: the GEMV with the bias in its epilogue
-            // rounds `x·Wᵀ + b` once, as transformers' addmm does. (The product and then
-            // `add_bias` round twice; where a model's residual stream nearly cancels, the norm
-            // after it amplified that one extra rounding fivefold: seen in the model sweep.)
+            // `Auto` would put a bias on the tensor cores however few the rows.
             (None, Some(_)) if x.shape()[0] <= GEMV_MAX_M => {
                 api::linear_with_into(s, LinearProblem::new(x, w, out), bias_only, Strategy::Gemv { splits: Some(1) })
             }
-            (None, Some(b)) => {
-                api::linear_with_into(s, LinearProblem::new(x, w, scratch), Epilogue::NONE, Strategy::Auto)?;
-                api::add_bias_into(s, scratch, b, out)
-            }
+            _ => api::linear_with_into(s, LinearProblem::new(x, w, out), bias_only, Strategy::Auto),
         }
     }
 

@@ -94,8 +94,8 @@ impl Mlp {
         out: &Tensor,
     ) -> Result<(), LlmError> {
         // Neither product has a bias: no scratch is needed.
-        self.gate_up.forward(s, plan, x, &a.gate_up, &a.gate_up).map_err(|e| LlmError::op("gate/up projection", e))?;
+        self.gate_up.forward(s, plan, x, &a.gate_up).map_err(|e| LlmError::op("gate/up projection", e))?;
         api::swiglu_into(s, &a.gate_up, &a.act).map_err(|e| LlmError::op("swiglu", e))?;
-        self.down.forward(s, plan, &a.act, out, out).map_err(|e| LlmError::op("down projection", e))
+        self.down.forward(s, plan, &a.act, out).map_err(|e| LlmError::op("down projection", e))
     }
 }

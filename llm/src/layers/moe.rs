@@ -327,7 +327,7 @@ impl Moe {
     ) -> Result<(), LlmError> {
         let p = &self.prefix;
         let op = |what: &'static str| move |e| LlmError::op(format!("{p} {what}"), e);
-        self.router.forward(s, plan, x, &a.logits, &a.logits).map_err(op("router"))?;
+        self.router.forward(s, plan, x, &a.logits).map_err(op("router"))?;
         let r = &a.routing;
         api::route_into(s, &a.logits, &self.routing, r.indices(), r.weights()).map_err(op("routing"))?;
         // The routed experts' sum goes to `out`, or before the shared expert's add to `routed`.
@@ -349,7 +349,7 @@ impl Moe {
             return Ok(());
         };
         shared.mlp.forward(s, plan, x, &b.mlp, &b.out)?;
-        shared.gate.forward(s, plan, x, &b.gate, &b.gate).map_err(op("shared expert gate"))?;
+        shared.gate.forward(s, plan, x, &b.gate).map_err(op("shared expert gate"))?;
         api::shared_expert_add_into(s, &b.routed, &b.out, &b.gate, out).map_err(op("shared expert"))
     }
 }

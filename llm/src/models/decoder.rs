@@ -448,7 +448,7 @@ impl Decoder {
             None => None,
         };
         let attention = match self.spec.attention_layers().next() {
-            Some(a) => Some(AttentionScratch::new(dev, dt, tokens, c.hidden_size, a.shape, a.output_gate)?),
+            Some(a) => Some(AttentionScratch::new(dev, dt, tokens, a.shape, a.output_gate)?),
             None => None,
         };
         let linear = match self.layers.iter().find_map(|l| match &l.mixer {
@@ -543,7 +543,7 @@ impl Decoder {
             (w.normed.narrow(0, t - 1, 1)?, w.logits.clone())
         };
         let s = self.device.default_stream();
-        self.lm_head.forward(&s, &w.plan, &rows, &logits, &logits).map_err(|e| LlmError::op("lm_head", e))?;
+        self.lm_head.forward(&s, &w.plan, &rows, &logits).map_err(|e| LlmError::op("lm_head", e))?;
         Ok(logits)
     }
 
@@ -606,7 +606,7 @@ impl Decoder {
             }
             None => &w.normed,
         };
-        self.lm_head.forward(&s, &w.plan, rows, &w.logits, &w.logits).map_err(|e| LlmError::op("lm_head", e))?;
+        self.lm_head.forward(&s, &w.plan, rows, &w.logits).map_err(|e| LlmError::op("lm_head", e))?;
         Ok(w.logits.clone())
     }
 }

@@ -7,13 +7,22 @@ use ruda_runtime::{DType, LaunchConfig, Stream, Tensor};
 use super::kernels::simt::{gemm_simt, BLayout, GemmConfig, GemmSimtParams};
 use super::kernels::tc::{gemm_tc, GemmTcConfig, GemmTcParams};
 use super::tile::{heuristic_gemm_tile, GemmTile};
-use crate::elementwise::api::{add, add_bias};
+use crate::elementwise::api::add;
 use crate::error::{OpError, Result};
-use crate::gemv::api::{gemv, gemv_launch, gemv_named, GEMV_MAX_M};
+use crate::gemv::api::{gemv_launch, gemv_named, GEMV_MAX_M};
 use crate::host::*;
 use crate::params;
 
-fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+/// `a · b (+ bias[N])`, the bias added to the f32 sum before the one rounding.
+fn gemm_into(
+    name: &'static str,
+    layout: BLayout,
+    stream: &Stream,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+) -> Result<()> {
     let dtype = float_dtype(name, a)?;
     for (n, t) in [("a", a), ("b", b), ("out", out)] {
         contiguous_nonempty(name, n, t)?;
@@ -35,6 +44,10 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
         });
     }
     expect_shape(name, "out", out, &[m, n])?;
+    if let Some(bias) = bias {
+        expect_tensor(name, "bias", bias, a.dtype(), &[n])?;
+        same_device(name, stream, &[("bias", bias)])?;
+    }
     // Element indices are computed in u32 inside the kernel.
     for (what, len) in [("a", m * k), ("b", k * n), ("out", m * n)] {
         to_u32(name, &format!("elements of `{what}`"), len)?;
@@ -43,18 +56,18 @@ fn gemm_into(name: &'static str, layout: BLayout, stream: &Stream, a: &Tensor, b
     if layout == BLayout::Transposed && tensor_cores_apply(a, b, k as usize, &[out]) {
         let p = TcProblem { m, n, k, batch: 1, w_batch: 0, out: dtype };
         let tile = heuristic_gemm_tile(stream.device(), m as usize, n as usize);
-        return launch_tc(stream, &LinearProblem::new(a, b, out), &Epilogue::NONE, &p, tile);
+        return launch_tc(stream, &LinearProblem::new(a, b, out), &Epilogue { bias, residual: None }, &p, tile);
     }
-    let cfg = GemmConfig { dtype, b_layout: layout };
+    let cfg = GemmConfig { dtype, b_layout: layout, bias: bias.is_some() };
     let kern = kernel(cfg.id(), || gemm_simt(&cfg))?;
     let launch =
         LaunchConfig { grid: GemmConfig::grid(m, n), block: [GemmConfig::THREADS, 1, 1], dynamic_shared_bytes: 0 };
-    params::launch(stream, &kern, launch, &GemmSimtParams { a, b, c: out, m, n, k }.args())
+    params::launch(stream, &kern, launch, &GemmSimtParams { a, b, bias, c: out, m, n, k }.args())
 }
 
 /// `out[M, N] = a[M, K] · b[K, N]`, accumulating in `f32`.
 pub fn matmul_into(stream: &Stream, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
-    gemm_into("matmul", BLayout::RowMajor, stream, a, b, out)
+    gemm_into("matmul", BLayout::RowMajor, stream, a, b, None, out)
 }
 
 /// `a[M, K] · b[K, N]`.
@@ -70,16 +83,19 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// workspace: call [`gemv_into`] for it), more on the tensor-core GEMM (f16/bf16, `K % 8 == 0`,
 /// 16-byte aligned `x` and `w`; tile by [`heuristic_gemm_tile`]) or else the tiled SIMT GEMM.
 pub fn linear_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
-    plain_into(stream, x, w, out)
+    plain_into(stream, x, w, None, out)
 }
 
-/// [`Strategy::Auto`] without an epilogue: the GEMV for decode-sized `x`, else the GEMMs
-/// (which check their operands themselves).
-fn plain_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+/// [`Strategy::Auto`] with at most a bias (`x`'s dtype, added before the one rounding): the
+/// GEMV for decode-sized `x`, else the GEMMs (which check their operands themselves).
+fn plain_into(stream: &Stream, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()> {
     if x.rank() == 2 && (1..=GEMV_MAX_M).contains(&x.shape()[0]) {
-        return gemv_named("linear", stream, x, w, out, None);
+        return match bias {
+            None => gemv_named("linear", stream, x, w, out, None),
+            Some(_) => gemv_launch("linear", stream, x, w, bias, out, None, 1),
+        };
     }
-    gemm_into("linear", BLayout::Transposed, stream, x, w, out)
+    gemm_into("linear", BLayout::Transposed, stream, x, w, bias, out)
 }
 
 /// `x[M, K] · w[N, K]ᵀ`.
@@ -314,16 +330,18 @@ pub fn linear_with_into(
         Strategy::Auto => {
             let l = check_linear("linear", stream, &problem, &epilogue, false)?;
             let p = &l.problem;
-            if epilogue.bias.is_none() && epilogue.residual.is_none() && p.out == x.dtype().scalar_type() {
-                return plain_into(stream, x, w, out);
+            // Without tensor cores a bias joins the GEMV's or the SIMT GEMM's epilogue.
+            let plain = epilogue.residual.is_none() && p.out == x.dtype().scalar_type();
+            if plain && (epilogue.bias.is_none() || !l.tensor_cores) {
+                return plain_into(stream, x, w, epilogue.bias, out);
             }
             if !l.tensor_cores {
                 return Err(OpError::InvalidArgument {
                     op: "linear",
                     message: format!(
-                        "a bias, residual or f32 output needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, \
-                         and out and residual starting at even elements (x is {} {:?}): use `linear_bias`, which falls \
-                         back to separate ops",
+                        "a residual or f32 output needs f16/bf16 inputs with K % 8 == 0, 16-byte aligned x and w, \
+                         and out and residual starting at even elements (x is {} {:?}): use `linear_bias`, which adds \
+                         the residual separately",
                         x.dtype(),
                         x.shape()
                     ),
@@ -351,10 +369,11 @@ pub fn linear_with_into(
     }
 }
 
-/// [`linear_with_into`] with a bias and residual, either optional ([`Strategy::Auto`]). The
-/// addends run on the tensor-core GEMM (any `M`), so they need f16/bf16 inputs with
-/// `K % 8 == 0`, 16-byte aligned `x` and `w`, and `out` and `residual` starting at even
-/// elements; [`linear_bias`] takes the rest.
+/// [`linear_with_into`] with a bias and residual, either optional ([`Strategy::Auto`]). A
+/// residual (or an f32 output) runs on the tensor-core GEMM (any `M`), so it needs f16/bf16
+/// inputs with `K % 8 == 0`, 16-byte aligned `x` and `w`, and `out` and `residual` starting at
+/// even elements; [`linear_bias`] takes the rest. A bias alone joins the tensor-core GEMM's
+/// epilogue where it applies, else the GEMV's (M ≤ 16) or the SIMT GEMM's.
 pub fn linear_bias_into(
     stream: &Stream,
     x: &Tensor,
@@ -429,10 +448,10 @@ pub fn linear_tile_into(
 }
 
 /// `x · wᵀ + bias + residual` in `x`'s dtype (see [`linear_bias_into`]), allocating the output.
-/// Decode-sized `x` (at most [`GEMV_MAX_M`] rows) and operands the tensor-core GEMM does not
-/// take run the plain product (GEMV, autotuned on a GPU) and then add the bias and residual
-/// with the elementwise ops (rounding after each step); larger f16/bf16 products use the
-/// tensor-core GEMM with its fused epilogue, its tile autotuned on a GPU.
+/// Larger f16/bf16 products use the tensor-core GEMM with its fused epilogue, its tile
+/// autotuned on a GPU. Decode-sized `x` (at most [`GEMV_MAX_M`] rows) and operands the
+/// tensor-core GEMM does not take run the GEMV or the SIMT GEMM with the bias in their
+/// epilogue (one rounding, as cuBLAS's), then add the residual with the elementwise op.
 pub fn linear_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
     let stream = x.device().default_stream();
     let (m, n) = (x.shape().first().copied().unwrap_or(0), w.shape().first().copied().unwrap_or(0));
@@ -442,14 +461,11 @@ pub fn linear_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Opti
         crate::tune::gemm_tuned_into(&stream, x, w, bias, residual, &out)?;
         return Ok(out);
     }
-    let mut y = if m <= GEMV_MAX_M { gemv(x, w)? } else { linear(x, w)? };
-    if let Some(b) = bias {
-        y = add_bias(&y, b)?;
+    plain_into(&stream, x, w, bias, &out)?;
+    match residual {
+        Some(r) => add(&out, r),
+        None => Ok(out),
     }
-    if let Some(r) = residual {
-        y = add(&y, r)?;
-    }
-    Ok(y)
 }
 
 /// `out[b] = x[b] · w[b]ᵀ` for `x[B, M, K]`, `w[B, N, K]` (or one `w[N, K]` shared by every
@@ -479,7 +495,7 @@ pub fn linear_batched_into(stream: &Stream, x: &Tensor, w: &Tensor, out: &Tensor
     };
     for b in 0..p.batch as usize {
         let wb = if w.rank() == 3 { entry(w, b)? } else { w.clone() };
-        gemm_into("linear_batched", BLayout::Transposed, stream, &entry(x, b)?, &wb, &entry(out, b)?)?;
+        gemm_into("linear_batched", BLayout::Transposed, stream, &entry(x, b)?, &wb, None, &entry(out, b)?)?;
     }
     Ok(())
 }

@@ -38,8 +38,11 @@ impl Family for Gemm {
     fn configs(&self) -> Vec<Registered> {
         let mut out = Vec::new();
         for dtype in FLOAT_DTYPES {
-            for b_layout in [BLayout::RowMajor, BLayout::Transposed] {
-                let cfg = GemmConfig { dtype, b_layout };
+            // The bias epilogue serves `linear` (`B` transposed) where the tensor cores do not apply.
+            for (b_layout, bias) in
+                [(BLayout::RowMajor, false), (BLayout::Transposed, false), (BLayout::Transposed, true)]
+            {
+                let cfg = GemmConfig { dtype, b_layout, bias };
                 out.push(Registered::new(cfg.id(), "gemm_simt", Some(dtype), move || gemm_simt(&cfg)));
             }
         }

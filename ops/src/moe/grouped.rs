@@ -16,7 +16,7 @@
 
 use ruda_ir::{Kernel, KernelBuilder, MmaType, ScalarType, Value, VerifyError};
 
-use crate::gemm::kernels::simt::{simt_block, BLayout, BlockRows};
+use crate::gemm::kernels::simt::{simt_block, BLayout, BlockRows, SimtOperands};
 use crate::gemm::kernels::tc::{tc_block, tc_shared, GemmTcConfig, TcOperands, TcRows};
 use crate::gemm::tile::TcTile;
 
@@ -212,7 +212,8 @@ pub(super) fn grouped_rows(
 pub fn moe_grouped_simt(cfg: &GroupedSimtConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
     let GroupedSimtValues { x, w, y, offsets, experts, n, k, ldy, w_stride } = GroupedSimtParams::declare(&mut b, cfg);
-    simt_block(&mut b, BLayout::Transposed, x, y, n, k, |b, block_row, _| {
+    let io = SimtOperands { a: x, bias: None, c: y, n, k };
+    simt_block(&mut b, BLayout::Transposed, io, |b, block_row, _| {
         let (row0, m, w_off, k_end) = grouped_rows(b, offsets, experts, block_row, SIMT_BM, w_stride, k);
         let w_e = b.ptr_add(w, w_off);
         BlockRows { row0, m, b: w_e, k_end, ldc: ldy }

@@ -1,6 +1,8 @@
 //! Tiled SIMT GEMM: `C[M, N] = A[M, K] · B`, with `B` either `[K, N]` (row-major) or `[N, K]`
-//! (transposed, the layout of `nn.Linear` weights). Inputs and output share one dtype
-//! (f32/f16/bf16); products accumulate in `f32` with fused multiply-adds in `k` order.
+//! (transposed, the layout of `nn.Linear` weights), and optionally `+ bias[N]`. Inputs, bias and
+//! output share one dtype (f32/f16/bf16); products accumulate in `f32` with fused multiply-adds
+//! in `k` order, and the bias joins that sum before the one rounding to the output (cuBLAS's
+//! epilogue; a separate `add_bias` would round twice).
 //!
 //! Each block computes a `64 × 64` tile of `C` with 256 threads; each thread owns a `4 × 4`
 //! micro-tile strided by 16 in both directions (so that shared-memory reads are broadcasts in
@@ -39,6 +41,8 @@ pub enum BLayout {
 pub struct GemmConfig {
     pub dtype: ScalarType,
     pub b_layout: BLayout,
+    /// Adds `bias[N]` before the rounding.
+    pub bias: bool,
 }
 
 impl GemmConfig {
@@ -47,7 +51,8 @@ impl GemmConfig {
             BLayout::RowMajor => "nn",
             BLayout::Transposed => "nt",
         };
-        format!("gemm_simt.{}.{layout}", self.dtype)
+        let bias = if self.bias { ".bias" } else { "" };
+        format!("gemm_simt.{}.{layout}{bias}", self.dtype)
     }
 
     /// Grid for an `M × N` output: `(ceil(N / 64), ceil(M / 64))`.
@@ -63,6 +68,7 @@ crate::kernel_params! {
     pub struct GemmSimtParams, GemmSimtValues for GemmConfig as cfg {
         a: tensor(cfg.dtype),
         b: tensor(cfg.dtype),
+        bias: opt_tensor(cfg.dtype, cfg.bias),
         c: tensor(cfg.dtype),
         m: scalar(u32),
         n: scalar(u32),
@@ -70,11 +76,12 @@ crate::kernel_params! {
     }
 }
 
-/// Build the kernel. Parameters: a, b, c, m, n, k (all `u32` dimensions).
+/// Build the kernel. Parameters: a, b, [bias], c, m, n, k (all `u32` dimensions).
 pub fn gemm_simt(cfg: &GemmConfig) -> Result<Kernel, VerifyError> {
     let mut b = KernelBuilder::new(cfg.id().replace('.', "_"));
-    let GemmSimtValues { a: a_ptr, b: b_ptr, c: c_ptr, m, n, k } = GemmSimtParams::declare(&mut b, cfg);
-    simt_block(&mut b, cfg.b_layout, a_ptr, c_ptr, n, k, |b, block_row, bm| BlockRows {
+    let GemmSimtValues { a: a_ptr, b: b_ptr, bias, c: c_ptr, m, n, k } = GemmSimtParams::declare(&mut b, cfg);
+    let io = SimtOperands { a: a_ptr, bias, c: c_ptr, n, k };
+    simt_block(&mut b, cfg.b_layout, io, |b, block_row, bm| BlockRows {
         row0: b.mul(block_row, bm),
         m,
         b: b_ptr,
@@ -100,19 +107,26 @@ pub(crate) struct BlockRows {
     pub ldc: Value,
 }
 
+/// The operands every block of a SIMT GEMM shares: `A`, the optional bias `[N]`, `C`, and the
+/// sizes `n` and `k`.
+pub(crate) struct SimtOperands {
+    pub a: Value,
+    pub bias: Option<Value>,
+    pub c: Value,
+    pub n: Value,
+    pub k: Value,
+}
+
 /// The SIMT GEMM's work for one block, after its parameters: launch bounds, the staged
 /// tiles, the `k` loop and the stores. `rows` is called with the block's row index and `BM`,
 /// where the plain kernel computes its first row.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn simt_block(
     b: &mut KernelBuilder,
     b_layout: BLayout,
-    a_ptr: Value,
-    c_ptr: Value,
-    n: Value,
-    k: Value,
+    io: SimtOperands,
     rows: impl FnOnce(&mut KernelBuilder, Value, Value) -> BlockRows,
 ) {
+    let SimtOperands { a: a_ptr, bias: bias_ptr, c: c_ptr, n, k } = io;
     b.launch_bounds(THREADS, None);
     let a_tile = b.shared_array("a_tile", ScalarType::F32, BK * PITCH);
     let b_tile = b.shared_array("b_tile", ScalarType::F32, BK * PITCH);
@@ -217,6 +231,10 @@ pub(crate) fn simt_block(
             let ok = b.and(row_ok, col_ok);
             let value = acc[(i * MICRO + j) as usize];
             b.if_then(ok, |b| {
+                let value = bias_ptr.map_or(value, |bp| {
+                    let bias = load_f32(b, bp, col);
+                    b.add(value, bias)
+                });
                 let idx = b.fma(row, ldc, col);
                 store_from_f32(b, c_ptr, idx, value);
             });

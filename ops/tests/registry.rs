@@ -29,3 +29,12 @@ fn source_locations_point_into_the_workspace() {
         });
     }
 }
+
+/// The README's count of registered configurations is the registry's (it once said 638 of 801).
+#[test]
+fn the_readme_counts_every_registered_configuration() {
+    let readme = include_str!("../../README.md");
+    let count = ruda_ops::registry::registry().len();
+    let claim = format!("(`rudac list`, {count})");
+    assert!(readme.contains(&claim), "README.md should say {claim:?}: update its op library's count");
+}

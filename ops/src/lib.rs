@@ -1,7 +1,7 @@
 //! `ruda-ops`: RUDA's kernel library, written once in the IR.
 //!
 //! One folder per op family ([`elementwise`], [`rows`], [`norm`] (with [`norm::fused`]), [`gemv`],
-//! [`gemm`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`logprobs`], [`moe`], [`penalty`], [`swiglu`],
+//! [`gemm`], [`awq`], [`rope`], [`embedding`], [`argmax`], [`sampling`], [`logprobs`], [`moe`], [`penalty`], [`swiglu`],
 //! [`attention`], [`paged_attention`], [`gated_delta`], and around it [`conv1d`], [`delta_gates`], [`row_norm`],
 //! [`attn_gate`]), each holding its kernel builders (`kernel`), host
 //! entry points (`api`) and, where it is tuned, its tuning (`tune`). Shared pieces:
@@ -33,6 +33,7 @@ pub mod argmax;
 pub mod attention;
 pub mod attention_pieces;
 pub mod attn_gate;
+pub mod awq;
 pub mod conv1d;
 pub mod delta_gates;
 pub mod elementwise;

@@ -27,6 +27,7 @@ pub const FAMILIES: &[&[&dyn Family]] = &[
     &[&crate::paged_attention::mla::PagedMla],
     &[&crate::paged_attention::attention::PagedAttention],
     &[&crate::gemv::Gemv],
+    &[&crate::awq::Awq],
     &[&crate::rope::Rope],
     &[&crate::norm::fused::FusedNorm],
     &[&crate::swiglu::Swiglu, &crate::embedding::Embedding],

@@ -8,6 +8,7 @@ mod common;
 
 mod attention;
 mod attention_pieces;
+mod awq;
 mod budgets;
 mod differential;
 mod exact_sums;

@@ -11,6 +11,7 @@ pub use crate::argmax::api::*;
 pub use crate::attention::api::*;
 pub use crate::attention_pieces::api::*;
 pub use crate::attn_gate::api::*;
+pub use crate::awq::api::*;
 pub use crate::conv1d::api::*;
 pub use crate::delta_gates::api::*;
 pub use crate::elementwise::api::*;

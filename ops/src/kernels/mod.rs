@@ -4,6 +4,7 @@
 
 pub use crate::argmax::kernel as argmax;
 pub use crate::attention_pieces::kernel as attention_pieces;
+pub use crate::awq::kernel as awq;
 pub use crate::blocks as common;
 pub use crate::elementwise::kernel as elementwise;
 pub use crate::embedding::kernel as embedding;

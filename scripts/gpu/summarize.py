@@ -77,7 +77,7 @@ def bench_rows(results):
         # Compute-bound rows (GEMM above the GEMV range, prefill) get no copy fraction.
         memory_bound = (r["op"] not in ("attention_prefill_bf16", "gated_delta_chunk_bf16")
                         and not r["op"].startswith("moe_experts")
-                        and not (r["op"].startswith("linear") and r["shape"][0] > 16))
+                        and not (r["op"].startswith(("linear", "awq_linear")) and r["shape"][0] > 16))
         row = {
             "op": r["op"], "shape": r["shape"], "tag": r.get("tag", ""), "baseline": base,
             "ruda_ms": ms, "torch_ms": tms,

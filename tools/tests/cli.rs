@@ -380,3 +380,30 @@ fn ruda_bench_moe_rows_run_on_the_interpreter() {
         }
     }
 }
+
+/// The AWQ rows at the quick shapes on the interpreter: decode rows (the GEMV) and a 32-row chunk
+/// (dequantisation and the dense GEMM), each against the dense bf16 row of its shape, its bytes
+/// the packed weight, zeros, scales and the activations.
+#[test]
+fn ruda_bench_awq_rows_run_on_the_interpreter() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
+        .args(["--quick", "--samples", "1", "--sample-ms", "1", "awq"])
+        .env("RUDA_DEVICE", "cpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 8, "{stderr}");
+    for r in &rows {
+        assert_eq!((r["op"].as_str(), r["base"].as_str()), (Some("awq_linear_f16"), Some("linear_bf16")), "{r}");
+        assert!(r["ruda_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let shape: Vec<u64> = r["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+        let [m, n, k] = shape[..] else { panic!("{r}") };
+        let groups = k / 128;
+        let bytes = k * n / 2 + groups * n / 2 + 2 * groups * n + 2 * (m * k + m * n);
+        assert_eq!(r["bytes"].as_f64().unwrap(), bytes as f64, "{r}");
+    }
+    assert!(rows.iter().any(|r| r["shape"][0] == 32), "a prefill-sized row");
+}

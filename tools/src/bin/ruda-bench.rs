@@ -176,6 +176,40 @@ fn linear_bench(op: &'static str, m: usize, n: usize, k: usize, tag: String, tun
     Bench { op, shape: vec![m, n, k], tag, base, flops: 2.0 * (m * n * k) as f64, bytes, make }
 }
 
+/// An AWQ projection (4-bit, groups of 128, f16 activations) through `awq_linear_into`: the GEMV
+/// over the packed words up to 16 rows, the dequantisation and the tensor-core GEMM beyond. Its
+/// base is the dense bf16 product of the same shape; `bytes` counts the packed weight, so GB/s
+/// over the copy row is the fraction of copy bandwidth.
+fn awq_bench(m: usize, n: usize, k: usize, tag: String) -> Bench {
+    const GROUP: usize = 128;
+    let groups = k / GROUP;
+    let bytes = (k * n / 2 + groups * n / 2 + 2 * groups * n + 2 * (m * k + m * n)) as f64;
+    let make: Make = Box::new(move |dev| {
+        let x = repeated(dev, &uniform(m * k, 21).into_iter().map(half::f16::from_f32).collect::<Vec<_>>(), &[m, k])?;
+        let words: Vec<i32> = uniform(1 << 16, 22).into_iter().map(|u| (u * i32::MAX as f32) as i32).collect();
+        let qweight = repeated(dev, &words, &[k, n / 8])?;
+        let qzeros = repeated(dev, &words, &[groups, n / 8])?;
+        let scales: Vec<half::f16> = uniform(1 << 16, 23).into_iter().map(|u| half::f16::from_f32(u / 64.0)).collect();
+        let scales = repeated(dev, &scales, &[groups, n])?;
+        let y = Tensor::empty(dev, DType::F16, &[m, n])?;
+        let scratch = (m > api::GEMV_MAX_M).then(|| Tensor::empty(dev, DType::F16, &[n * k])).transpose()?;
+        let run: Launch = Box::new(move |s: &Stream| {
+            let w = api::AwqWeight { qweight: &qweight, qzeros: &qzeros, scales: &scales, group_size: GROUP };
+            Ok(api::awq_linear_into(s, &x, &w, None, &y, scratch.as_ref(), api::Strategy::Auto)?)
+        });
+        Ok((run, None))
+    });
+    Bench {
+        op: "awq_linear_f16",
+        shape: vec![m, n, k],
+        tag,
+        base: Some("linear_bf16"),
+        flops: 2.0 * (m * n * k) as f64,
+        bytes,
+        make,
+    }
+}
+
 fn decode_bench(op: &'static str, b: usize, (hq, hkv, d): (usize, usize, usize), s: usize, tuned: bool) -> Bench {
     let make: Make = Box::new(move |dev| {
         let q = random_bf16(dev, &[b, hq, d], 11)?;
@@ -699,6 +733,17 @@ fn catalog(quick: bool) -> Vec<Bench> {
             ))
         }),
     });
+    // Last (the bench step's budget cuts the tail first): AWQ at Qwen2.5-0.5B's projections (its AWQ checkpoint's group size, 128): decode rows and
+    // a prefill chunk.
+    let model = if quick { &TINY } else { &QWEN25_05B };
+    let (h, q, kv) = (model.hidden, model.heads * model.head_dim, model.kv_heads * model.head_dim);
+    for m in if quick { vec![1, 32] } else { vec![1, 8, 128] } {
+        for (proj, n, k) in
+            [("q", q, h), ("k,v", kv, h), ("gate_up", 2 * model.intermediate, h), ("down", h, model.intermediate)]
+        {
+            out.push(awq_bench(m, n, k, format!("{} {proj}, AWQ group 128", model.name)));
+        }
+    }
     out
 }
 

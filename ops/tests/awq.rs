@@ -187,6 +187,11 @@ fn bad_awq_operands_are_errors_that_name_them() {
         let e = err(api::awq_gemv_into(&stream, &x, &bad, None, &out));
         assert!(e.contains(&format!("group_size {g}")) && e.contains("K = 32"), "{e}");
     }
+    // Scales one half past an allocation's start.
+    let wide = Tensor::zeros(&dev, DType::F16, &[2 * 16 + 1]).unwrap();
+    let shifted = wide.narrow(0, 1, 32).unwrap().reshape(&[2, 16]).unwrap();
+    let bad = AwqWeight { scales: &shifted, ..w.weight() };
+    assert!(err(api::awq_gemv_into(&stream, &x, &bad, None, &out)).contains("16-byte aligned"));
     let x_bad = Tensor::zeros(&dev, DType::F16, &[2, 30]).unwrap();
     assert!(err(api::awq_gemv_into(&stream, &x_bad, &w.weight(), None, &out)).contains("[M, 32]"));
     let x17 = Tensor::zeros(&dev, DType::F16, &[17, 32]).unwrap();

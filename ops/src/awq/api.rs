@@ -55,6 +55,12 @@ fn check_weight(op: &'static str, stream: &Stream, w: &AwqWeight<'_>) -> Result<
             message: format!("group_size {g} must be positive and divide K = {k} (`qweight`'s rows)"),
         });
     }
+    if !(w.scales.offset() * 2).is_multiple_of(16) {
+        return Err(OpError::InvalidArgument {
+            op,
+            message: "`scales` must start 16-byte aligned (the GEMV reads a word's eight scales at once)".into(),
+        });
+    }
     expect_shape(op, "qzeros", w.qzeros, &[k / g, n / 8])?;
     expect_shape(op, "scales", w.scales, &[k / g, n])?;
     to_u32(op, "elements of the dense weight", n * k)?;

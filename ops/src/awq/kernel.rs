@@ -18,7 +18,7 @@
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
-use crate::blocks::{load_f32, offset, row_ptr, store_from_f32, unpack_halves};
+use crate::blocks::{load_f32, load_halves8, offset, row_ptr, store_from_f32};
 
 /// The nibble of a word that holds its column `c` (the inverse of AutoAWQ's packing order).
 pub const AWQ_NIBBLE: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
@@ -168,17 +168,7 @@ pub fn awq_gemv(cfg: &AwqGemvConfig) -> Result<Kernel, VerifyError> {
         // The word's eight scales in one 16-byte load (rows of `N % 8 == 0` halves start
         // 16-byte aligned when `scales` does).
         let scale_row = row_ptr(b, scales, g, n);
-        let scale_words = b.ptr_cast(scale_row, ScalarType::U32);
-        let four = b.const_u32(4);
-        let first = b.mul(word, four);
-        let p = b.ptr_add(scale_words, first);
-        let v = b.load_vec(p, 4);
-        let mut scales8 = Vec::with_capacity(8);
-        for j in 0..4 {
-            let w = b.extract(v, j);
-            let (lo, hi) = unpack_halves(b, ScalarType::F16, w);
-            scales8.extend([lo, hi]);
-        }
+        let scales8 = load_halves8(b, ScalarType::F16, scale_row, word);
         let zs: Vec<(Value, Value)> = scales8.into_iter().enumerate().map(|(c, s)| (nibble(b, zw, c), s)).collect();
         let g_start = b.mul(g, group_size);
         let g_end = b.add(g_start, group_size);

@@ -26,6 +26,25 @@ pub(crate) fn unpack_halves(b: &mut KernelBuilder, half: ScalarType, w: Value) -
     }
 }
 
+/// The eight 16-bit floats of 16-byte chunk `chunk` of the row at `row` (16-byte aligned) in one
+/// vector load, widened to `f32`, in order.
+#[track_caller]
+pub(crate) fn load_halves8(b: &mut KernelBuilder, half: ScalarType, row: Value, chunk: Value) -> Vec<Value> {
+    // Eight halves as four u32 words; element 2j is the low half of word j.
+    let words = b.ptr_cast(row, ScalarType::U32);
+    let four = b.const_u32(4);
+    let i = b.mul(chunk, four);
+    let p = b.ptr_add(words, i);
+    let v = b.load_vec(p, 4);
+    let mut out = Vec::with_capacity(8);
+    for j in 0..4 {
+        let w = b.extract(v, j);
+        let (lo, hi) = unpack_halves(b, half, w);
+        out.extend([lo, hi]);
+    }
+    out
+}
+
 /// The bits of an `f32` as a `u32` of the same order (`-0.0` first made `+0.0`; NaN is not
 /// handled here).
 #[track_caller]

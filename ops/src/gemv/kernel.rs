@@ -21,7 +21,7 @@
 
 use ruda_ir::{Kernel, KernelBuilder, ScalarType, Value, VerifyError};
 
-use crate::blocks::{load_f32, row_ptr, store_from_f32, unpack_halves, warp_reduce, Combine};
+use crate::blocks::{load_f32, load_halves8, row_ptr, store_from_f32, warp_reduce, Combine};
 
 /// Output columns (warps) per block.
 pub const GEMV_WARPS: u32 = 4;
@@ -122,21 +122,7 @@ impl WarpDot {
                 let v = b.load_vec(p, 4);
                 (0..4).map(|j| b.extract(v, j)).collect()
             }
-            (GemvLoads::Vector, half) => {
-                // Eight halves as four u32 words; element 2j is the low half of word j.
-                let words = b.ptr_cast(row, ScalarType::U32);
-                let four = b.const_u32(4);
-                let i = b.mul(c, four);
-                let p = b.ptr_add(words, i);
-                let v = b.load_vec(p, 4);
-                let mut out = Vec::with_capacity(8);
-                for j in 0..4 {
-                    let w = b.extract(v, j);
-                    let (lo, hi) = unpack_halves(b, half, w);
-                    out.extend([lo, hi]);
-                }
-                out
-            }
+            (GemvLoads::Vector, half) => load_halves8(b, half, row, c),
         }
     }
 

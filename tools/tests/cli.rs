@@ -325,20 +325,26 @@ fn lines_with(stdout: &[u8], word: &str) -> usize {
     String::from_utf8_lossy(stdout).lines().filter(|l| l.contains(word)).count()
 }
 
+/// `ruda-bench --quick` on the interpreter for the rows `filter` picks: its JSON rows and stderr
+/// (it must exit 0).
+fn quick_rows(filter: &str) -> (Vec<serde_json::Value>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
+        .args(["--quick", "--samples", "1", "--sample-ms", "1", filter])
+        .env("RUDA_DEVICE", "cpu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rows = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (rows, stderr)
+}
+
 /// The gated delta rows' setup and launches, at the quick shapes on the interpreter: every row
 /// prints a JSON line, and a decode row's bytes are its state read and written
 /// (`2 · B · Hv · K · V · 4`), the floor the GPU rung's summary divides by the copy bandwidth.
 #[test]
 fn ruda_bench_gated_delta_rows_run_on_the_interpreter() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
-        .args(["--quick", "--samples", "1", "--sample-ms", "1", "gated_delta"])
-        .env("RUDA_DEVICE", "cpu")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (rows, stderr) = quick_rows("gated_delta");
     let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["gated_delta_decode_bf16", "gated_delta_decode_bf16", "gated_delta_chunk_bf16"], "{stderr}");
     for r in &rows {
@@ -356,15 +362,7 @@ fn ruda_bench_gated_delta_rows_run_on_the_interpreter() {
 /// (its baseline), whose bytes are the selected experts' weights (`3 · H · I` bf16 each).
 #[test]
 fn ruda_bench_moe_rows_run_on_the_interpreter() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
-        .args(["--quick", "--samples", "1", "--sample-ms", "1", "moe"])
-        .env("RUDA_DEVICE", "cpu")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (rows, stderr) = quick_rows("moe");
     let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(
         ops,
@@ -386,15 +384,7 @@ fn ruda_bench_moe_rows_run_on_the_interpreter() {
 /// the packed weight, zeros, scales and the activations.
 #[test]
 fn ruda_bench_awq_rows_run_on_the_interpreter() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ruda-bench"))
-        .args(["--quick", "--samples", "1", "--sample-ms", "1", "awq"])
-        .env("RUDA_DEVICE", "cpu")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (rows, stderr) = quick_rows("awq");
     assert_eq!(rows.len(), 8, "{stderr}");
     for r in &rows {
         assert_eq!((r["op"].as_str(), r["base"].as_str()), (Some("awq_linear_f16"), Some("linear_bf16")), "{r}");
